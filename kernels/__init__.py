@@ -1,0 +1,19 @@
+"""Pure compute used by the engine's models: attention over the paged KV cache,
+KV-cache writes, RMSNorm and rotary embeddings.
+
+Each operation has one interface here; the implementation behind it is chosen
+per device (the torch reference runs everywhere and is the oracle for faster
+backends).
+"""
+
+from kernels.attention import AttentionMetadata, paged_attention, store_kv_cache
+from kernels.norm import rms_norm
+from kernels.rotary import apply_rotary
+
+__all__ = [
+    "AttentionMetadata",
+    "paged_attention",
+    "store_kv_cache",
+    "rms_norm",
+    "apply_rotary",
+]

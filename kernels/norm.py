@@ -1,0 +1,24 @@
+"""RMSNorm, optionally fused with the residual add that precedes it."""
+
+import torch
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Normalise `x` (after adding `residual`, when given) in float32.
+
+    With a residual, returns `(normed, new_residual)` where `new_residual` is
+    `x + residual`, the input of the next block's residual connection.
+    """
+    dtype = x.dtype
+    if residual is not None:
+        x = x + residual
+        residual = x
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    out = weight * h.to(dtype)
+    return out if residual is None else (out, residual)

@@ -1,0 +1,132 @@
+"""The engine behind a server: one background thread steps the engine while
+asyncio callers stream their requests' deltas.
+
+Commands (add, abort) are queued to the thread and applied between steps, so
+the engine itself is only ever touched by its thread. Each request's deltas go
+to an asyncio queue on the caller's loop. Leaving the iterator early (a client
+disconnect, a cancelled task) aborts the request and frees its blocks.
+"""
+
+import asyncio
+import itertools
+import threading
+from collections.abc import AsyncIterator
+
+from runtime.engine import LLMEngine
+from runtime.outputs import RequestDelta
+from runtime.sampling_params import SamplingParams
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop failed; requests in flight were failed with the cause."""
+
+
+class AsyncLLMEngine:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._commands: list = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._ids = itertools.count()
+        self._stopped = False
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_options(cls, model: str, **engine_kwargs) -> "AsyncLLMEngine":
+        return cls(LLMEngine.from_options(model, **engine_kwargs))
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def healthy(self) -> bool:
+        return self.error is None and self._thread.is_alive()
+
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestDelta]:
+        """Stream a request's deltas until it finishes. Bad input raises before anything is queued."""
+        if not self.healthy:
+            raise EngineDeadError(f"the engine is not running: {self.error!r}")
+        self.engine.validate(prompt_token_ids, params)
+        request_id = request_id or f"req-{next(self._ids)}"
+        queue: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = (asyncio.get_running_loop(), queue)
+        self._send(("add", request_id, prompt_token_ids, params, priority))
+        finished = False
+        try:
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self._send(("abort", request_id))
+
+    def abort(self, request_id: str) -> None:
+        self._send(("abort", request_id))
+
+    def shutdown(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    def stats(self) -> dict:
+        return self.engine.stats()
+
+    # --- the engine thread ----------------------------------------------------
+
+    def _send(self, command: tuple) -> None:
+        with self._lock:
+            self._commands.append(command)
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stopped:
+            self._apply_commands()
+            if not self.engine.has_unfinished_requests():
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            try:
+                deltas = self.engine.step()
+            except BaseException as e:  # the engine is broken: fail everyone, stop serving
+                self.error = e
+                self._fail_all(EngineDeadError(f"engine step failed: {e!r}"))
+                return
+            for delta in deltas:
+                self._deliver(delta.request_id, delta)
+
+    def _apply_commands(self) -> None:
+        with self._lock:
+            commands, self._commands = self._commands, []
+        for kind, request_id, *args in commands:
+            if kind == "abort":
+                self.engine.abort(request_id)
+                continue
+            try:
+                self.engine.add_request(request_id, *args)
+            except Exception as e:
+                self._deliver(request_id, e)
+
+    def _deliver(self, request_id: str, item) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            loop, queue = stream
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for request_id in list(self._streams):
+            self._deliver(request_id, error)

@@ -1,0 +1,76 @@
+"""Engine options, validated on construction (vLLM's names where vLLM has one)."""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, PretrainedConfig
+
+from runtime.errors import InvalidInputError, require
+from runtime.model_files import resolve_model_path
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
+
+
+@dataclass
+class EngineConfig:
+    model: str
+    tokenizer: str | None = None
+    dtype: str = "auto"  # auto: the checkpoint's dtype on GPU, float32 on CPU
+    device: str = "auto"  # auto: cuda when available, else cpu
+    tensor_parallel_size: int = 1
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    kv_cache_bytes: int | None = None  # KV budget; default 2 GiB on CPU, from utilization on GPU
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = False
+    seed: int = 0
+    attention_backend: str = "auto"
+
+    hf_config: PretrainedConfig = field(init=False, repr=False)
+    model_path: Path = field(init=False)
+    torch_dtype: torch.dtype = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.model_path = resolve_model_path(self.model)
+        self.hf_config = AutoConfig.from_pretrained(self.model_path)
+        if self.tokenizer is None:
+            self.tokenizer = str(self.model_path)
+        if self.device == "auto":
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.device not in ("cpu", "cuda"):
+            raise InvalidInputError("device", f"expected 'auto', 'cpu' or 'cuda', got {self.device!r}")
+        self.torch_dtype = self._resolve_dtype()
+        limit = self.hf_config.max_position_embeddings
+        if self.max_model_len is None:
+            self.max_model_len = limit
+        require(self.max_model_len >= 2, "max_model_len", "must be at least 2")
+        require(self.max_model_len <= limit, "max_model_len",
+               f"{self.max_model_len} exceeds the model's max_position_embeddings ({limit})")
+        require(self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be at least 1")
+        require(self.max_num_seqs >= 1, "max_num_seqs", "must be at least 1")
+        require(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be at least 1")
+        require(self.block_size >= 1, "block_size", "must be at least 1")
+        require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]")
+        require(self.kv_cache_bytes is None or self.kv_cache_bytes > 0, "kv_cache_bytes", "must be positive")
+        require(self.attention_backend in ("auto", "torch"), "attention_backend",
+               f"unknown backend {self.attention_backend!r}; available: auto, torch")
+
+    def _resolve_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            if self.device == "cpu":
+                return torch.float32
+            return getattr(self.hf_config, "dtype", None) or torch.bfloat16
+        if self.dtype not in _DTYPES:
+            raise InvalidInputError("dtype", f"expected one of auto, {', '.join(_DTYPES)}; got {self.dtype!r}")
+        return _DTYPES[self.dtype]
+

@@ -1,0 +1,80 @@
+"""Incremental detokenization with stop strings and streaming holdback.
+
+Text is decoded over a short sliding window of token ids, so each step costs
+O(window), and new text is only released once it no longer ends in U+FFFD,
+i.e. never half of a multi-byte UTF-8 character. Stop strings are searched in
+the text as it grows (so they match across token boundaries); text that could
+still turn out to be the start of a stop string is held back from the stream
+until it is resolved.
+"""
+
+from transformers import PreTrainedTokenizerBase
+
+_PROMPT_CONTEXT = 5  # prompt tokens decoded with the first outputs, for correct spacing
+
+
+class IncrementalDetokenizer:
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        prompt_token_ids: list[int],
+        stop: list[str],
+        include_stop_str_in_output: bool,
+        skip_special_tokens: bool,
+    ):
+        self.tokenizer = tokenizer
+        self.stop = stop
+        self.include_stop = include_stop_str_in_output
+        self.skip_special_tokens = skip_special_tokens
+        self._ids = list(prompt_token_ids[-_PROMPT_CONTEXT:])
+        self._prefix_offset = 0
+        self._read_offset = len(self._ids)
+        self.text = ""  # output text so far (truncated at a matched stop string)
+        self._emitted = 0  # characters of `text` already released
+
+    def append(self, token_id: int, check_stop: bool = True) -> str | None:
+        """Add a generated token; returns the stop string it completed, if any."""
+        self._ids.append(token_id)
+        prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        full = self._decode(self._ids[self._prefix_offset :])
+        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            return None  # an incomplete character: wait for more bytes
+        new = full[len(prefix) :]
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+        start = max(0, len(self.text) - max((len(s) for s in self.stop), default=0) + 1)
+        self.text += new
+        return self._find_stop(start) if check_stop else None
+
+    def _find_stop(self, start: int) -> str | None:
+        best = None
+        for s in self.stop:
+            pos = self.text.find(s, start)
+            if pos != -1 and (best is None or pos < best[0]):
+                best = (pos, s)
+        if best is None:
+            return None
+        pos, s = best
+        self.text = self.text[: pos + len(s) if self.include_stop else pos]
+        return s
+
+    def release(self, final: bool) -> str:
+        """Text not yet released, minus a tail that may still grow into a stop string."""
+        end = len(self.text) if final else len(self.text) - self._holdback()
+        if end <= self._emitted:
+            return ""
+        out = self.text[self._emitted : end]
+        self._emitted = end
+        return out
+
+    def _holdback(self) -> int:
+        longest = 0
+        for s in self.stop:
+            for k in range(min(len(s) - 1, len(self.text)), longest, -1):
+                if self.text.endswith(s[:k]):
+                    longest = k
+                    break
+        return longest
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)

@@ -1,0 +1,157 @@
+"""The synchronous engine: add requests, abort them, and step the batch forward.
+
+`step()` schedules one batch, runs it, and turns the sampled tokens into
+per-request deltas (new tokens, new text, logprobs, finish reason).
+"""
+
+from transformers import PreTrainedTokenizerBase
+
+from runtime.config import EngineConfig
+from runtime.detokenizer import IncrementalDetokenizer
+from runtime.errors import InvalidInputError, require
+from runtime.kv_cache import BlockManager
+from runtime.model_runner import ModelRunner
+from runtime.outputs import RequestDelta, SequenceDelta
+from runtime.sampling_params import SamplingParams
+from runtime.scheduler import Scheduler
+from runtime.sequence import Request, Sequence
+from runtime.tokenizer import eos_token_ids, load_tokenizer
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(config.tokenizer)
+        self.eos_token_ids = eos_token_ids(config.model_path, self.tokenizer)
+        self.runner = ModelRunner(config, self.eos_token_ids)
+        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.requests: dict[str, Request] = {}
+
+    @classmethod
+    def from_options(cls, model: str, **engine_kwargs) -> "LLMEngine":
+        return cls(EngineConfig(model=model, **engine_kwargs))
+
+    # --- requests -----------------------------------------------------------
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
+        """Check a request against the model and context; returns its resolved max_tokens."""
+        limit = self.config.max_model_len
+        n = len(prompt_token_ids)
+        require(n > 0, "prompt", "must not be empty")
+        require(n < limit, "prompt",
+                f"this model's maximum context length is {limit} tokens, and the prompt has {n} tokens; "
+                "at least one token must be left for the completion")
+        vocab = self.config.hf_config.vocab_size
+        bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
+        require(bad is None, "prompt", f"token id {bad} is outside the vocabulary [0, {vocab})")
+        if params.max_tokens is None:
+            return limit - n
+        require(n + params.max_tokens <= limit, "max_tokens",
+                f"this model's maximum context length is {limit} tokens; the prompt has {n} tokens and "
+                f"max_tokens is {params.max_tokens}, {n + params.max_tokens} in total")
+        return params.max_tokens
+
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, priority: int = 0
+    ) -> None:
+        if request_id in self.requests:
+            raise InvalidInputError("request_id", f"{request_id!r} is already in flight")
+        max_tokens = self.validate(prompt_token_ids, params)
+        request = Request(request_id, list(prompt_token_ids), params, priority,
+                          lambda: self._detokenizer(prompt_token_ids, params))
+        request.max_tokens = max_tokens
+        self.requests[request_id] = request
+        self.scheduler.add(request)
+
+    def _detokenizer(self, prompt_token_ids: list[int], params: SamplingParams) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop,
+                                      params.include_stop_str_in_output, params.skip_special_tokens)
+
+    def abort(self, request_id: str) -> None:
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return
+        for seq in request.seqs:
+            if not seq.is_finished:
+                seq.finish_reason = "abort"
+                self.scheduler.finish(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # --- stepping -----------------------------------------------------------
+
+    def step(self) -> list[RequestDelta]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        sampled = batch.sampled
+        result = self.runner.run(batch)
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            seq.num_computed_tokens += n
+        for request, logprobs in result.prompt_logprobs.items():
+            request.prompt_logprobs.extend(logprobs)
+        deltas: dict[str, RequestDelta] = {}
+        for seq, token_id, logprob in zip(sampled, result.token_ids, result.logprobs):
+            if logprob is not None:
+                seq.logprobs.append(logprob)
+            self._append_token(seq, token_id)
+            delta = deltas.get(seq.request.request_id)
+            if delta is None:
+                delta = deltas[seq.request.request_id] = self._request_delta(seq.request)
+            delta.seqs.append(SequenceDelta(
+                index=seq.index,
+                token_ids=[token_id],
+                text=seq.detokenizer.release(final=seq.is_finished),
+                logprobs=None if logprob is None else [logprob],
+                finish_reason=seq.finish_reason,
+                matched_stop=seq.matched_stop,
+                num_output_tokens=seq.num_output_tokens,
+            ))
+        for request_id, delta in deltas.items():
+            request = self.requests[request_id]
+            delta.finished = request.finished
+            if delta.finished:
+                del self.requests[request_id]
+        return list(deltas.values())
+
+    def _request_delta(self, request: Request) -> RequestDelta:
+        first = all(s.num_output_tokens <= 1 for s in request.seqs)
+        prompt_logprobs = None
+        if first and request.params.prompt_logprobs is not None:
+            prompt_logprobs = [None, *request.prompt_logprobs]
+        return RequestDelta(request.request_id, len(request.prompt_token_ids), request.num_cached_tokens or 0,
+                            [], False, prompt_logprobs)
+
+    def _append_token(self, seq: Sequence, token_id: int) -> None:
+        seq.token_ids.append(token_id)
+        params = seq.params
+        if (token_id in self.eos_token_ids and not params.ignore_eos) or token_id in params.stop_token_ids:
+            self._finish(seq, "stop", token_id)
+            return
+        stop = seq.detokenizer.append(token_id, check_stop=seq.num_output_tokens >= params.min_tokens)
+        if stop is not None:
+            self._finish(seq, "stop", stop)
+        elif seq.num_output_tokens >= seq.request.max_tokens or seq.num_tokens >= self.config.max_model_len:
+            self._finish(seq, "length", None)
+
+    def _finish(self, seq: Sequence, reason: str, matched_stop: int | str | None) -> None:
+        seq.finish_reason = reason
+        seq.matched_stop = matched_stop
+        self.scheduler.finish(seq)
+
+    # --- introspection ------------------------------------------------------
+
+    def stats(self) -> dict:
+        bm = self.block_manager
+        return {
+            "num_running": len(self.scheduler.running),
+            "num_waiting": self.scheduler.num_waiting,
+            "num_requests": len(self.requests),
+            "num_blocks": bm.num_blocks,
+            "num_free_blocks": bm.num_free_blocks,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "prefix_cache_hit_tokens": bm.hit_tokens,
+            "prefix_cache_queried_tokens": bm.queried_tokens,
+        }

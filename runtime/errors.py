@@ -1,0 +1,14 @@
+"""The error the engine raises for bad options or input, naming the offending field."""
+
+
+class InvalidInputError(ValueError):
+    """A request or engine option is invalid; `param` names the field."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
+def require(ok: bool, param: str, message: str) -> None:
+    if not ok:
+        raise InvalidInputError(param, message)

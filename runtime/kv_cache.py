@@ -1,0 +1,139 @@
+"""Paged KV-cache block manager with hash-chained prefix caching.
+
+Blocks are reference counted. A full block is identified by a hash that chains
+its parent's hash with its own token ids, so equal hashes mean equal prefixes
+(a hit is still confirmed against the stored token ids). A block whose last
+user finished keeps its hash and waits in an LRU of free blocks, where a later
+request can hit it until it is evicted by a fresh allocation. Every operation
+costs O(1) per block: a dict lookup, an OrderedDict move or pop.
+"""
+
+from collections import OrderedDict
+
+from runtime.sequence import Sequence
+
+
+class Block:
+    __slots__ = ("block_id", "ref_count", "hash", "token_ids")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_count = 0
+        self.hash: int | None = None
+        self.token_ids: tuple[int, ...] | None = None
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool):
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # oldest first
+        self._cached: dict[int, int] = {}  # block hash -> block id
+        self.hit_tokens = 0  # prompt tokens served from cache, over the manager's life
+        self.queried_tokens = 0  # prompt tokens looked up
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # --- admission of a sequence that holds no blocks ---------------------
+
+    def cached_prefix(self, seq: Sequence) -> list[int]:
+        """Block ids of the longest cached prefix of `seq`, leaving at least one token to compute."""
+        if seq.params.prompt_logprobs is not None:
+            return []  # prompt logprobs need every prompt position's logits
+        if not self.enable_prefix_caching and seq.request.num_seqs == 1:
+            return []
+        hits = []
+        for i in range((seq.num_tokens - 1) // self.block_size):
+            block_id = self._cached.get(self._hash(seq, i))
+            if block_id is None or self.blocks[block_id].token_ids != self._tokens(seq, i):
+                break
+            hits.append(block_id)
+        return hits
+
+    def can_admit(self, hits: list[int], num_tokens: int) -> bool:
+        """Whether `num_tokens` tokens fit when the first blocks are the cached `hits`."""
+        revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)  # hits that leave the free LRU
+        return self.blocks_for(num_tokens) - len(hits) + revived <= len(self._free)
+
+    def admit(self, seq: Sequence, hits: list[int], num_tokens: int) -> None:
+        for block_id in hits:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self._free[block_id]
+            block.ref_count += 1
+        seq.block_table = list(hits)
+        self.queried_tokens += seq.num_prompt_tokens
+        self.hit_tokens += len(hits) * self.block_size
+        self.grow(seq, num_tokens)
+
+    # --- growth of a running sequence --------------------------------------
+
+    def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
+        return self.blocks_for(num_tokens) - len(seq.block_table) <= len(self._free)
+
+    def grow(self, seq: Sequence, num_tokens: int) -> None:
+        """Cover the first `num_tokens` tokens of `seq`, all of which are computed by the coming step.
+
+        Blocks that become full are registered in the prefix cache now: within
+        the step, every layer stores all new K/V before any attention reads it,
+        so a sequence admitted in the same step may already share them.
+        """
+        while len(seq.block_table) < self.blocks_for(num_tokens):
+            seq.block_table.append(self._take_free())
+        for i in range(seq.num_committed_blocks, num_tokens // self.block_size):
+            self._commit(seq, i)
+        seq.num_committed_blocks = max(seq.num_committed_blocks, num_tokens // self.block_size)
+
+    def free(self, seq: Sequence) -> None:
+        """Release `seq`'s blocks, tail first so that shared heads are evicted last."""
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count < 0:
+                raise AssertionError(f"block {block_id} freed twice")
+            if block.ref_count == 0:
+                self._free[block_id] = None
+        seq.block_table = []
+        seq.num_committed_blocks = 0
+
+    # --- internals -----------------------------------------------------------
+
+    def _take_free(self) -> int:
+        block_id, _ = self._free.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.hash is not None and self._cached.get(block.hash) == block_id:
+            del self._cached[block.hash]
+        block.hash = block.token_ids = None
+        block.ref_count = 1
+        return block_id
+
+    def _commit(self, seq: Sequence, index: int) -> None:
+        block = self.blocks[seq.block_table[index]]
+        if block.hash is not None:
+            return  # a cache hit: already registered
+        block.hash = self._hash(seq, index)
+        block.token_ids = self._tokens(seq, index)
+        self._cached.setdefault(block.hash, block.block_id)
+
+    def _tokens(self, seq: Sequence, index: int) -> tuple[int, ...]:
+        return tuple(seq.token_ids[index * self.block_size : (index + 1) * self.block_size])
+
+    def _hash(self, seq: Sequence, index: int) -> int:
+        """Hash of block `index` of `seq`, chained from its parent's (memoised on the sequence)."""
+        hashes = seq.block_hashes
+        while len(hashes) <= index:
+            i = len(hashes)
+            # without prefix caching only siblings (n > 1) share: the chain starts at the request
+            parent = hashes[i - 1] if i else (None if self.enable_prefix_caching else seq.request.request_id)
+            hashes.append(hash((parent, self._tokens(seq, i))))
+        return hashes[index]

@@ -1,0 +1,63 @@
+"""The offline API for scripts and benchmarks: `LLM(model).generate(prompts, params)`."""
+
+import itertools
+
+from runtime.engine import LLMEngine
+from runtime.outputs import CompletionOutput, RequestOutput
+from runtime.sampling_params import SamplingParams
+from runtime.tokenizer import encode, render_chat
+
+Prompt = str | list[int]
+
+
+class LLM:
+    def __init__(self, model: str, **engine_kwargs):
+        self.engine = LLMEngine.from_options(model, **engine_kwargs)
+        self.tokenizer = self.engine.tokenizer
+        self._ids = itertools.count()
+
+    def generate(
+        self,
+        prompts: Prompt | list[Prompt],
+        params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion; one output per prompt, in order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = params or SamplingParams()
+        if not isinstance(params, list):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"params: {len(params)} given for {len(prompts)} prompts")
+        outputs: dict[str, RequestOutput] = {}
+        try:
+            for prompt, p in zip(prompts, params):
+                text, ids = (prompt, encode(self.tokenizer, prompt)) if isinstance(prompt, str) else (None, prompt)
+                request_id = f"llm-{next(self._ids)}"
+                self.engine.add_request(request_id, ids, p)
+                outputs[request_id] = RequestOutput(
+                    request_id, text, list(ids), outputs=[CompletionOutput(i) for i in range(p.n)]
+                )
+            while self.engine.has_unfinished_requests():
+                for delta in self.engine.step():
+                    outputs[delta.request_id].add(delta)
+        except BaseException:
+            for request_id in outputs:
+                self.engine.abort(request_id)
+            raise
+        return list(outputs.values())
+
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        params: SamplingParams | list[SamplingParams] | None = None,
+        chat_template_kwargs: dict | None = None,
+        tools: list[dict] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation or a list of them, through the chat template."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [
+            encode(self.tokenizer, render_chat(self.tokenizer, c, tools, chat_template_kwargs), add_special_tokens=False)
+            for c in conversations
+        ]
+        return self.generate(prompts, params)

@@ -1,0 +1,6 @@
+"""Our model implementations and the loader that fills them from safetensors."""
+
+from runtime.models.decoder import ARCHITECTURES, CausalLM
+from runtime.models.loader import load_weights
+
+__all__ = ["ARCHITECTURES", "CausalLM", "load_weights"]

@@ -1,0 +1,134 @@
+"""Tensor-parallel-aware layers, each with a `weight_loader` that takes this rank's shard.
+
+Column-parallel layers split their output features across ranks, row-parallel
+layers split their input features and all-reduce the result, the vocabulary
+embedding and LM head split the vocabulary. At TP=1 they are plain layers.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels import rms_norm
+from runtime.distributed import all_gather_last_dim, all_reduce, tp_rank, tp_size
+
+
+def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
+    if param.shape != loaded.shape:
+        raise ValueError(f"shape mismatch: parameter {tuple(param.shape)}, checkpoint {tuple(loaded.shape)}")
+    param.data.copy_(loaded)
+
+
+def _shard(loaded: torch.Tensor, dim: int, size: int, rank: int) -> torch.Tensor:
+    return loaded.narrow(dim, rank * size, size)
+
+
+class _Linear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ColumnParallelLinear(_Linear):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__(in_features, out_features // tp_size(), bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        param.data.copy_(_shard(loaded, 0, param.shape[0], tp_rank()))
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel projections of the same input in one matmul (gate and up)."""
+
+    def __init__(self, in_features: int, out_features: list[int], bias: bool = False):
+        self.out_features = out_features
+        super().__init__(in_features, sum(out_features), bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int) -> None:
+        size = self.out_features[shard_id] // tp_size()
+        offset = sum(self.out_features[:shard_id]) // tp_size()
+        param.data.narrow(0, offset, size).copy_(_shard(loaded, 0, size, tp_rank()))
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """Fused q, k, v projections; KV heads are replicated when ranks outnumber them."""
+
+    def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool):
+        tp = tp_size()
+        self.head_dim = head_dim
+        self.num_heads = num_heads // tp
+        self.num_kv_heads = max(1, num_kv_heads // tp)
+        self.kv_replicas = max(1, tp // num_kv_heads)
+        out = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp
+        super().__init__(hidden, out, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> None:
+        q_size = self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        if shard_id == "q":
+            offset, size, rank = 0, q_size, tp_rank()
+        else:
+            offset = q_size if shard_id == "k" else q_size + kv_size
+            size, rank = kv_size, tp_rank() // self.kv_replicas
+        param.data.narrow(0, offset, size).copy_(_shard(loaded, 0, size, rank))
+
+
+class RowParallelLinear(_Linear):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__(in_features // tp_size(), out_features, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        if param.dim() == 1:  # the bias is added once, on rank 0
+            param.data.copy_(loaded if tp_rank() == 0 else torch.zeros_like(loaded))
+        else:
+            param.data.copy_(_shard(loaded, 1, param.shape[1], tp_rank()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return all_reduce(super().forward(x))
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(self, vocab_size: int, hidden: int):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.shard_size = -(-vocab_size // tp_size())
+        self.start = self.shard_size * tp_rank()
+        self.weight = nn.Parameter(torch.zeros(self.shard_size, hidden), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        rows = loaded[self.start : self.start + self.shard_size]
+        param.data[: rows.shape[0]].copy_(rows)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if tp_size() == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        inside = (local >= 0) & (local < self.shard_size)
+        out = F.embedding(local.clamp(0, self.shard_size - 1), self.weight) * inside.unsqueeze(-1)
+        return all_reduce(out)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = all_gather_last_dim(F.linear(hidden, self.weight))
+        return logits[..., : self.vocab_size]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
+        self.weight.weight_loader = default_weight_loader
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        return rms_norm(x, self.weight, self.eps, residual)

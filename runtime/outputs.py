@@ -1,0 +1,74 @@
+"""What the engine hands back: per-step deltas, and the finished outputs built from them."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TokenLogprob:
+    """A token's log-probability under the model's raw distribution, with the top alternatives."""
+
+    token_id: int
+    logprob: float
+    rank: int  # 1 = the most likely token
+    top: list[tuple[int, float]] = field(default_factory=list)  # (token id, logprob), best first
+
+
+@dataclass
+class SequenceDelta:
+    """What one completion gained in a step."""
+
+    index: int
+    token_ids: list[int]
+    text: str
+    logprobs: list[TokenLogprob] | None
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    matched_stop: int | str | None = None  # the stop token id or stop string that ended it
+    num_output_tokens: int = 0  # so far, including this step's
+
+
+@dataclass
+class RequestDelta:
+    """One step's news for a request: an element of `AsyncLLMEngine.generate`'s stream."""
+
+    request_id: str
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    seqs: list[SequenceDelta]
+    finished: bool
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # on the first delta only, when asked
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None
+    matched_stop: int | str | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    num_cached_tokens: int = 0
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    finished: bool = False
+
+    def add(self, delta: RequestDelta) -> None:
+        """Fold a step's delta into the accumulated output."""
+        self.num_cached_tokens = delta.num_cached_tokens
+        self.finished = delta.finished
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs = delta.prompt_logprobs
+        for d in delta.seqs:
+            out = self.outputs[d.index]
+            out.token_ids.extend(d.token_ids)
+            out.text += d.text
+            if d.logprobs is not None:
+                out.logprobs = (out.logprobs or []) + d.logprobs
+            out.finish_reason = d.finish_reason
+            out.matched_stop = d.matched_stop

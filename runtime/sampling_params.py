@@ -1,0 +1,66 @@
+"""Per-request sampling options (vLLM's names), validated on construction."""
+
+from dataclasses import dataclass, field
+
+from runtime.errors import require
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    max_tokens: int | None = 16  # None: up to the end of the context
+    min_tokens: int = 0
+    temperature: float = 1.0  # 0 means greedy (exact argmax)
+    top_p: float = 1.0
+    top_k: int = -1  # -1 or 0: disabled
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    seed: int | None = None
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    logprobs: int | None = None  # None: off; k: the sampled token plus the top k
+    prompt_logprobs: int | None = None
+    structured_output: object | None = field(default=None, repr=False)  # a compiled grammar, when constrained
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = [s for s in (self.stop or []) if s]
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == 0:
+            self.top_k = -1
+        require(self.n >= 1, "n", f"must be at least 1, got {self.n}")
+        require(self.max_tokens is None or self.max_tokens >= 1, "max_tokens",
+               f"must be at least 1, got {self.max_tokens}")
+        require(self.min_tokens >= 0, "min_tokens", f"must be non-negative, got {self.min_tokens}")
+        require(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
+               f"({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        require(self.temperature >= 0, "temperature", f"must be non-negative, got {self.temperature}")
+        require(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
+        require(self.top_k == -1 or self.top_k >= 1, "top_k", f"must be -1 (disabled) or positive, got {self.top_k}")
+        require(0 <= self.min_p <= 1, "min_p", f"must be in [0, 1], got {self.min_p}")
+        require(-2 <= self.presence_penalty <= 2, "presence_penalty",
+               f"must be in [-2, 2], got {self.presence_penalty}")
+        require(-2 <= self.frequency_penalty <= 2, "frequency_penalty",
+               f"must be in [-2, 2], got {self.frequency_penalty}")
+        require(self.repetition_penalty > 0, "repetition_penalty",
+               f"must be positive, got {self.repetition_penalty}")
+        require(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs",
+               f"must be in [0, 20], got {self.logprobs}")
+        require(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20, "prompt_logprobs",
+               f"must be in [0, 20], got {self.prompt_logprobs}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def uses_penalties(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+

@@ -1,0 +1,102 @@
+"""Requests and their sequences: the state the scheduler, block manager and runner share.
+
+A request holds one prompt and `n` sequences, one per completion; each sequence
+is scheduled on its own, and siblings share the prompt's cached blocks.
+"""
+
+import enum
+import itertools
+from collections.abc import Callable
+
+import torch
+
+from runtime.detokenizer import IncrementalDetokenizer
+from runtime.outputs import TokenLogprob
+from runtime.sampling_params import SamplingParams
+
+_arrivals = itertools.count()
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Request:
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int,
+        make_detokenizer: Callable[[], IncrementalDetokenizer],
+    ):
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self.params = params
+        self.max_tokens = params.max_tokens  # resolved against the context by the engine
+        self.priority = priority  # lower runs first (0: online, larger: batch jobs)
+        self.arrival = next(_arrivals)
+        self.prompt_logprobs: list[TokenLogprob | None] = []
+        self.seqs = [Sequence(self, i, make_detokenizer()) for i in range(params.n)]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def finished(self) -> bool:
+        return all(s.status is SequenceStatus.FINISHED for s in self.seqs)
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return self.seqs[0].num_cached_tokens
+
+
+class Sequence:
+    def __init__(self, request: Request, index: int, detokenizer: IncrementalDetokenizer):
+        self.request = request
+        self.index = index
+        self.params = request.params
+        self.token_ids = list(request.prompt_token_ids)
+        self.num_prompt_tokens = len(self.token_ids)
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens: int | None = None  # prompt tokens hit at first admission
+        self.block_table: list[int] = []
+        self.block_hashes: list[int] = []
+        self.num_committed_blocks = 0
+        self.detokenizer = detokenizer
+        self.logprobs: list[TokenLogprob] = []
+        self.finish_reason: str | None = None
+        self.matched_stop: int | str | None = None
+        self.generator: torch.Generator | None = None  # made by the sampler for seeded requests
+
+    @property
+    def priority(self) -> int:
+        return self.request.priority
+
+    @property
+    def arrival(self) -> int:
+        return self.request.arrival
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def sort_key(self) -> tuple[int, int, int]:
+        """Scheduling order: priority, then arrival, then completion index."""
+        return (self.priority, self.arrival, self.index)

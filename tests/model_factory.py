@@ -1,0 +1,115 @@
+"""Tiny random-weight models with a tokenizer trained on the spot, saved like a hub checkpoint.
+
+No test reaches a model hub: each builds a directory with config.json,
+generation_config.json, model.safetensors and a ChatML tokenizer, and the
+engine's real loading code reads it.
+"""
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    AutoModelForCausalLM,
+    GenerationConfig,
+    LlamaConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+_CORPUS = [
+    "The capital of France is Paris. The capital of Japan is Tokyo.",
+    "List three countries and their capitals: Germany, Berlin; Italy, Rome; Spain, Madrid.",
+    "Once upon a time, a small robot learned to write poems about the sea and the stars.",
+    "def add(a, b):\n    return a + b\n\nprint(add(1, 2))",
+    '{"name": "Alice", "age": 30, "city": "Zürich", "tags": ["a", "b"]}',
+    "Grüße aus München! Café, naïve, jalapeño, déjà vu. 日本語のテキスト。中文文本。🙂🚀",
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 11 12 100 1000 3.14159 -42",
+    "Question: what is 2 + 2? Answer: 4. Question: why is the sky blue? Answer: scattering.",
+]
+
+ARCHITECTURES = {
+    "qwen2": Qwen2Config,
+    "qwen3": Qwen3Config,
+    "llama": LlamaConfig,
+}
+
+
+def build_tokenizer(vocab_size: int = 512) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS * 20, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=CHATML_TEMPLATE,
+    )
+
+
+def build_model_dir(
+    path: Path,
+    arch: str = "qwen2",
+    hidden_size: int = 64,
+    intermediate_size: int = 128,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    head_dim: int | None = None,
+    vocab_size: int = 512,
+    max_positions: int = 2048,
+    tie_word_embeddings: bool = False,
+    init_std: float = 0.2,
+    seed: int = 0,
+) -> Path:
+    """Write a random-weight checkpoint of `arch` to `path` and return it."""
+    path = Path(path)
+    tokenizer = build_tokenizer(vocab_size)
+    extra = {"head_dim": head_dim} if head_dim else {}
+    config = ARCHITECTURES[arch](
+        vocab_size=max(vocab_size, len(tokenizer)),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=tie_word_embeddings,
+        initializer_range=init_std,
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        **extra,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    GenerationConfig(eos_token_id=eos, bos_token_id=None).save_pretrained(path)
+    return path
+
+
+def kv_cache_bytes(path: Path, num_blocks: int, block_size: int = 16) -> int:
+    """The `kv_cache_bytes` budget that gives exactly `num_blocks` float32 blocks for the model at `path`."""
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(path)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return num_blocks * 2 * c.num_hidden_layers * block_size * c.num_key_value_heads * head_dim * 4
