@@ -11,6 +11,7 @@ import torch
 
 from kernels import AttentionMetadata
 from runtime.config import EngineConfig
+from runtime.errors import InvalidInputError
 from runtime.models import CausalLM, load_weights
 from runtime.models.decoder import head_dim_of
 from runtime.outputs import TokenLogprob
@@ -59,8 +60,9 @@ class ModelRunner:
                 budget = _CPU_KV_BYTES
         num_blocks = budget // bytes_per_block
         if num_blocks * cfg.block_size < cfg.max_model_len:
-            raise ValueError(
-                f"kv_cache_bytes: {budget} bytes hold {num_blocks * cfg.block_size} tokens, "
+            raise InvalidInputError(
+                "kv_cache_bytes",
+                f"{budget} bytes hold {num_blocks * cfg.block_size} tokens, "
                 f"fewer than max_model_len ({cfg.max_model_len}); raise the budget or lower max_model_len"
             )
         self.kv_cache = torch.zeros((2, layers, num_blocks, *shape), dtype=cfg.torch_dtype, device=self.device)

@@ -1,0 +1,81 @@
+"""AsyncLLMEngine: streamed deltas add up to the offline result; leaving early aborts."""
+
+import asyncio
+from contextlib import aclosing
+
+import pytest
+
+from runtime import LLM, AsyncLLMEngine, InvalidInputError, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def async_engine(qwen2_model):
+    engine = AsyncLLMEngine.from_options(str(qwen2_model), max_model_len=256)
+    yield engine
+    engine.shutdown()
+
+
+def test_streams_equal_offline_generation(async_engine, qwen2_model):
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=1)
+    prompts = [[5 + i] * (3 + 7 * i) for i in range(12)]
+
+    async def collect(prompt):
+        tokens, text, deltas = [], "", []
+        async for delta in async_engine.generate(prompt, params):
+            deltas.append(delta)
+            tokens += delta.seqs[0].token_ids
+            text += delta.seqs[0].text
+        return tokens, text, deltas
+
+    async def main():
+        return await asyncio.gather(*(collect(p) for p in prompts))
+
+    results = asyncio.run(main())
+    offline = LLM(str(qwen2_model), max_model_len=256).generate(prompts, params)
+    for (tokens, text, deltas), ref in zip(results, offline):
+        assert tokens == ref.outputs[0].token_ids and text == ref.outputs[0].text
+        assert deltas[-1].finished and deltas[-1].seqs[0].finish_reason == "length"
+        assert [d.seqs[0].num_output_tokens for d in deltas] == list(range(1, 21))
+        assert all(len(d.seqs[0].logprobs) == 1 for d in deltas)
+
+
+def test_leaving_the_stream_aborts_and_frees_blocks(async_engine):
+    params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+
+    async def main():
+        async def consume_three():
+            seen = 0
+            async with aclosing(async_engine.generate([7] * 40, params)) as stream:
+                async for _ in stream:
+                    seen += 1
+                    if seen == 3:
+                        break
+            return seen
+
+        async def hang():
+            async for _ in async_engine.generate([8] * 40, params):
+                pass
+
+        task = asyncio.create_task(hang())
+        assert await consume_three() == 3
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # an empty request round-trip proves the abort commands were applied
+        async for _ in async_engine.generate([9], SamplingParams(max_tokens=1)):
+            pass
+
+    asyncio.run(main())
+    stats = async_engine.stats()
+    assert stats["num_requests"] == 0
+    assert stats["num_free_blocks"] == stats["num_blocks"]
+
+
+def test_bad_request_raises_before_streaming(async_engine):
+    async def main():
+        with pytest.raises(InvalidInputError, match="max_tokens"):
+            async for _ in async_engine.generate([5] * 10, SamplingParams(max_tokens=1000)):
+                pass
+
+    asyncio.run(main())
+    assert async_engine.healthy

@@ -1,0 +1,74 @@
+"""Bad options and requests raise errors naming the field; the engine keeps serving."""
+
+import pytest
+
+from runtime import LLM, InvalidInputError, SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+
+
+@pytest.mark.parametrize(
+    "kwargs, param",
+    [
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"n": 0}, "n"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
+        ({"top_k": -3}, "top_k"),
+        ({"min_p": 2.0}, "min_p"),
+        ({"presence_penalty": 3.0}, "presence_penalty"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"logprobs": 50}, "logprobs"),
+    ],
+)
+def test_bad_sampling_params_name_the_field(kwargs, param):
+    with pytest.raises(InvalidInputError) as e:
+        SamplingParams(**kwargs)
+    assert e.value.param == param and str(e.value).startswith(f"{param}:")
+
+
+def test_bad_requests_are_rejected_and_others_still_run(qwen2_model):
+    llm = LLM(str(qwen2_model), max_model_len=64)
+    engine = llm.engine
+    engine.add_request("good", [5, 6, 7], GREEDY)
+    cases = [
+        ([5] * 64, GREEDY, "prompt", "64 tokens"),
+        ([5] * 10, SamplingParams(max_tokens=60), "max_tokens", "70 in total"),
+        ([], GREEDY, "prompt", "empty"),
+        ([5, 10**6], GREEDY, "prompt", "outside the vocabulary"),
+    ]
+    for prompt, params, param, text in cases:
+        with pytest.raises(InvalidInputError) as e:
+            engine.add_request(f"bad-{param}", prompt, params)
+        assert e.value.param == param and text in str(e.value)
+    with pytest.raises(InvalidInputError, match="already in flight"):
+        engine.add_request("good", [1], GREEDY)
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs.extend(engine.step())
+    assert [d.request_id for d in outputs] == ["good"] * 4 and outputs[-1].finished
+    assert llm.generate([[5, 6, 7]], GREEDY)[0].outputs[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    "kwargs, param",
+    [
+        ({"dtype": "int8"}, "dtype"),
+        ({"max_model_len": 10**6}, "max_model_len"),
+        ({"max_num_seqs": 0}, "max_num_seqs"),
+        ({"device": "tpu"}, "device"),
+        ({"kv_cache_bytes": 1024}, "kv_cache_bytes"),
+    ],
+)
+def test_bad_engine_options_name_the_field(qwen2_model, kwargs, param):
+    with pytest.raises(InvalidInputError) as e:
+        LLM(str(qwen2_model), **kwargs)
+    assert e.value.param == param
+
+
+def test_unknown_model_path(tmp_path):
+    with pytest.raises(InvalidInputError) as e:
+        LLM(str(tmp_path / "no-such-model"))
+    assert e.value.param == "model" and "no-such-model" in str(e.value)

@@ -1,0 +1,104 @@
+"""The sampler: seeded determinism independent of the batch, each option's effect, logprobs."""
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from runtime import LLM, SamplingParams
+from runtime.sampler import Sampler
+from runtime.sequence import Request
+
+
+def _llm(path):
+    return LLM(str(path), max_model_len=256)
+
+
+def test_seeded_sampling_is_independent_of_the_batch(qwen2_model):
+    llm = _llm(qwen2_model)
+    prompt = llm.tokenizer.encode("Once upon a time")
+    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=1234, max_tokens=24, ignore_eos=True)
+    alone = llm.generate([prompt], params)[0].outputs[0].token_ids
+    others = [SamplingParams(temperature=0.8, max_tokens=30, ignore_eos=True, seed=None) for _ in range(15)]
+    batch = llm.generate([prompt] + [llm.tokenizer.encode(f"other prompt {i}") for i in range(15)], [params] + others)
+    assert batch[0].outputs[0].token_ids == alone
+    assert llm.generate([prompt], params)[0].outputs[0].token_ids == alone
+    different = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=99, max_tokens=24, ignore_eos=True)
+    assert llm.generate([prompt], different)[0].outputs[0].token_ids != alone
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy(qwen2_model):
+    llm = _llm(qwen2_model)
+    prompt = llm.tokenizer.encode("The capital of France")
+    greedy = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))[0]
+    for params in (SamplingParams(temperature=1.5, top_k=1, max_tokens=16, ignore_eos=True),
+                   SamplingParams(temperature=1.5, top_p=1e-6, max_tokens=16, ignore_eos=True),
+                   SamplingParams(temperature=1.5, min_p=1.0, max_tokens=16, ignore_eos=True)):
+        assert llm.generate([prompt], params)[0].outputs[0].token_ids == greedy.outputs[0].token_ids
+
+
+def test_logit_bias_forces_a_token(qwen2_model):
+    llm = _llm(qwen2_model)
+    out = llm.generate(["hi"], SamplingParams(temperature=0.7, logit_bias={77: 100.0}, max_tokens=6, ignore_eos=True))
+    assert out[0].outputs[0].token_ids == [77] * 6
+
+
+def test_min_tokens_masks_stop_tokens_and_stop_token_ids_end(qwen2_model):
+    llm = _llm(qwen2_model)
+    eos = llm.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    forced_eos = {eos: 100.0}
+    out = llm.generate(["hi"], SamplingParams(temperature=0, logit_bias=forced_eos, min_tokens=5, max_tokens=20))[0]
+    tokens = out.outputs[0].token_ids
+    assert len(tokens) == 6 and tokens[-1] == eos and eos not in tokens[:5]
+    assert out.outputs[0].finish_reason == "stop" and out.outputs[0].matched_stop == eos
+    out = llm.generate(["hi"], SamplingParams(temperature=0, logit_bias={9: 100.0}, stop_token_ids=[9], max_tokens=20))
+    assert out[0].outputs[0].token_ids == [9] and out[0].outputs[0].matched_stop == 9
+    out = llm.generate(["hi"], SamplingParams(temperature=0, logit_bias=forced_eos, ignore_eos=True, max_tokens=7))
+    assert out[0].outputs[0].token_ids == [eos] * 7 and out[0].outputs[0].finish_reason == "length"
+
+
+def _sequence(params: SamplingParams, prompt: list[int], output: list[int]):
+    seq = Request("r", prompt, params, 0, lambda: None).seqs[0]
+    seq.token_ids.extend(output)
+    return seq
+
+
+def test_penalties_apply_in_one_batched_pass():
+    logits = torch.zeros(4, 10)
+    logits[:, 5], logits[:, 6] = 1.0, 0.5  # token 5 leads by 0.5, and was already generated twice
+    params = [
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0, frequency_penalty=0.3),  # 1 - 2 * 0.3 = 0.4 < 0.5
+        SamplingParams(temperature=0, presence_penalty=0.6),  # 1 - 0.6 = 0.4
+        SamplingParams(temperature=0, repetition_penalty=2.5),  # 1 / 2.5 = 0.4
+    ]
+    seqs = [_sequence(p, [1, 2], [5, 5]) for p in params]
+    tokens, _ = Sampler(eos_token_ids={0}, device=torch.device("cpu"))(logits, seqs)
+    assert tokens == [5, 6, 6, 6]
+    # repetition penalty also covers prompt tokens, and multiplies negative logits
+    logits = torch.full((1, 10), -1.0)
+    logits[0, 1], logits[0, 3] = -0.2, -0.5
+    seq = _sequence(SamplingParams(temperature=0, repetition_penalty=3.0), [1, 2], [])
+    assert Sampler({0}, torch.device("cpu"))(logits, [seq])[0] == [3]  # -0.2 * 3 = -0.6 < -0.5
+
+
+def test_logprobs_equal_transformers_log_softmax(qwen2_model):
+    llm = _llm(qwen2_model)
+    prompt = llm.tokenizer.encode("Question: what is 2 + 2?")
+    params = SamplingParams(temperature=0.9, seed=5, max_tokens=10, logprobs=5, prompt_logprobs=3, ignore_eos=True)
+    out = llm.generate([prompt], params)[0]
+    tokens = out.outputs[0].token_ids
+    hf = AutoModelForCausalLM.from_pretrained(qwen2_model, dtype=torch.float32)
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt + tokens])).logits[0], dim=-1)
+    n = len(prompt)
+    for i, lp in enumerate(out.outputs[0].logprobs):
+        row = ref[n - 1 + i]
+        assert lp.token_id == tokens[i]
+        assert abs(lp.logprob - row[tokens[i]].item()) < 1e-4
+        assert lp.rank == int((row > row[tokens[i]]).sum()) + 1
+        top_ids = row.topk(5).indices.tolist()
+        assert [t for t, _ in lp.top] == top_ids
+        assert all(abs(v - row[t].item()) < 1e-4 for t, v in lp.top)
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == n
+    for i in range(1, n):
+        assert abs(out.prompt_logprobs[i].logprob - ref[i - 1, prompt[i]].item()) < 1e-4
+        assert len(out.prompt_logprobs[i].top) == 3
