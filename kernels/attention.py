@@ -102,20 +102,26 @@ def paged_attention(
     v_flat = v_cache.view(-1, num_kv_heads, head_dim)
     out = torch.empty_like(q)
     if meta.num_decodes:
-        n = meta.num_decodes
-        qd = q[:n].unsqueeze(2)  # [B, Hq, 1, D]
-        kd = k_flat[meta.decode_slots].transpose(1, 2)  # [B, Hkv, L, D]
-        vd = v_flat[meta.decode_slots].transpose(1, 2)
-        o = F.scaled_dot_product_attention(
-            qd, kd, vd, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True
-        )
-        out[:n] = o.squeeze(2)
+        out[: meta.num_decodes] = _decode_attention(q[: meta.num_decodes], k_flat, v_flat, meta, scale)
     for span in meta.prefills:
         qp = q[span.start : span.end].transpose(0, 1)  # [Hq, Lq, D]
-        kp = k_flat[span.slots].transpose(0, 1)  # [Hkv, Lk, D]
-        vp = v_flat[span.slots].transpose(0, 1)
+        kp = k_flat.index_select(0, span.slots).transpose(0, 1)  # [Hkv, Lk, D]
+        vp = v_flat.index_select(0, span.slots).transpose(0, 1)
         o = F.scaled_dot_product_attention(
             qp, kp, vp, attn_mask=span.mask, is_causal=span.mask is None, scale=scale, enable_gqa=True
         )
         out[span.start : span.end] = o.transpose(0, 1)
     return out
+
+
+def _decode_attention(q, k_flat, v_flat, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """One query per sequence, batched over the padded contexts."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_flat.shape[1]
+    slots = meta.decode_slots.reshape(-1)
+    k = k_flat.index_select(0, slots).view(batch, -1, num_kv_heads, head_dim).transpose(1, 2)
+    v = v_flat.index_select(0, slots).view(batch, -1, num_kv_heads, head_dim).transpose(1, 2)
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(2), k, v, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True
+    )
+    return out.squeeze(2)

@@ -1,0 +1,47 @@
+"""Shared pieces of the benchmarks: the benchmark model, the workload, the machine's matmul roofline."""
+
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from tests.model_factory import build_model_dir
+
+# DESIGN.md's CPU benchmark model: Qwen2-shaped, about 28M parameters, float32
+CPU_MODEL = dict(arch="qwen2", hidden_size=512, intermediate_size=1536, num_layers=8, num_heads=8,
+                 num_kv_heads=2, vocab_size=8192, max_positions=4096, init_std=0.02)
+
+
+def build_cpu_model() -> Path:
+    return build_model_dir(Path(tempfile.mkdtemp(prefix="bench-model-")), **CPU_MODEL)
+
+
+def shared_prefix_prompts(num: int, prefix_len: int, question_len: int, vocab: int = 8192, seed: int = 0):
+    """`num` prompts: one shared system prefix, then a unique question each (token ids)."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(3, vocab) for _ in range(prefix_len)]
+    return [prefix + [rng.randrange(3, vocab) for _ in range(question_len)] for _ in range(num)]
+
+
+def matmul_flops_per_second(n: int = 1024, repeats: int = 20) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        torch.mm(a, b)
+    return 2 * n**3 * repeats / (time.perf_counter() - start)
+
+
+def matmul_params(model: torch.nn.Module) -> int:
+    """Parameters that take part in a matmul per token: everything but the input embedding table."""
+    total = sum(p.numel() for p in model.parameters())
+    embed = model.get_input_embeddings().weight.numel()
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    return total if tied else total - embed
+
+
+def report(name: str, **figures) -> None:
+    print(json.dumps({"benchmark": name, **figures}), flush=True)
