@@ -46,6 +46,10 @@ class AsyncLLMEngine:
     def healthy(self) -> bool:
         return self.error is None and self._thread.is_alive()
 
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise `InvalidInputError` now for a request `generate` would reject."""
+        self.engine.validate(prompt_token_ids, params)
+
     async def generate(
         self,
         prompt_token_ids: list[int],

@@ -1,0 +1,89 @@
+"""The `args` of `deployments:build_openai_app`, in Ray Serve LLM's `llm_configs` shape, validated at build time."""
+
+import dataclasses
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from runtime import EngineConfig
+
+_ENGINE_OPTIONS = {f.name for f in dataclasses.fields(EngineConfig) if f.init} - {"model"}
+_DEPLOYMENT_OPTIONS = {
+    "num_replicas", "autoscaling_config", "max_ongoing_requests", "max_queued_requests", "ray_actor_options",
+    "health_check_period_s", "health_check_timeout_s", "graceful_shutdown_timeout_s",
+    "graceful_shutdown_wait_loop_s",
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelLoadingConfig(_Strict):
+    model_id: str = Field(min_length=1)  # the name clients send as `model`
+    model_source: str | None = None  # a Hub id or a local directory; default: model_id
+
+    @property
+    def source(self) -> str:
+        return self.model_source or self.model_id
+
+
+class LLMConfig(_Strict):
+    model_loading_config: ModelLoadingConfig
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+    deployment_config: dict[str, Any] = Field(default_factory=dict)
+    accelerator_type: str | None = None
+    reasoning_parser: Literal["qwen3", "deepseek-r1"] | None = None
+    tool_call_parser: Literal["qwen25", "hermes"] | None = None
+
+    @field_validator("engine_kwargs")
+    @classmethod
+    def _known_engine_options(cls, v: dict) -> dict:
+        unknown = sorted(set(v) - _ENGINE_OPTIONS)
+        if unknown:
+            raise ValueError(f"unknown engine option(s) {unknown}; known: {sorted(_ENGINE_OPTIONS)}")
+        return v
+
+    @field_validator("deployment_config")
+    @classmethod
+    def _known_deployment_options(cls, v: dict) -> dict:
+        unknown = sorted(set(v) - _DEPLOYMENT_OPTIONS)
+        if unknown:
+            raise ValueError(f"unknown deployment option(s) {unknown}; known: {sorted(_DEPLOYMENT_OPTIONS)}")
+        if "num_replicas" in v and "autoscaling_config" in v:
+            raise ValueError("give num_replicas or autoscaling_config, not both")
+        return v
+
+    @property
+    def model_id(self) -> str:
+        return self.model_loading_config.model_id
+
+
+class AppConfig(_Strict):
+    llm_configs: list[LLMConfig] = Field(min_length=1)
+    storage_uri: str = "file://./rayllm-storage"
+    api_key: str | None = None
+    max_request_bytes: int = Field(16 * 1024 * 1024, gt=0)
+
+    @model_validator(mode="after")
+    def _unique_model_ids(self):
+        ids = [c.model_id for c in self.llm_configs]
+        if len(ids) != len(set(ids)):
+            raise ValueError(f"model ids must be unique, got {ids}")
+        return self
+
+    @field_validator("storage_uri")
+    @classmethod
+    def _known_scheme(cls, v: str) -> str:
+        if not v.startswith(("file://", "s3://")):
+            raise ValueError("must start with file:// or s3://")
+        return v
+
+
+def parse_app_config(args: dict) -> AppConfig:
+    """Validate builder args; the error names each offending field by its path."""
+    try:
+        return AppConfig.model_validate(args)
+    except ValidationError as e:
+        problems = [f"{'.'.join(str(p) for p in err['loc']) or 'args'}: {err['msg']}" for err in e.errors()]
+        raise ValueError("invalid build_openai_app args: " + "; ".join(problems)) from None

@@ -1,0 +1,38 @@
+"""`deployments:build_openai_app`: the Serve application for a config's `args`."""
+
+import ray
+from ray import serve
+from ray.serve import Application
+
+from deployments.app_config import LLMConfig, parse_app_config
+from deployments.ingress import OpenAIIngress
+from deployments.llm_server import LLMServer
+
+
+def build_openai_app(args: dict) -> Application:
+    """One replica deployment per model behind one OpenAI ingress."""
+    config = parse_app_config(args)
+    replicas = {c.model_id: _replica(c) for c in config.llm_configs}
+    return OpenAIIngress.bind(config, replicas)
+
+
+def _replica(config: LLMConfig):
+    options = {"name": f"LLMServer:{config.model_id}".replace("/", "--"), **config.deployment_config}
+    options.setdefault("max_ongoing_requests", 256)
+    actor_options = dict(options.pop("ray_actor_options", {}))
+    if "num_gpus" not in actor_options and _wants_gpu(config):
+        actor_options["num_gpus"] = 1
+        if config.accelerator_type:
+            actor_options["accelerator_type"] = config.accelerator_type
+    actor_options.setdefault("num_cpus", 1)
+    return serve.deployment(LLMServer).options(ray_actor_options=actor_options, **options).bind(config)
+
+
+def _wants_gpu(config: LLMConfig) -> bool:
+    """A GPU replica when an accelerator is named, the engine asks for cuda, or the cluster has GPUs."""
+    device = config.engine_kwargs.get("device", "auto")
+    if device == "cpu":
+        return False
+    if config.accelerator_type or device == "cuda":
+        return True
+    return ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0

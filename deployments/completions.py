@@ -1,0 +1,94 @@
+"""/v1/completions on one replica: one or many prompts, `echo`, integer `logprobs`."""
+
+from collections.abc import AsyncIterator
+
+from deployments.openai_format import TokenTexts, completion_logprobs, usage
+from deployments.protocol import CompletionRequest
+from deployments.streams import SSE_DONE, merge, new_id, now, sse
+from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput
+from runtime.tokenizer import encode
+
+
+class CompletionHandler:
+    def __init__(self, engine: AsyncLLMEngine, model_id: str, texts: TokenTexts):
+        self.engine = engine
+        self.model_id = model_id
+        self.texts = texts
+
+    def _prepare(self, req: CompletionRequest):
+        params = req.to_sampling_params()
+        prompts = [encode(self.engine.tokenizer, p) if isinstance(p, str) else list(p) for p in req.prompts()]
+        for ids in prompts:
+            self.engine.validate(ids, params)
+        return params, prompts
+
+    def _streams(self, prompts, params, request_id, priority):
+        return [self.engine.generate(ids, params, f"{request_id}-{i}", priority) for i, ids in enumerate(prompts)]
+
+    async def complete(self, req: CompletionRequest, request_id: str, priority: int = 0) -> dict:
+        params, prompts = self._prepare(req)
+        results = [RequestOutput(f"{request_id}-{i}", None, ids, outputs=[CompletionOutput(j) for j in range(params.n)])
+                   for i, ids in enumerate(prompts)]
+        async for i, delta in merge(self._streams(prompts, params, request_id, priority)):
+            results[i].add(delta)
+        choices = []
+        for i, result in enumerate(results):
+            for c in result.outputs:
+                choices.append(self._choice(req, i * params.n + c.index, result, c))
+        completion_tokens = sum(len(c.token_ids) for r in results for c in r.outputs)
+        return {
+            "id": request_id,
+            "object": "text_completion",
+            "created": now(),
+            "model": self.model_id,
+            "choices": choices,
+            "usage": usage(sum(len(p) for p in prompts), completion_tokens, sum(r.num_cached_tokens for r in results)),
+        }
+
+    def _choice(self, req: CompletionRequest, index: int, result: RequestOutput, c: CompletionOutput) -> dict:
+        text, logprobs = c.text, None
+        prompt_text = self.engine.tokenizer.decode(result.prompt_token_ids) if req.echo else ""
+        if req.logprobs is not None:
+            entries, ids = list(c.logprobs or []), list(c.token_ids)
+            if req.echo:
+                entries = list(result.prompt_logprobs or [None] * len(ids)) + entries
+                ids = list(result.prompt_token_ids) + ids
+            logprobs = completion_logprobs(entries, ids, self.texts)
+        return {"index": index, "text": prompt_text + text, "logprobs": logprobs,
+                "finish_reason": c.finish_reason, "matched_stop": c.matched_stop}
+
+    async def stream(self, req: CompletionRequest, request_id: str) -> AsyncIterator[str]:
+        params, prompts = self._prepare(req)
+        return self._chunks(req, request_id, params, prompts)
+
+    async def _chunks(self, req, request_id, params, prompts) -> AsyncIterator[str]:
+        created = now()
+
+        def chunk(choices: list[dict], **extra) -> str:
+            return sse({"id": request_id, "object": "text_completion", "created": created,
+                        "model": self.model_id, "choices": choices, **extra})
+
+        if req.echo:
+            for i, ids in enumerate(prompts):
+                for j in range(params.n):
+                    yield chunk([{"index": i * params.n + j, "text": self.engine.tokenizer.decode(ids),
+                                  "logprobs": None, "finish_reason": None}])
+        completion_tokens, cached = 0, [0] * len(prompts)
+        offsets = {}
+        async for i, delta in merge(self._streams(prompts, params, request_id, 0)):
+            cached[i] = delta.num_cached_tokens
+            for s in delta.seqs:
+                index = i * params.n + s.index
+                logprobs = None
+                if req.logprobs is not None and s.logprobs:
+                    logprobs = completion_logprobs(s.logprobs, s.token_ids, self.texts, offsets.get(index, 0))
+                    offsets[index] = offsets.get(index, 0) + sum(len(t) for t in logprobs["tokens"])
+                if s.text or logprobs:
+                    yield chunk([{"index": index, "text": s.text, "logprobs": logprobs, "finish_reason": None}])
+                if s.finish_reason is not None:
+                    completion_tokens += s.num_output_tokens
+                    yield chunk([{"index": index, "text": "", "logprobs": None,
+                                  "finish_reason": s.finish_reason, "matched_stop": s.matched_stop}])
+        if req.include_usage:
+            yield chunk([], usage=usage(sum(len(p) for p in prompts), completion_tokens, sum(cached)))
+        yield SSE_DONE

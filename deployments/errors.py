@@ -1,0 +1,44 @@
+"""Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`."""
+
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    503: "service_unavailable_error",
+}
+
+
+class OpenAIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        return error_body(self.status, self.message, self.param, self.code)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    kind = _TYPES.get(status, "internal_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def from_validation_error(e: ValidationError) -> OpenAIError:
+    """A 400 naming the first offending field, with every problem in the message."""
+    problems = []
+    for err in e.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        problems.append(f"{loc}: {err['msg']}" if loc else err["msg"])
+    first = e.errors()[0]["loc"] if e.errors() else ()
+    param = ".".join(str(p) for p in first) or None
+    return OpenAIError(400, "; ".join(problems), param=param)

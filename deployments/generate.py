@@ -1,0 +1,77 @@
+"""SGLang's native /generate on one replica: `text` or `input_ids`, cumulative streaming, `meta_info`."""
+
+import time
+from collections.abc import AsyncIterator
+
+from deployments.protocol import GenerateRequest
+from deployments.streams import SSE_DONE, merge, new_id, sse
+from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput
+from runtime.tokenizer import encode
+
+
+class GenerateHandler:
+    def __init__(self, engine: AsyncLLMEngine):
+        self.engine = engine
+
+    def _prepare(self, req: GenerateRequest):
+        params = req.sampling_params.to_sampling_params(req.top_logprobs_num if req.return_logprob else None)
+        prompts, batched = req.prompts()
+        ids = [encode(self.engine.tokenizer, p) if isinstance(p, str) else list(p) for p in prompts]
+        for prompt in ids:
+            self.engine.validate(prompt, params)
+        base = req.rid or new_id("")
+        request_ids = [base if len(ids) == 1 else f"{base}-{i}" for i in range(len(ids))]
+        return params, ids, batched, request_ids
+
+    async def complete(self, req: GenerateRequest, priority: int = 0) -> dict | list[dict]:
+        params, prompts, batched, request_ids = self._prepare(req)
+        start = time.perf_counter()
+        results = [RequestOutput(rid, None, p, outputs=[CompletionOutput(j) for j in range(params.n)])
+                   for rid, p in zip(request_ids, prompts)]
+        streams = [self.engine.generate(p, params, rid, priority) for rid, p in zip(request_ids, prompts)]
+        async for i, delta in merge(streams):
+            results[i].add(delta)
+        latency = time.perf_counter() - start
+        items = [self._item(r, c, params.max_tokens, latency) for r in results for c in r.outputs]
+        return items if batched or params.n > 1 else items[0]
+
+    def _item(self, result: RequestOutput, c: CompletionOutput, max_new_tokens: int, latency: float) -> dict:
+        meta = {
+            "id": result.request_id,
+            "finish_reason": _finish_reason(c.finish_reason, c.matched_stop, max_new_tokens),
+            "prompt_tokens": len(result.prompt_token_ids),
+            "completion_tokens": len(c.token_ids),
+            "cached_tokens": result.num_cached_tokens,
+            "e2e_latency": latency,
+        }
+        if c.logprobs is not None:
+            meta["output_token_logprobs"] = [[e.logprob, e.token_id, None] for e in c.logprobs]
+        return {"text": c.text, "output_ids": list(c.token_ids), "meta_info": meta}
+
+    async def stream(self, req: GenerateRequest) -> AsyncIterator[str]:
+        params, prompts, _, request_ids = self._prepare(req)
+        return self._chunks(params, prompts, request_ids)
+
+    async def _chunks(self, params, prompts, request_ids) -> AsyncIterator[str]:
+        start = time.perf_counter()
+        results = [RequestOutput(rid, None, p, outputs=[CompletionOutput(j) for j in range(params.n)])
+                   for rid, p in zip(request_ids, prompts)]
+        streams = [self.engine.generate(p, params, rid) for rid, p in zip(request_ids, prompts)]
+        async for i, delta in merge(streams):
+            results[i].add(delta)
+            for s in delta.seqs:
+                c = results[i].outputs[s.index]
+                item = self._item(results[i], c, params.max_tokens, time.perf_counter() - start)
+                item["index"] = i * params.n + s.index
+                yield sse(item)
+        yield SSE_DONE
+
+
+def _finish_reason(reason: str | None, matched: int | str | None, max_new_tokens: int) -> dict | None:
+    if reason is None:
+        return None
+    if reason == "length":
+        return {"type": "length", "length": max_new_tokens}
+    if reason == "stop":
+        return {"type": "stop", "matched": matched}
+    return {"type": reason}

@@ -1,0 +1,139 @@
+"""The HTTP front door: thin FastAPI routes that validate, pick the model's replicas, and relay.
+
+Bodies are parsed here (so bad input never costs a replica call) and
+forwarded through a DeploymentHandle; streams are relayed as server-sent
+events. Every error leaves in OpenAI's shape.
+"""
+
+import json
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+from starlette.exceptions import HTTPException
+
+from deployments.app_config import AppConfig
+from deployments.errors import OpenAIError, error_body, from_validation_error
+from deployments.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+
+app = FastAPI(title="rayllm-engine OpenAI-compatible API")
+
+
+@app.exception_handler(OpenAIError)
+async def _openai_error(_: Request, e: OpenAIError):
+    return e.response()
+
+
+@app.exception_handler(HTTPException)
+async def _http_error(_: Request, e: HTTPException):
+    return JSONResponse(error_body(e.status_code, str(e.detail)), status_code=e.status_code)
+
+
+@app.exception_handler(RequestValidationError)
+async def _validation_error(_: Request, e: RequestValidationError):
+    return JSONResponse(error_body(400, str(e.errors())), status_code=400)
+
+
+async def _relay_stream(first: str, rest):
+    yield first
+    async for chunk in rest:
+        yield chunk
+
+
+@serve.deployment(max_ongoing_requests=1000)
+@serve.ingress(app)
+class OpenAIIngress:
+    def __init__(self, config: AppConfig, replicas: dict[str, DeploymentHandle]):
+        self.config = config
+        self.replicas = replicas
+        self.sources = {c.model_id: c.model_loading_config.source for c in config.llm_configs}
+        self.created = int(time.time())
+
+    # --- models and health -----------------------------------------------------
+
+    @app.get("/v1/models")
+    async def list_models(self):
+        return {"object": "list", "data": [self._model_card(m) for m in self.replicas]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(self, model_id: str):
+        self._handle(model_id)
+        return self._model_card(model_id)
+
+    def _model_card(self, model_id: str) -> dict:
+        return {"id": model_id, "object": "model", "created": self.created, "owned_by": "rayllm-engine",
+                "root": self.sources[model_id]}
+
+    @app.get("/health")
+    async def health(self):
+        for model_id, handle in self.replicas.items():
+            try:
+                healthy = await handle.healthy.remote()
+            except Exception as e:  # a replica that cannot answer is not healthy
+                healthy, reason = False, repr(e)
+            else:
+                reason = "engine stopped"
+            if not healthy:
+                return JSONResponse(error_body(503, f"model {model_id}: {reason}"), status_code=503)
+        return {"status": "ok"}
+
+    # --- generation ------------------------------------------------------------
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request):
+        return await self._relay(request, ChatCompletionRequest, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(self, request: Request):
+        return await self._relay(request, CompletionRequest, "completions")
+
+    @app.post("/generate")
+    async def generate(self, request: Request):
+        return await self._relay(request, GenerateRequest, "generate")
+
+    async def _relay(self, request: Request, model: type[BaseModel], method: str):
+        body = await self._parse(request, model)
+        handle = self._handle(body.model)
+        if not body.stream:
+            status, reply = await getattr(handle, method).remote(body)
+            return JSONResponse(reply, status_code=status)
+        stream = getattr(handle.options(stream=True), f"{method}_stream").remote(body)
+        first = await stream.__anext__()
+        if isinstance(first, dict):  # rejected before streaming
+            stream.cancel()
+            return JSONResponse(first["body"], status_code=first["status"])
+        return StreamingResponse(_relay_stream(first, stream), media_type="text/event-stream")
+
+    async def _parse(self, request: Request, model: type[BaseModel]) -> BaseModel:
+        if "application/json" not in request.headers.get("content-type", ""):
+            raise OpenAIError(400, "expected a JSON body with Content-Type: application/json")
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > self.config.max_request_bytes:
+            raise OpenAIError(413, f"request body is over {self.config.max_request_bytes} bytes")
+        raw = await request.body()
+        if len(raw) > self.config.max_request_bytes:
+            raise OpenAIError(413, f"request body is over {self.config.max_request_bytes} bytes")
+        try:
+            data = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise OpenAIError(400, f"the body is not valid JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise OpenAIError(400, "the body must be a JSON object")
+        try:
+            return model.model_validate(data)
+        except ValidationError as e:
+            raise from_validation_error(e) from None
+
+    def _handle(self, model_id: str | None) -> DeploymentHandle:
+        if model_id is None:
+            if len(self.replicas) == 1:
+                return next(iter(self.replicas.values()))
+            raise OpenAIError(400, f"model: required when serving several models: {sorted(self.replicas)}", "model")
+        handle = self.replicas.get(model_id)
+        if handle is None:
+            raise OpenAIError(404, f"The model `{model_id}` does not exist.", "model", "model_not_found")
+        return handle

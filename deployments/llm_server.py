@@ -1,0 +1,101 @@
+"""The replica deployment: one AsyncLLMEngine serving chat, completions and /generate for one model."""
+
+import logging
+from collections.abc import AsyncIterator
+
+from deployments.app_config import LLMConfig
+from deployments.chat import ChatHandler
+from deployments.completions import CompletionHandler
+from deployments.errors import OpenAIError, error_body
+from deployments.generate import GenerateHandler
+from deployments.openai_format import TokenTexts
+from deployments.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from deployments.streams import SSE_DONE, new_id, sse
+from runtime import AsyncLLMEngine, EngineDeadError, InvalidInputError
+
+logger = logging.getLogger("ray.serve")
+
+Reply = tuple[int, dict | list]  # (HTTP status, JSON body)
+
+
+class LLMServer:
+    def __init__(self, config: LLMConfig):
+        self.model_id = config.model_id
+        self.engine = AsyncLLMEngine.from_options(config.model_loading_config.source, **config.engine_kwargs)
+        texts = TokenTexts(self.engine.tokenizer)
+        self.chat_handler = ChatHandler(self.engine, self.model_id, texts)
+        self.completion_handler = CompletionHandler(self.engine, self.model_id, texts)
+        self.generate_handler = GenerateHandler(self.engine)
+
+    # --- non-streaming: (status, body) -----------------------------------------
+
+    async def chat(self, req: ChatCompletionRequest) -> Reply:
+        return await _reply(self.chat_handler.complete(req, new_id("chatcmpl-")))
+
+    async def completions(self, req: CompletionRequest) -> Reply:
+        return await _reply(self.completion_handler.complete(req, new_id("cmpl-")))
+
+    async def generate(self, req: GenerateRequest) -> Reply:
+        return await _reply(self.generate_handler.complete(req))
+
+    # --- streaming: an error dict before the stream starts, else SSE strings ---
+
+    async def chat_stream(self, req: ChatCompletionRequest) -> AsyncIterator[str | dict]:
+        async for item in _stream(self.chat_handler.stream(req, new_id("chatcmpl-"))):
+            yield item
+
+    async def completions_stream(self, req: CompletionRequest) -> AsyncIterator[str | dict]:
+        async for item in _stream(self.completion_handler.stream(req, new_id("cmpl-"))):
+            yield item
+
+    async def generate_stream(self, req: GenerateRequest) -> AsyncIterator[str | dict]:
+        async for item in _stream(self.generate_handler.stream(req)):
+            yield item
+
+    # --- operations ------------------------------------------------------------
+
+    async def check_health(self) -> None:
+        """Serve's health check: a dead engine marks the replica unhealthy, and Serve replaces it."""
+        if not self.engine.healthy:
+            raise RuntimeError(f"engine is not running: {self.engine.error!r}")
+
+    async def healthy(self) -> bool:
+        return self.engine.healthy
+
+    async def stats(self) -> dict:
+        return self.engine.stats()
+
+
+def _to_openai(e: Exception) -> OpenAIError:
+    if isinstance(e, OpenAIError):
+        return e
+    if isinstance(e, InvalidInputError):
+        return OpenAIError(400, str(e), param=e.param)
+    if isinstance(e, EngineDeadError):
+        return OpenAIError(503, str(e))
+    logger.exception("request failed")
+    return OpenAIError(500, f"internal error: {type(e).__name__}")
+
+
+async def _reply(work) -> Reply:
+    try:
+        return 200, await work
+    except Exception as e:
+        err = _to_openai(e)
+        return err.status, err.body()
+
+
+async def _stream(prepare) -> AsyncIterator[str | dict]:
+    try:
+        chunks = await prepare
+    except Exception as e:
+        err = _to_openai(e)
+        yield {"status": err.status, "body": err.body()}
+        return
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except Exception as e:  # the stream already started: report in-band, then end it
+        err = _to_openai(e)
+        yield sse(error_body(err.status, err.message, err.param))
+        yield SSE_DONE

@@ -1,0 +1,54 @@
+"""Pieces of OpenAI response bodies shared by the chat and completions routes."""
+
+from runtime import TokenLogprob
+
+
+class TokenTexts:
+    """Token id -> its text and UTF-8 bytes, memoised per tokenizer."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._cache: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        text = self._cache.get(token_id)
+        if text is None:
+            text = self._cache[token_id] = self.tokenizer.decode([token_id])
+        return text
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def chat_logprobs(entries: list[TokenLogprob], texts: TokenTexts) -> dict:
+    """`choices[i].logprobs` of a chat completion."""
+
+    def item(token_id: int, logprob: float) -> dict:
+        text = texts(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    return {
+        "content": [
+            {**item(e.token_id, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]} for e in entries
+        ]
+    }
+
+
+def completion_logprobs(entries: list[TokenLogprob | None], token_ids: list[int], texts: TokenTexts,
+                        offset: int = 0) -> dict:
+    """`choices[i].logprobs` of a legacy completion; `None` entries are prompt tokens without a logprob."""
+    tokens, token_logprobs, tops, offsets = [], [], [], []
+    for token_id, e in zip(token_ids, entries):
+        text = texts(token_id)
+        tokens.append(text)
+        token_logprobs.append(None if e is None else e.logprob)
+        tops.append(None if e is None else {texts(t): lp for t, lp in e.top})
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}

@@ -1,0 +1,233 @@
+"""Request bodies of the OpenAI routes and SGLang's native /generate, and their sampling options.
+
+Unknown fields are rejected (a typo must not be silently ignored). Our
+extensions (SGLang's and vLLM's names) sit beside OpenAI's fields.
+"""
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from runtime import SamplingParams
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class ContentPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict] | None = None
+    tool_call_id: str | None = None
+
+    def template_dict(self) -> dict:
+        """The message as the chat template expects it: plain-text content."""
+        out = self.model_dump(exclude_none=True)
+        if isinstance(self.content, list):
+            out["content"] = "".join(part.text for part in self.content)
+        out.setdefault("content", "")
+        return out
+
+
+class _SamplingFields(_Strict):
+    """Sampling options shared by chat and completions."""
+
+    model: str | None = None
+    n: int = Field(1, ge=1, le=128)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = None
+    min_p: float | None = Field(None, ge=0, le=1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0)
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    min_tokens: int = Field(0, ge=0)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _at_most_four_stops(cls, v):
+        if isinstance(v, list) and len(v) > 4:
+            raise ValueError("at most 4 stop sequences")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, v):
+        for key, bias in (v or {}).items():
+            if not key.lstrip("-").isdigit():
+                raise ValueError(f"keys must be token ids, got {key!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"bias for token {key} must be in [-100, 100]")
+        return v
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None, **extra: Any) -> SamplingParams:
+        temperature = 1.0 if self.temperature is None else self.temperature
+        return SamplingParams(
+            n=self.n,
+            max_tokens=max_tokens,
+            min_tokens=self.min_tokens,
+            temperature=temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=-1 if self.top_k is None else self.top_k,
+            min_p=self.min_p or 0.0,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            logit_bias={int(k): v for k, v in (self.logit_bias or {}).items()} or None,
+            seed=self.seed,
+            stop=self.stop,
+            stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos,
+            skip_special_tokens=self.skip_special_tokens,
+            logprobs=logprobs,
+            **extra,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    response_format: dict | None = None
+    separate_reasoning: bool = True
+    metadata: dict | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+
+    @field_validator("response_format")
+    @classmethod
+    def _plain_text_only(cls, v):
+        if v is not None and v.get("type") != "text":
+            raise ValueError(f"response_format type {v.get('type')!r} is not supported by this server yet")
+        return v
+
+    def to_sampling_params(self) -> SamplingParams:
+        top = self.top_logprobs or 0
+        return self.sampling_params(self.max_completion_tokens or self.max_tokens, top if self.logprobs else None)
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _not_empty(cls, v):
+        if isinstance(v, list) and (not v or any(isinstance(p, (str, list)) and len(p) == 0 for p in v)):
+            raise ValueError("prompt must not be empty")
+        return v
+
+    @field_validator("best_of")
+    @classmethod
+    def _no_best_of(cls, v):
+        if v not in (None, 1):
+            raise ValueError("best_of is not supported; use n")
+        return v
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v):
+        if v:
+            raise ValueError("suffix is not supported")
+        return v
+
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            return [p]
+        return list(p)
+
+    def to_sampling_params(self) -> SamplingParams:
+        prompt_logprobs = self.logprobs if self.echo and self.logprobs is not None else None
+        return self.sampling_params(self.max_tokens, self.logprobs, prompt_logprobs=prompt_logprobs)
+
+
+class GenerateSamplingParams(_Strict):
+    """SGLang's `sampling_params` for /generate."""
+
+    max_new_tokens: int = Field(128, ge=1)
+    min_new_tokens: int = Field(0, ge=0)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = -1
+    min_p: float = Field(0.0, ge=0, le=1)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(1.0, gt=0)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    n: int = Field(1, ge=1, le=128)
+    seed: int | None = Field(None, alias="sampling_seed")
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    def to_sampling_params(self, logprobs: int | None) -> SamplingParams:
+        return SamplingParams(
+            n=self.n, max_tokens=self.max_new_tokens, min_tokens=self.min_new_tokens,
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
+            frequency_penalty=self.frequency_penalty, presence_penalty=self.presence_penalty,
+            repetition_penalty=self.repetition_penalty, stop=self.stop, stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos, skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.no_stop_trim, seed=self.seed, logprobs=logprobs,
+        )
+
+
+class GenerateRequest(_Strict):
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: GenerateSamplingParams = Field(default_factory=GenerateSamplingParams)
+    stream: bool = False
+    return_logprob: bool = False
+    top_logprobs_num: int = Field(0, ge=0, le=20)
+    rid: str | None = None
+    model: str | None = None
+
+    @model_validator(mode="after")
+    def _one_prompt_field(self):
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("give exactly one of text or input_ids")
+        return self
+
+    def prompts(self) -> tuple[list[str | list[int]], bool]:
+        """The prompts, and whether the request was a batch (a list of prompts)."""
+        if self.text is not None:
+            return ([self.text], False) if isinstance(self.text, str) else (list(self.text), True)
+        ids = self.input_ids
+        if ids and isinstance(ids[0], list):
+            return list(ids), True
+        return [ids], False
