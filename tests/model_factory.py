@@ -113,3 +113,13 @@ def kv_cache_bytes(path: Path, num_blocks: int, block_size: int = 16) -> int:
     c = AutoConfig.from_pretrained(path)
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     return num_blocks * 2 * c.num_hidden_layers * block_size * c.num_key_value_heads * head_dim * 4
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write a tiny random-weight model directory (no hub needed).")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--arch", choices=sorted(ARCHITECTURES), default="qwen2")
+    args = parser.parse_args()
+    print(build_model_dir(args.out, args.arch))

@@ -1,0 +1,166 @@
+"""The served app against the offline engine, under concurrency, disconnects and bad input."""
+
+import asyncio
+import time
+
+import openai
+import pytest
+import requests
+
+from runtime import LLM, SamplingParams
+from tests.conftest import MODEL_ID
+
+
+@pytest.fixture(scope="module")
+def offline(server):
+    return LLM(str(server.model_dir), **server.engine_kwargs)
+
+
+def test_greedy_http_equals_offline_engine(server, offline):
+    client = openai.Client(base_url=server.openai_url, api_key="None")
+    messages = [{"role": "user", "content": "List 3 countries and their capitals."}]
+    chat = client.chat.completions.create(model=MODEL_ID, messages=messages, temperature=0, max_tokens=30)
+    expected = offline.chat(messages, SamplingParams(temperature=0, max_tokens=30))[0].outputs[0]
+    assert chat.choices[0].message.content == expected.text
+    assert chat.usage.completion_tokens == len(expected.token_ids)
+
+    prompts = ["The capital of France is", "def add(a, b):"]
+    completion = client.completions.create(model=MODEL_ID, prompt=prompts, temperature=0, max_tokens=20, n=2)
+    expected = offline.generate(prompts, SamplingParams(temperature=0, max_tokens=20, n=2))
+    assert [c.index for c in completion.choices] == [0, 1, 2, 3]
+    assert [c.text for c in completion.choices] == [c.text for o in expected for c in o.outputs]
+
+    token_prompt = offline.tokenizer.encode("Numbers: 0 1 2")
+    by_ids = client.completions.create(model=MODEL_ID, prompt=token_prompt, temperature=0, max_tokens=12)
+    assert by_ids.choices[0].text == offline.generate([token_prompt], SamplingParams(
+        temperature=0, max_tokens=12))[0].outputs[0].text
+
+    streamed = client.completions.create(model=MODEL_ID, prompt=prompts[0], temperature=0, max_tokens=20,
+                                         stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == expected[0].outputs[0].text
+
+
+def test_echo_and_integer_logprobs(server, offline):
+    client = openai.Client(base_url=server.openai_url, api_key="None")
+    prompt = "Question: what is 2 + 2?"
+    out = client.completions.create(model=MODEL_ID, prompt=prompt, temperature=0, max_tokens=5, logprobs=2,
+                                    echo=True)
+    choice = out.choices[0]
+    n_prompt = out.usage.prompt_tokens
+    assert choice.text.startswith(prompt)
+    lp = choice.logprobs
+    assert len(lp.tokens) == n_prompt + 5 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(len(t) <= 2 for t in lp.top_logprobs[1:]) and lp.text_offset[0] == 0
+    assert "".join(lp.tokens) == choice.text
+    ref = offline.generate([prompt], SamplingParams(temperature=0, max_tokens=5, logprobs=2, prompt_logprobs=2))[0]
+    assert lp.token_logprobs[n_prompt:] == pytest.approx([e.logprob for e in ref.outputs[0].logprobs], abs=1e-4)
+    assert lp.token_logprobs[1:n_prompt] == pytest.approx([e.logprob for e in ref.prompt_logprobs[1:]], abs=1e-4)
+
+
+def test_repeated_long_prefix_reports_cached_tokens(server):
+    client = openai.Client(base_url=server.openai_url, api_key="None")
+    system = "You are a careful assistant. " * 20
+    usages = []
+    for question in ("Name a river.", "Name a mountain."):
+        r = client.chat.completions.create(model=MODEL_ID, max_tokens=3, messages=[
+            {"role": "system", "content": system}, {"role": "user", "content": question}])
+        usages.append(r.usage)
+    assert usages[1].prompt_tokens_details.cached_tokens >= 96
+
+
+def test_64_concurrent_streams_complete(server):
+    client = openai.AsyncClient(base_url=server.openai_url, api_key="None")
+
+    async def one(i):
+        stream = await client.chat.completions.create(
+            model=MODEL_ID, messages=[{"role": "user", "content": f"Count to {i}"}], max_tokens=16,
+            stream=True, extra_body={"ignore_eos": True})
+        text, finish = "", None
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+                finish = chunk.choices[0].finish_reason or finish
+        return finish
+
+    async def main():
+        return await asyncio.gather(*(one(i) for i in range(64)))
+
+    assert asyncio.run(main()) == ["length"] * 64
+
+
+def _wait_for(condition, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_disconnected_stream_is_aborted_and_frees_its_blocks(server):
+    body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "Tell me a long story"}], "stream": True,
+            "max_tokens": 400, "ignore_eos": True}
+    response = requests.post(f"{server.openai_url}/chat/completions", json=body, stream=True)
+    lines = response.iter_lines()
+    for _ in range(3):
+        next(lines)
+    assert server.engine_stats()["num_requests"] == 1
+    response.close()
+    assert _wait_for(lambda: server.engine_stats()["num_requests"] == 0)
+    stats = server.engine_stats()
+    assert stats["num_free_blocks"] == stats["num_blocks"]
+
+
+LONG = "word " * 600
+BAD_INPUTS = [
+    ("malformed JSON", "/v1/chat/completions", b"{not json", "application/json", 400),
+    ("not an object", "/v1/chat/completions", b"[1, 2]", "application/json", 400),
+    ("wrong content type", "/v1/chat/completions", b"model=x", "application/x-www-form-urlencoded", 400),
+    ("empty messages", "/v1/chat/completions", {"messages": []}, None, 400),
+    ("unknown role", "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, None, 400),
+    ("messages not a list", "/v1/chat/completions", {"messages": "hi"}, None, 400),
+    ("temperature -1", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                "temperature": -1}, None, 400),
+    ("temperature a string", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                      "temperature": "hot"}, None, 400),
+    ("n 0", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 0}, None, 400),
+    ("max_tokens 0", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                              "max_tokens": 0}, None, 400),
+    ("max_tokens past the context", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}, None, 400),
+    ("unknown model", "/v1/chat/completions", {"model": "gpt-17", "messages": [{"role": "user", "content": "hi"}]},
+     None, 404),
+    ("too-long prompt", "/v1/completions", {"prompt": LONG}, None, 400),
+    ("top_p 2", "/v1/completions", {"prompt": "hi", "top_p": 2}, None, 400),
+    ("unknown field", "/v1/completions", {"prompt": "hi", "temperatur": 0.5}, None, 400),
+    ("empty prompt list", "/v1/completions", {"prompt": []}, None, 400),
+    ("token id outside the vocabulary", "/v1/completions", {"prompt": [1, 99999999]}, None, 400),
+    ("five stop strings", "/v1/completions", {"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, None, 400),
+    ("bad logit_bias key", "/v1/completions", {"prompt": "hi", "logit_bias": {"x": 1}}, None, 400),
+    ("generate without a prompt", "/generate", {"sampling_params": {"max_new_tokens": 2}}, None, 400),
+    ("generate unknown sampling param", "/generate", {"text": "hi", "sampling_params": {"foo": 1}}, None, 400),
+    ("huge body", "/v1/completions", b"{" + b" " * (17 * 1024 * 1024) + b"}", "application/json", 413),
+]
+
+
+@pytest.mark.parametrize("name, path, body, content_type, status", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_input_gets_openai_error_and_server_keeps_serving(server, name, path, body, content_type, status):
+    url = f"{server.base_url}{path}"
+    if isinstance(body, bytes):
+        response = requests.post(url, data=body, headers={"Content-Type": content_type})
+    else:
+        response = requests.post(url, json=body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if isinstance(body, dict) and "stream" not in body:
+        streamed = requests.post(url, json={**body, "stream": True})
+        assert streamed.status_code == status and "error" in streamed.json()
+    ok = requests.post(f"{server.base_url}/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+
+
+def test_too_long_prompt_message_has_the_token_counts(server):
+    response = requests.post(f"{server.base_url}/v1/completions", json={"prompt": LONG})
+    message = response.json()["error"]["message"]
+    assert "512" in message and "prompt has" in message
