@@ -64,6 +64,10 @@ class AppConfig(_Strict):
     storage_uri: str = "file://./rayllm-storage"
     api_key: str | None = None
     max_request_bytes: int = Field(16 * 1024 * 1024, gt=0)
+    max_file_bytes: int = Field(512 * 1024 * 1024, gt=0)
+    max_file_lines: int = Field(50_000, gt=0)
+    max_batch_line_bytes: int = Field(1024 * 1024, gt=0)
+    batch_concurrency: int = Field(64, gt=0)
 
     @model_validator(mode="after")
     def _unique_model_ids(self):
@@ -78,6 +82,11 @@ class AppConfig(_Strict):
         if not v.startswith(("file://", "s3://")):
             raise ValueError("must start with file:// or s3://")
         return v
+
+
+def replica_name(model_id: str) -> str:
+    """The Serve deployment name of a model's replicas."""
+    return "LLMServer:" + model_id.replace("/", "--")
 
 
 def parse_app_config(args: dict) -> AppConfig:

@@ -4,7 +4,7 @@ import ray
 from ray import serve
 from ray.serve import Application
 
-from deployments.app_config import LLMConfig, parse_app_config
+from deployments.app_config import LLMConfig, parse_app_config, replica_name
 from deployments.ingress import OpenAIIngress
 from deployments.llm_server import LLMServer
 
@@ -17,7 +17,7 @@ def build_openai_app(args: dict) -> Application:
 
 
 def _replica(config: LLMConfig):
-    options = {"name": f"LLMServer:{config.model_id}".replace("/", "--"), **config.deployment_config}
+    options = {"name": replica_name(config.model_id), **config.deployment_config}
     options.setdefault("max_ongoing_requests", 256)
     actor_options = dict(options.pop("ray_actor_options", {}))
     if "num_gpus" not in actor_options and _wants_gpu(config):

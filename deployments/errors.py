@@ -21,6 +21,9 @@ class OpenAIError(Exception):
         self.param = param
         self.code = code
 
+    def __reduce__(self):  # crosses Ray process boundaries intact
+        return OpenAIError, (self.status, self.message, self.param, self.code)
+
     def body(self) -> dict:
         return error_body(self.status, self.message, self.param, self.code)
 

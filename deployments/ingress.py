@@ -16,9 +16,12 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException
 
-from deployments.app_config import AppConfig
+from deployments.app_config import AppConfig, replica_name
+from deployments.batch.api import BatchAPI
+from deployments.batch.files import FileLimits
+from deployments.batch.job import BatchLimits
 from deployments.errors import OpenAIError, error_body, from_validation_error
-from deployments.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from deployments.protocol import BatchCreateRequest, ChatCompletionRequest, CompletionRequest, GenerateRequest
 
 app = FastAPI(title="rayllm-engine OpenAI-compatible API")
 
@@ -38,6 +41,18 @@ async def _validation_error(_: Request, e: RequestValidationError):
     return JSONResponse(error_body(400, str(e.errors())), status_code=400)
 
 
+def _limit(limit: int, maximum: int) -> int:
+    if not 1 <= limit <= maximum:
+        raise OpenAIError(400, f"limit: must be between 1 and {maximum}", "limit")
+    return limit
+
+
+def _order(order: str) -> str:
+    if order not in ("asc", "desc"):
+        raise OpenAIError(400, "order: must be asc or desc", "order")
+    return order
+
+
 async def _relay_stream(first: str, rest):
     yield first
     async for chunk in rest:
@@ -52,6 +67,13 @@ class OpenAIIngress:
         self.replicas = replicas
         self.sources = {c.model_id: c.model_loading_config.source for c in config.llm_configs}
         self.created = int(time.time())
+        self.batches = BatchAPI(
+            config.storage_uri,
+            serve.get_replica_context().app_name,
+            {model_id: replica_name(model_id) for model_id in replicas},
+            FileLimits(config.max_file_bytes, config.max_file_lines),
+            BatchLimits(config.batch_concurrency, config.max_batch_line_bytes, config.max_file_lines),
+        )
 
     # --- models and health -----------------------------------------------------
 
@@ -107,6 +129,60 @@ class OpenAIIngress:
             stream.cancel()
             return JSONResponse(first["body"], status_code=first["status"])
         return StreamingResponse(_relay_stream(first, stream), media_type="text/event-stream")
+
+    # --- files -----------------------------------------------------------------
+
+    @app.post("/v1/files")
+    async def upload_file(self, request: Request):
+        if "multipart/form-data" not in request.headers.get("content-type", ""):
+            raise OpenAIError(400, "expected a multipart/form-data upload with fields file and purpose")
+        form = await request.form(max_part_size=self.config.max_file_bytes)
+        upload, purpose = form.get("file"), form.get("purpose")
+        if upload is None or isinstance(upload, str):
+            raise OpenAIError(400, "file: a file part is required", "file")
+        if not isinstance(purpose, str):
+            raise OpenAIError(400, "purpose: required", "purpose")
+        return await self.batches.upload(upload, purpose)
+
+    @app.get("/v1/files")
+    async def list_files(self, purpose: str | None = None, after: str | None = None, limit: int = 10000,
+                         order: str = "desc"):
+        return await self.batches.list_files(purpose, after, _limit(limit, 10000), _order(order))
+
+    @app.get("/v1/files/{file_id}")
+    async def get_file(self, file_id: str):
+        return await self.batches.get_file(file_id)
+
+    @app.get("/v1/files/{file_id}/content")
+    async def file_content(self, file_id: str):
+        await self.batches.get_file(file_id)
+        return StreamingResponse(self.batches.file_content(file_id), media_type="application/octet-stream")
+
+    @app.delete("/v1/files/{file_id}")
+    async def delete_file(self, file_id: str):
+        return await self.batches.delete_file(file_id)
+
+    # --- batches ---------------------------------------------------------------
+
+    @app.post("/v1/batches")
+    async def create_batch(self, request: Request):
+        body = await self._parse(request, BatchCreateRequest)
+        return await self.batches.call("create", body.input_file_id, body.endpoint, body.completion_window,
+                                       body.metadata)
+
+    @app.get("/v1/batches")
+    async def list_batches(self, after: str | None = None, limit: int = 20):
+        return await self.batches.call("list", after, _limit(limit, 100))
+
+    @app.get("/v1/batches/{batch_id}")
+    async def get_batch(self, batch_id: str):
+        return await self.batches.call("retrieve", batch_id)
+
+    @app.post("/v1/batches/{batch_id}/cancel")
+    async def cancel_batch(self, batch_id: str):
+        return await self.batches.call("cancel", batch_id)
+
+    # --- helpers ---------------------------------------------------------------
 
     async def _parse(self, request: Request, model: type[BaseModel]) -> BaseModel:
         if "application/json" not in request.headers.get("content-type", ""):

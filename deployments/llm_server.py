@@ -29,11 +29,11 @@ class LLMServer:
 
     # --- non-streaming: (status, body) -----------------------------------------
 
-    async def chat(self, req: ChatCompletionRequest) -> Reply:
-        return await _reply(self.chat_handler.complete(req, new_id("chatcmpl-")))
+    async def chat(self, req: ChatCompletionRequest, request_id: str | None = None, priority: int = 0) -> Reply:
+        return await _reply(self.chat_handler.complete(req, request_id or new_id("chatcmpl-"), priority))
 
-    async def completions(self, req: CompletionRequest) -> Reply:
-        return await _reply(self.completion_handler.complete(req, new_id("cmpl-")))
+    async def completions(self, req: CompletionRequest, request_id: str | None = None, priority: int = 0) -> Reply:
+        return await _reply(self.completion_handler.complete(req, request_id or new_id("cmpl-"), priority))
 
     async def generate(self, req: GenerateRequest) -> Reply:
         return await _reply(self.generate_handler.complete(req))

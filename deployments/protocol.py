@@ -231,3 +231,10 @@ class GenerateRequest(_Strict):
         if ids and isinstance(ids[0], list):
             return list(ids), True
         return [ids], False
+
+
+class BatchCreateRequest(_Strict):
+    input_file_id: str = Field(min_length=1)  # a file id, or an s3://bucket/key URI staged by the user
+    endpoint: str
+    completion_window: str = "24h"
+    metadata: dict[str, str] | None = None

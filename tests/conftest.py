@@ -39,12 +39,36 @@ class Server:
     def engine_stats(self, model_id: str = MODEL_ID) -> dict:
         from ray import serve
 
-        name = "LLMServer:" + model_id.replace("/", "--")
-        return serve.get_deployment_handle(name, app_name="default").stats.remote().result()
+        from deployments.app_config import replica_name
+
+        return serve.get_deployment_handle(replica_name(model_id), app_name="default").stats.remote().result()
 
 
 @pytest.fixture(scope="session")
-def ray_cluster():
+def s3_endpoint():
+    """An S3-compatible HTTP server (moto's server mode), visible to every process through the environment.
+
+    Started before Ray, so the batch manager and replicas inherit the endpoint and the test credentials.
+    """
+    import os
+    import socket
+
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL_S3": endpoint})
+    yield endpoint
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(s3_endpoint):
     import ray
 
     ray.init(num_cpus=8, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
@@ -65,15 +89,24 @@ def server(ray_cluster, tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    engine_kwargs = {"max_model_len": 512}
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    app = build_openai_app({
+    serve.run(build_openai_app(app_args(model_dir, f"file://{tmp_path_factory.mktemp('storage')}")),
+              name="default", route_prefix="/")
+    yield Server(f"http://127.0.0.1:{port}", model_dir, ENGINE_KWARGS)
+    serve.shutdown()
+
+
+ENGINE_KWARGS = {"max_model_len": 512, "kv_cache_bytes": 64 << 20}
+
+
+def app_args(model_dir, storage_uri: str) -> dict:
+    """The test app's config: the tiny model as the seed documents' model, small batch limits."""
+    return {
         "llm_configs": [{
             "model_loading_config": {"model_id": MODEL_ID, "model_source": str(model_dir)},
-            "engine_kwargs": engine_kwargs,
+            "engine_kwargs": ENGINE_KWARGS,
         }],
-        "storage_uri": f"file://{tmp_path_factory.mktemp('storage')}",
-    })
-    serve.run(app, name="default", route_prefix="/")
-    yield Server(f"http://127.0.0.1:{port}", model_dir, engine_kwargs)
-    serve.shutdown()
+        "storage_uri": storage_uri,
+        "max_file_lines": 6000,
+        "max_batch_line_bytes": 4096,
+    }

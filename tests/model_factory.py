@@ -56,12 +56,15 @@ def build_tokenizer(vocab_size: int = 512) -> PreTrainedTokenizerFast:
         show_progress=False,
     )
     tok.train_from_iterator(_CORPUS * 20, trainer)
-    return PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         chat_template=CHATML_TEMPLATE,
     )
+    # a small corpus runs out of merges: fill the vocabulary so every model token id has text
+    tokenizer.add_tokens([f"<w{i}>" for i in range(vocab_size - len(tokenizer))])
+    return tokenizer
 
 
 def build_model_dir(

@@ -1,0 +1,74 @@
+"""The Files and Batches routes' work, on the ingress side.
+
+File bytes stream straight between the client and the object store; batch
+calls go to the batch manager actor, which is created on first use and
+re-created if it has died (it then resumes every unfinished batch).
+"""
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import ray
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
+
+from deployments.batch.files import FileLimits, FileStore
+from deployments.batch.job import BatchLimits
+from deployments.batch.manager import BatchManager
+from deployments.errors import OpenAIError
+from runtime.storage import open_store
+
+NAMESPACE = "rayllm"
+
+
+class BatchAPI:
+    def __init__(self, storage_uri: str, app_name: str, deployments: dict[str, str], file_limits: FileLimits,
+                 limits: BatchLimits):
+        self.files = FileStore(open_store(storage_uri), file_limits)
+        self._manager_args = (storage_uri, app_name, deployments, file_limits, limits)
+        self._manager_name = f"batch-manager-{app_name}"
+        self._manager = None
+
+    # --- files -----------------------------------------------------------------
+
+    async def upload(self, upload, purpose: str) -> dict:
+        source = upload.file
+        chunks = iter(lambda: source.read(1 << 20), b"")
+        return await asyncio.to_thread(self.files.create, upload.filename or "upload.jsonl", purpose, chunks)
+
+    async def get_file(self, file_id: str) -> dict:
+        return await asyncio.to_thread(self.files.get, file_id)
+
+    async def list_files(self, purpose: str | None, after: str | None, limit: int, order: str) -> dict:
+        return await asyncio.to_thread(self.files.list, purpose, after, limit, order)
+
+    async def delete_file(self, file_id: str) -> dict:
+        return await asyncio.to_thread(self.files.delete, file_id)
+
+    async def file_content(self, file_id: str) -> AsyncIterator[bytes]:
+        chunks = await asyncio.to_thread(self.files.content, file_id)
+        while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
+            yield chunk
+
+    # --- batches ---------------------------------------------------------------
+
+    async def call(self, method: str, *args):
+        """Call the manager; a dead manager is re-created once, and its OpenAI errors re-raised here."""
+        for attempt in (0, 1):
+            manager = self._manager or self._get_or_create()
+            try:
+                return await getattr(manager, method).remote(*args)
+            except RayTaskError as e:
+                if isinstance(e.cause, OpenAIError):
+                    raise e.cause from None
+                raise
+            except (ActorDiedError, ActorUnavailableError):
+                self._manager = None
+                if attempt:
+                    raise OpenAIError(503, "the batch manager is restarting; try again") from None
+
+    def _get_or_create(self):
+        self._manager = BatchManager.options(
+            name=self._manager_name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+            num_cpus=0, max_concurrency=1000,
+        ).remote(*self._manager_args)
+        return self._manager

@@ -1,0 +1,78 @@
+"""Validation of one line of a batch input file into a request for a replica."""
+
+import json
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from deployments.errors import from_validation_error
+from deployments.protocol import ChatCompletionRequest, CompletionRequest
+
+ENDPOINTS = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
+
+
+class LineError(ValueError):
+    """A bad input line: it goes to the error file with its line number; the batch goes on."""
+
+    def __init__(self, message: str, custom_id: str | None = None):
+        super().__init__(message)
+        self.custom_id = custom_id
+
+
+@dataclass
+class BatchRequest:
+    custom_id: str
+    model: str
+    body: ChatCompletionRequest | CompletionRequest
+
+
+def parse_line(raw: bytes, endpoint: str, models: set[str], seen: set[str], max_bytes: int) -> BatchRequest:
+    """Parse and check one line; records its custom_id in `seen`. Raises LineError."""
+    if len(raw) > max_bytes:
+        raise LineError(f"the line is over the {max_bytes}-byte limit")
+    try:
+        item = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise LineError(f"not valid JSON: {e}") from None
+    if not isinstance(item, dict):
+        raise LineError("each line must be a JSON object")
+    custom_id = item.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise LineError("custom_id: a non-empty string is required")
+    if custom_id in seen:
+        raise LineError(f"custom_id: {custom_id!r} appears more than once", custom_id)
+    seen.add(custom_id)
+    if item.get("method", "POST") != "POST":
+        raise LineError(f"method: only POST is supported, got {item.get('method')!r}", custom_id)
+    url = item.get("url")
+    if not isinstance(url, str) or _normalise(url) != _normalise(endpoint):
+        raise LineError(f"url: {url!r} does not match the batch endpoint {endpoint!r}", custom_id)
+    body = item.get("body")
+    if not isinstance(body, dict):
+        raise LineError("body: a JSON object is required", custom_id)
+    if body.get("stream"):
+        raise LineError("body.stream: streaming is not supported in a batch", custom_id)
+    model = body.get("model")
+    if model is None and len(models) == 1:
+        model = next(iter(models))
+    if model not in models:
+        raise LineError(f"body.model: unknown model {model!r}; available: {sorted(models)}", custom_id)
+    try:
+        request = ENDPOINTS[endpoint].model_validate(body)
+    except ValidationError as e:
+        raise LineError(f"body.{from_validation_error(e)}", custom_id) from None
+    return BatchRequest(custom_id, model, request)
+
+
+def peek_custom_id(raw: bytes) -> str | None:
+    """The custom_id of an already processed line, to rebuild the duplicate check on resume."""
+    try:
+        item = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    custom_id = item.get("custom_id") if isinstance(item, dict) else None
+    return custom_id if isinstance(custom_id, str) and custom_id else None
+
+
+def _normalise(url: str) -> str:
+    return url[3:] if url.startswith("/v1/") else url

@@ -1,0 +1,142 @@
+"""The batch manager: a detached, named Ray actor that owns the Batches API's state.
+
+Every batch's object lives in the store (`batches/<id>/state.json`); on start
+the manager loads them all and resumes each unfinished one, so a restarted
+actor, or a new cluster pointed at the same storage, loses nothing. Requests
+go to the model replicas through Serve handles at batch priority, so online
+traffic is admitted first.
+"""
+
+import asyncio
+import logging
+import re
+
+import ray
+from ray import serve
+
+from deployments.batch.files import FileLimits, FileStore, paginate
+from deployments.batch.input_line import ENDPOINTS, BatchRequest
+from deployments.batch.job import TERMINAL, BatchJob, BatchLimits, new_batch, public
+from deployments.errors import OpenAIError
+from runtime.storage import StoreError, open_store
+
+logger = logging.getLogger(__name__)
+
+BATCH_PRIORITY = 1  # online requests run at 0: lower goes first
+_WINDOW = re.compile(r"^(\d+)([smhd])$")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+@ray.remote(max_restarts=-1)
+class BatchManager:
+    def __init__(self, storage_uri: str, app_name: str, deployments: dict[str, str], file_limits: FileLimits,
+                 limits: BatchLimits):
+        self.store = open_store(storage_uri)
+        self.files = FileStore(self.store, file_limits)
+        self.app_name = app_name
+        self.deployments = deployments  # model id -> replica deployment name
+        self.limits = limits
+        self.jobs: dict[str, BatchJob] = {}
+        self.tasks: dict[str, asyncio.Task] = {}
+        self._resumed = False
+
+    async def _resume(self) -> None:
+        """Load every batch from the store and restart the unfinished ones (once per actor life)."""
+        if self._resumed:
+            return
+        self._resumed = True
+        keys = await asyncio.to_thread(self.store.list, "batches/")
+        for key in keys:
+            if key.endswith("/state.json"):
+                batch = await asyncio.to_thread(self.store.get_json, key)
+                job = self._job(batch)
+                if batch["status"] not in TERMINAL:
+                    self._start(job)
+
+    def _job(self, batch: dict) -> BatchJob:
+        job = BatchJob(batch, self.store, self.files, set(self.deployments), self._send, self.limits)
+        self.jobs[job.id] = job
+        return job
+
+    def _start(self, job: BatchJob) -> None:
+        task = asyncio.get_running_loop().create_task(self._run(job))
+        self.tasks[job.id] = task
+
+    async def _run(self, job: BatchJob) -> None:
+        delay = 1.0
+        while job.batch["status"] not in TERMINAL:
+            try:
+                await job.run()
+            except StoreError:  # storage unreachable: keep the progress saved so far and try again
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30)
+
+    async def _send(self, request: BatchRequest, request_id: str) -> tuple[int, dict]:
+        handle = serve.get_deployment_handle(self.deployments[request.model], app_name=self.app_name)
+        method = "chat" if isinstance(request.body, ENDPOINTS["/v1/chat/completions"]) else "completions"
+        return await getattr(handle, method).remote(request.body, request_id, BATCH_PRIORITY)
+
+    # --- the API ---------------------------------------------------------------
+
+    async def ready(self) -> bool:
+        await self._resume()
+        return True
+
+    async def create(self, input_file_id: str, endpoint: str, completion_window: str, metadata: dict | None,
+                     owner: str | None = None) -> dict:
+        await self._resume()
+        if endpoint not in ENDPOINTS:
+            raise OpenAIError(400, f"endpoint: expected one of {sorted(ENDPOINTS)}, got {endpoint!r}", "endpoint")
+        match = _WINDOW.match(completion_window or "")
+        if not match:
+            raise OpenAIError(400, f"completion_window: expected a duration like '24h', got {completion_window!r}",
+                              "completion_window")
+        window = int(match.group(1)) * _SECONDS[match.group(2)]
+        if metadata is not None and (not isinstance(metadata, dict) or len(metadata) > 16):
+            raise OpenAIError(400, "metadata: at most 16 string key-value pairs", "metadata")
+        input_uri = await asyncio.to_thread(self._input_uri, input_file_id)
+        batch = new_batch(input_file_id, endpoint, window, completion_window, metadata, input_uri, owner)
+        job = self._job(batch)
+        await job.save()
+        self._start(job)
+        return public(batch)
+
+    def _input_uri(self, input_file_id: str) -> str:
+        if input_file_id.startswith("s3://"):
+            bucket, _, key = input_file_id[len("s3://") :].partition("/")
+            try:
+                size = open_store(f"s3://{bucket}").size(key) if key else None
+            except StoreError as e:
+                raise OpenAIError(400, f"input_file_id: cannot read {input_file_id}: {e}", "input_file_id") from e
+            if size is None:
+                raise OpenAIError(404, f"input_file_id: no object at {input_file_id}", "input_file_id")
+            return input_file_id
+        meta = self.files.get(input_file_id)
+        if meta["purpose"] != "batch":
+            raise OpenAIError(400, f"input_file_id: file {input_file_id} has purpose {meta['purpose']!r}, "
+                                   "not 'batch'", "input_file_id")
+        return FileStore.content_key(input_file_id)
+
+    async def retrieve(self, batch_id: str, owner: str | None = None) -> dict:
+        await self._resume()
+        return public(self._get(batch_id, owner).batch)
+
+    async def list(self, after: str | None, limit: int, owner: str | None = None) -> dict:
+        await self._resume()
+        batches = [public(j.batch) for j in self.jobs.values() if j.batch.get("_owner") == owner]
+        return paginate(batches, after, limit)
+
+    async def cancel(self, batch_id: str, owner: str | None = None) -> dict:
+        await self._resume()
+        job = self._get(batch_id, owner)
+        if job.batch["status"] in TERMINAL or job.batch["status"] == "finalizing":
+            raise OpenAIError(400, f"batch {batch_id} is already {job.batch['status']}; it cannot be cancelled")
+        job.cancel()
+        await job.save()
+        return public(job.batch)
+
+    def _get(self, batch_id: str, owner: str | None) -> BatchJob:
+        job = self.jobs.get(batch_id)
+        if job is None or job.batch.get("_owner") != owner:
+            raise OpenAIError(404, f"No batch with id {batch_id!r}", "batch_id", "batch_not_found")
+        return job

@@ -1,0 +1,65 @@
+"""The object-store interface the batch manager and Files API are written against."""
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+
+
+class StoreError(IOError):
+    """A storage operation failed (missing object, unreachable service)."""
+
+
+class ObjectStore(ABC):
+    uri: str  # where keys live, e.g. "s3://bucket/prefix"
+
+    @abstractmethod
+    def put_stream(self, key: str, chunks: Iterable[bytes]) -> int:
+        """Write an object from a stream of chunks (large objects in parts); returns its size.
+
+        The object appears whole or not at all.
+        """
+
+    @abstractmethod
+    def iter_chunks(self, key: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+        """Stream an object's bytes; raises StoreError if it does not exist."""
+
+    @abstractmethod
+    def size(self, key: str) -> int | None:
+        """The object's size, or None when it does not exist."""
+
+    @abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """Keys under `prefix`, sorted."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove an object; removing a missing one is not an error."""
+
+    def uri_of(self, key: str) -> str:
+        return f"{self.uri.rstrip('/')}/{key}"
+
+    def put(self, key: str, data: bytes) -> None:
+        self.put_stream(key, [data])
+
+    def get(self, key: str) -> bytes:
+        return b"".join(self.iter_chunks(key))
+
+    def exists(self, key: str) -> bool:
+        return self.size(key) is not None
+
+    def iter_lines(self, key: str) -> Iterator[bytes]:
+        """Stream an object line by line (without the newline), in bounded memory."""
+        pending = b""
+        for chunk in self.iter_chunks(key):
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            yield from lines
+        if pending:
+            yield pending
+
+    def put_json(self, key: str, value) -> None:
+        """Atomically replace a small JSON object."""
+        self.put(key, json.dumps(value).encode())
+
+    def get_json(self, key: str):
+        return json.loads(self.get(key))

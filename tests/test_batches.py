@@ -1,0 +1,257 @@
+"""The Files and Batches APIs through the openai SDK: the seed documents' flows, faults and bad input."""
+
+import io
+import json
+import time
+
+import openai
+import pytest
+import ray
+
+from tests.conftest import MODEL_ID
+
+
+def chat_line(custom_id: str, content: str, max_tokens: int = 16, **extra) -> dict:
+    return {"custom_id": custom_id, "method": "POST", "url": "/chat/completions",
+            "body": {"model": MODEL_ID, "messages": [{"role": "user", "content": content}],
+                     "max_tokens": max_tokens, **extra}}
+
+
+def jsonl(lines) -> bytes:
+    return "".join((json.dumps(line) if isinstance(line, dict) else line) + "\n" for line in lines).encode()
+
+
+def wait_until(predicate, timeout: float = 180.0, every: float = 0.2):
+    """Poll `predicate` until it returns a truthy value; fail the test at the deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
+def finished(client, batch_id, statuses=("completed", "failed", "cancelled", "expired")):
+    return wait_until(lambda: (b := client.batches.retrieve(batch_id)).status in statuses and b)
+
+
+def read_jsonl(client, file_id) -> list[dict]:
+    content = client.files.content(file_id).read().decode("utf-8")
+    return [json.loads(line) for line in content.split("\n") if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.Client(base_url=server.openai_url, api_key="None")
+
+
+def test_two_request_batch_completes_and_its_output_reads_back(client):
+    requests = [chat_line("request-1", "Tell me a joke about programming", 50),
+                chat_line("request-2", "What is Python?", 50)]
+    file_response = client.files.create(file=("batch_requests.jsonl", jsonl(requests)), purpose="batch")
+    assert file_response.purpose == "batch" and file_response.bytes == len(jsonl(requests))
+    batch = client.batches.create(input_file_id=file_response.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+    assert batch.status == "validating" and batch.input_file_id == file_response.id
+    batch = finished(client, batch.id)
+    assert batch.status == "completed"
+    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (2, 2, 0)
+    assert batch.in_progress_at and batch.finalizing_at and batch.completed_at and batch.error_file_id is None
+    results = read_jsonl(client, batch.output_file_id)
+    assert [r["custom_id"] for r in results] == ["request-1", "request-2"]
+    for i, r in enumerate(results):
+        assert r["id"] == f"{batch.id}-req_{i}" and r["error"] is None
+        assert r["response"]["status_code"] == 200 and r["response"]["request_id"] == r["id"]
+        body = r["response"]["body"]
+        assert body["object"] == "chat.completion" and body["id"] == r["id"] and body["model"] == MODEL_ID
+        assert 1 <= body["usage"]["completion_tokens"] <= 50
+    assert batch.output_file_uri.endswith(f"files/{batch.output_file_id}.jsonl")
+    assert client.files.delete(batch.output_file_id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(batch.output_file_id)
+
+
+def test_twenty_requests_are_counted_live_and_complete(client):
+    requests = [{"custom_id": f"request-{i}", "method": "POST", "url": "/chat/completions", "body": {
+        "model": MODEL_ID, "max_tokens": 64, "messages": [
+            {"role": "system", "content": f"{i}: You are a helpful AI assistant"},
+            {"role": "user", "content": "Write a detailed story about topic. Make it very long."}]}}
+        for i in range(20)]
+    uploaded = client.files.create(file=("batch_requests.jsonl", jsonl(requests)), purpose="batch")
+    batch_job = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                      completion_window="24h")
+    seen = []
+    details = finished(client, batch_job.id)
+    for _ in range(5):
+        details = client.batches.retrieve(batch_id=batch_job.id)
+        seen.append((details.status, details.request_counts.total, details.request_counts.completed,
+                     details.request_counts.failed))
+    assert seen == [("completed", 20, 20, 0)] * 5
+    assert details.created_at <= details.in_progress_at <= details.completed_at
+    assert sorted(r["custom_id"] for r in read_jsonl(client, details.output_file_id)) == sorted(
+        f"request-{i}" for i in range(20))
+
+
+def test_5000_request_batch_cancelled_mid_run(client):
+    requests = [{"custom_id": f"request-{i}", "method": "POST", "url": "/chat/completions", "body": {
+        "model": MODEL_ID, "max_tokens": 128, "messages": [
+            {"role": "system", "content": f"{i}: You are a helpful AI assistant"},
+            {"role": "user", "content": "Write a detailed story about topic. Make it very long."}]}}
+        for i in range(5000)]
+    uploaded = client.files.create(file=("batch_requests.jsonl", jsonl(requests)), purpose="batch")
+    batch_job = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                      completion_window="24h")
+    wait_until(lambda: client.batches.retrieve(batch_job.id).request_counts.completed > 0)
+    cancelled_job = client.batches.cancel(batch_id=batch_job.id)
+    assert cancelled_job.status == "cancelling" and cancelled_job.cancelling_at
+    cancelled_job = finished(client, batch_job.id, ("failed", "cancelled"))
+    assert cancelled_job.status == "cancelled" and cancelled_job.cancelled_at
+    counts = cancelled_job.request_counts
+    assert 0 < counts.completed < 5000 and counts.total == 5000
+    results = read_jsonl(client, cancelled_job.output_file_id)
+    assert len(results) == counts.completed == len({r["custom_id"] for r in results})
+    assert client.files.delete(uploaded.id).deleted
+    with pytest.raises(openai.BadRequestError):
+        client.batches.cancel(batch_id=batch_job.id)  # already cancelled
+
+
+def test_killed_batch_manager_resumes_without_loss_or_duplicates(client):
+    total = 400
+    requests = [chat_line(f"kill-{i}", f"question {i}", 24) for i in range(total)]
+    uploaded = client.files.create(file=("kill.jsonl", jsonl(requests)), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+    wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 150)
+    ray.kill(ray.get_actor("batch-manager-default", namespace="rayllm"))
+    batch = finished(client, batch.id)  # the ingress re-creates the manager, which resumes the batch
+    assert batch.status == "completed" and batch.request_counts.completed == total
+    ids = [r["custom_id"] for r in read_jsonl(client, batch.output_file_id)]
+    assert sorted(ids) == sorted(f"kill-{i}" for i in range(total))
+
+
+def test_bad_lines_go_to_the_error_file_and_the_batch_goes_on(client):
+    lines = [
+        chat_line("ok-1", "hello"),
+        "{not json",
+        json.dumps({"method": "POST", "url": "/chat/completions", "body": {"messages": []}}),
+        chat_line("ok-1", "duplicate id"),
+        {**chat_line("wrong-url", "hi"), "url": "/v1/embeddings"},
+        chat_line("unknown-model", "hi") | {"body": {"model": "nope", "messages": [{"role": "user", "content": "x"}]}},
+        chat_line("streaming", "hi", stream=True),
+        chat_line("oversized", "x" * 5000),
+        chat_line("bad-temperature", "hi", temperature=-1),
+        "",
+        chat_line("ok-2", "world"),
+    ]
+    uploaded = client.files.create(file=("bad.jsonl", jsonl(lines)), purpose="batch")
+    batch = finished(client, client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                                   completion_window="24h").id)
+    assert batch.status == "completed"
+    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (10, 2, 8)
+    assert [r["custom_id"] for r in read_jsonl(client, batch.output_file_id)] == ["ok-1", "ok-2"]
+    errors = read_jsonl(client, batch.error_file_id)
+    by_line = {e["error"]["line"]: e for e in errors}
+    assert sorted(by_line) == [2, 3, 4, 5, 6, 7, 8, 9]
+    expected = {2: "not valid JSON", 3: "custom_id", 4: "more than once", 5: "url", 6: "unknown model",
+                7: "stream", 8: "byte limit", 9: "temperature"}
+    for line, text in expected.items():
+        assert text in by_line[line]["error"]["message"] and by_line[line]["response"] is None
+    assert batch.error_file_uri.endswith(f"files/{batch.error_file_id}.jsonl")
+
+
+def test_expired_batch_keeps_partial_results(client):
+    requests = [chat_line(f"exp-{i}", f"question {i}", 64) for i in range(1000)]
+    uploaded = client.files.create(file=("expiring.jsonl", jsonl(requests)), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                  completion_window="1s")
+    batch = finished(client, batch.id)
+    assert batch.status == "expired" and batch.expired_at
+    assert batch.request_counts.completed < 1000
+    done = read_jsonl(client, batch.output_file_id) if batch.output_file_id else []
+    assert len(done) == batch.request_counts.completed
+
+
+@pytest.mark.parametrize("content, purpose, status, text", [
+    (b"", "batch", 400, "empty"),
+    (jsonl([chat_line(f"r{i}", "x") for i in range(6001)]), "batch", 400, "line limit"),
+    (jsonl([chat_line("r", "x")]), "fine-tune", 400, "purpose"),
+])
+def test_bad_uploads_are_refused(client, content, purpose, status, text):
+    with pytest.raises(openai.APIStatusError) as e:
+        client.files.create(file=("f.jsonl", content), purpose=purpose)
+    assert e.value.status_code == status and text in e.value.body["message"]
+
+
+def test_bad_batch_requests_are_4xx(client, server):
+    uploaded = client.files.create(file=("one.jsonl", jsonl([chat_line("r", "x")])), purpose="batch")
+    cases = [
+        (dict(input_file_id="file-missing", endpoint="/v1/chat/completions"), openai.NotFoundError),
+        (dict(input_file_id=uploaded.id, endpoint="/v1/embeddings"), openai.BadRequestError),
+        (dict(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="soon"),
+         openai.BadRequestError),
+        (dict(input_file_id="s3://no-such-bucket/x.jsonl", endpoint="/v1/chat/completions"), openai.APIStatusError),
+    ]
+    for kwargs, error in cases:
+        kwargs.setdefault("completion_window", "24h")
+        with pytest.raises(error) as e:
+            client.batches.create(**kwargs)
+        assert 400 <= e.value.status_code < 500
+    with pytest.raises(openai.NotFoundError):
+        client.batches.retrieve("batch_nope")
+    with pytest.raises(openai.NotFoundError):
+        client.files.content("file-nope")
+    done = finished(client, client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                                  completion_window="24h").id)
+    with pytest.raises(openai.BadRequestError):
+        client.batches.cancel(done.id)
+    output_as_input = client.batches.create  # an output file is not a batch input
+    with pytest.raises(openai.BadRequestError):
+        output_as_input(input_file_id=done.output_file_id, endpoint="/v1/chat/completions", completion_window="24h")
+
+
+def test_files_and_batches_paginate(client):
+    ids = [client.files.create(file=(f"p{i}.jsonl", jsonl([chat_line("r", "x")])), purpose="batch").id
+           for i in range(3)]
+    page = client.files.list(purpose="batch", limit=2)
+    assert len(page.data) == 2 and page.has_more
+    listed = [f.id for f in client.files.list(purpose="batch", limit=2)]  # the SDK follows `after`
+    assert set(ids) <= set(listed) and len(listed) == len(set(listed))
+    batches = [b.id for b in client.batches.list(limit=1)]
+    assert len(batches) == len(set(batches)) >= 1
+
+
+def test_s3_staged_batch_writes_results_to_s3(ray_cluster, s3_endpoint, tmp_path_factory, server):
+    import boto3
+    from ray import serve
+
+    from deployments import build_openai_app
+    from tests.conftest import app_args
+
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="staging")
+    s3.create_bucket(Bucket="results")
+    lines = [chat_line(f"s3-{i}", f"question {i}") for i in range(5)]
+    s3.put_object(Bucket="staging", Key="jobs/input.jsonl", Body=jsonl(lines))
+    s3.put_object(Bucket="staging", Key="jobs/empty.jsonl", Body=b"")
+    serve.run(build_openai_app(app_args(server.model_dir, "s3://results/rayllm")), name="s3", route_prefix="/s3")
+    try:
+        s3_client = openai.Client(base_url=f"{server.base_url}/s3/v1", api_key="None")
+        batch = s3_client.batches.create(input_file_id="s3://staging/jobs/input.jsonl",
+                                         endpoint="/v1/chat/completions", completion_window="24h")
+        assert batch.input_file_id == "s3://staging/jobs/input.jsonl"
+        batch = finished(s3_client, batch.id)
+        assert batch.status == "completed" and batch.request_counts.completed == 5
+        assert batch.output_file_uri.startswith("s3://results/rayllm/files/")
+        key = batch.output_file_uri[len("s3://results/"):]
+        body = s3.get_object(Bucket="results", Key=key)["Body"].read().decode()
+        assert sorted(json.loads(line)["custom_id"] for line in body.splitlines()) == [f"s3-{i}" for i in range(5)]
+        empty = finished(s3_client, s3_client.batches.create(
+            input_file_id="s3://staging/jobs/empty.jsonl", endpoint="/v1/chat/completions",
+            completion_window="24h").id)
+        assert empty.status == "failed" and empty.errors.data[0].code == "empty_file"
+        big = io.BytesIO(jsonl([chat_line(f"m{i}", "y" * 200) for i in range(2)]))
+        uploaded = s3_client.files.create(file=("up.jsonl", big), purpose="batch")
+        assert s3.head_object(Bucket="results", Key=f"rayllm/files/{uploaded.id}.jsonl")["ContentLength"] > 0
+    finally:
+        serve.delete("s3")
