@@ -6,7 +6,8 @@ per device (the torch reference runs everywhere and is the oracle for faster
 backends).
 """
 
-from kernels.attention import AttentionMetadata, paged_attention, store_kv_cache
+from kernels.attention import paged_attention, store_kv_cache
+from kernels.attention_metadata import AttentionMetadata
 from kernels.norm import rms_norm
 from kernels.rotary import apply_rotary
 

@@ -1,76 +1,9 @@
-"""Attention over the paged KV cache: the torch reference backend.
-
-The KV cache of one layer is a pair of tensors shaped
-`[num_blocks, block_size, num_kv_heads, head_dim]`; token `i` of a sequence
-lives at slot `block_table[i // block_size] * block_size + i % block_size`.
-
-A step's batch is flattened: all scheduled tokens of all sequences are
-concatenated, decode sequences (one new token each) first, then prefill chunks
-(several new tokens, possibly after a cached or earlier-computed prefix). The
-metadata below is built once per step and shared by every layer.
-"""
-
-from dataclasses import dataclass
+"""Attention over the paged KV cache: the torch reference backend (CPU, and the oracle for GPU kernels)."""
 
 import torch
 import torch.nn.functional as F
 
-
-@dataclass
-class PrefillSpan:
-    """One prefill chunk: its rows in the flattened batch and the slots it attends to."""
-
-    start: int
-    end: int
-    slots: torch.Tensor  # [context_len] cache slots of the whole context, chunk included
-    mask: torch.Tensor | None  # [chunk_len, context_len] True where attention is allowed
-
-
-@dataclass
-class AttentionMetadata:
-    slot_mapping: torch.Tensor  # [num_tokens] where each new token's K/V is stored
-    num_decodes: int
-    decode_slots: torch.Tensor | None  # [num_decodes, max_context] (padded)
-    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_context]
-    prefills: list[PrefillSpan]
-
-    @classmethod
-    def build(
-        cls,
-        query_lens: list[int],
-        context_lens: list[int],
-        block_tables: list[list[int]],
-        block_size: int,
-        num_decodes: int,
-        device: torch.device,
-    ) -> "AttentionMetadata":
-        """`context_lens[i]` counts sequence i's tokens up to and including this step's chunk."""
-        width = max(len(t) for t in block_tables)
-        tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.long)
-        max_ctx = max(context_lens)
-        positions = torch.arange(max_ctx)
-        # every sequence's slots for positions [0, max_ctx); rows are valid up to their context length
-        all_slots = tables[:, positions // block_size] * block_size + positions % block_size
-        new_slots = [
-            all_slots[i, ctx - q : ctx] for i, (q, ctx) in enumerate(zip(query_lens, context_lens))
-        ]
-        slot_mapping = torch.cat(new_slots).to(device)
-        decode_slots = decode_mask = None
-        if num_decodes:
-            dec_ctx = max(context_lens[:num_decodes])
-            decode_slots = all_slots[:num_decodes, :dec_ctx].to(device)
-            lens = torch.tensor(context_lens[:num_decodes])
-            decode_mask = (positions[:dec_ctx] < lens[:, None])[:, None, None, :].to(device)
-        prefills = []
-        start = num_decodes
-        for i in range(num_decodes, len(query_lens)):
-            q, ctx = query_lens[i], context_lens[i]
-            mask = None
-            if ctx != q:  # a cached prefix precedes the chunk: causal with an offset
-                mask = (positions[:ctx][None, :] <= positions[ctx - q : ctx, None]).to(device)
-            prefills.append(PrefillSpan(start, start + q, all_slots[i, :ctx].to(device), mask))
-            start += q
-        return cls(slot_mapping, num_decodes, decode_slots, decode_mask, prefills)
+from kernels.attention_metadata import AttentionMetadata, DecodeGroup
 
 
 def store_kv_cache(
@@ -101,8 +34,9 @@ def paged_attention(
     k_flat = k_cache.view(-1, num_kv_heads, head_dim)
     v_flat = v_cache.view(-1, num_kv_heads, head_dim)
     out = torch.empty_like(q)
-    if meta.num_decodes:
-        out[: meta.num_decodes] = _decode_attention(q[: meta.num_decodes], k_flat, v_flat, meta, scale)
+    decodes = out[: meta.num_decodes]
+    for group in meta.decode_groups:
+        decodes[group.rows] = _decode_group(q[group.rows], k_flat, v_flat, group, scale)
     for span in meta.prefills:
         qp = q[span.start : span.end].transpose(0, 1)  # [Hq, Lq, D]
         kp = k_flat.index_select(0, span.slots).transpose(0, 1)  # [Hkv, Lk, D]
@@ -114,14 +48,33 @@ def paged_attention(
     return out
 
 
-def _decode_attention(q, k_flat, v_flat, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """One query per sequence, batched over the padded contexts."""
-    batch, num_heads, head_dim = q.shape
+def _decode_group(q: torch.Tensor, k_flat, v_flat, group: DecodeGroup, scale: float) -> torch.Tensor:
+    """One query per row over [shared prefix | own suffix]; the prefix is read once for the group."""
+    rows, num_heads, head_dim = q.shape
     num_kv_heads = k_flat.shape[1]
-    slots = meta.decode_slots.reshape(-1)
-    k = k_flat.index_select(0, slots).view(batch, -1, num_kv_heads, head_dim).transpose(1, 2)
-    v = v_flat.index_select(0, slots).view(batch, -1, num_kv_heads, head_dim).transpose(1, 2)
-    out = F.scaled_dot_product_attention(
-        q.unsqueeze(2), k, v, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True
-    )
-    return out.squeeze(2)
+    length = group.suffix_slots.shape[1]
+    slots = group.suffix_slots.reshape(-1)
+    k_suffix = k_flat.index_select(0, slots).view(rows, length, num_kv_heads, head_dim)
+    v_suffix = v_flat.index_select(0, slots).view(rows, length, num_kv_heads, head_dim)
+    prefix = group.prefix_slots.shape[0]
+    if prefix == 0:
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2), k_suffix.transpose(1, 2), v_suffix.transpose(1, 2),
+            attn_mask=group.suffix_mask, scale=scale, enable_gqa=True,
+        )
+        return out.squeeze(2)
+    # query heads grouped under their KV head: [rows, Hkv, G, D]
+    per_kv = num_heads // num_kv_heads
+    qg = q.view(rows, num_kv_heads, per_kv, head_dim)
+    k_prefix = k_flat.index_select(0, group.prefix_slots)  # [P, Hkv, D]
+    v_prefix = v_flat.index_select(0, group.prefix_slots)
+    # the prefix as one matmul over every row's queries: [Hkv, rows * G, P]
+    q_by_head = qg.permute(1, 0, 2, 3).reshape(num_kv_heads, rows * per_kv, head_dim)
+    s_prefix = torch.matmul(q_by_head, k_prefix.permute(1, 2, 0))
+    s_prefix = s_prefix.view(num_kv_heads, rows, per_kv, prefix).permute(1, 0, 2, 3)
+    s_suffix = torch.matmul(qg, k_suffix.permute(0, 2, 3, 1)).masked_fill(~group.suffix_mask, float("-inf"))
+    probs = torch.softmax(torch.cat([s_prefix, s_suffix], dim=-1).float() * scale, dim=-1).to(q.dtype)
+    p_prefix = probs[..., :prefix].permute(1, 0, 2, 3).reshape(num_kv_heads, rows * per_kv, prefix)
+    out = torch.matmul(p_prefix, v_prefix.transpose(0, 1)).view(num_kv_heads, rows, per_kv, head_dim)
+    out = out.permute(1, 0, 2, 3) + torch.matmul(probs[..., prefix:], v_suffix.transpose(1, 2))
+    return out.reshape(rows, num_heads, head_dim)

@@ -49,3 +49,13 @@ def test_fp16_and_bf16_load_and_generate(qwen2_model):
         assert llm.engine.runner.model.lm_head.weight.dtype == getattr(torch, dtype)
         out = llm.generate(["hello"], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
         assert len(out[0].outputs[0].token_ids) == 5
+
+
+def test_greedy_matches_transformers_with_a_shared_system_prompt(qwen2_model):
+    """Decodes that share prefix blocks take the grouped attention path; tokens must not change."""
+    llm = LLM(str(qwen2_model), max_model_len=256)
+    system = llm.tokenizer.encode(" ".join(WORDS * 4))
+    prompts = [system + llm.tokenizer.encode(f" question {i} about {WORDS[i]}") for i in range(8)]
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24))
+    assert all(o.num_cached_tokens >= 48 for o in outputs[1:])
+    assert [o.outputs[0].token_ids for o in outputs] == _reference(qwen2_model, prompts, 24)

@@ -1,0 +1,51 @@
+"""The paged reference attention equals dense causal attention, for every kind of row in a mixed batch."""
+
+import torch
+import torch.nn.functional as F
+
+from kernels import AttentionMetadata, paged_attention, store_kv_cache
+
+BLOCK, HQ, HKV, D = 4, 4, 2, 8
+
+
+def test_mixed_batch_matches_dense_attention():
+    torch.manual_seed(0)
+    num_blocks = 64
+    k_cache = torch.zeros(num_blocks, BLOCK, HKV, D)
+    v_cache = torch.zeros(num_blocks, BLOCK, HKV, D)
+    shared = [1, 2, 3]  # three blocks of a common prefix
+    # (block table, context length, new tokens this step)
+    seqs = [
+        (shared + [10, 11], 18, 1),  # decodes sharing the prefix
+        (shared + [12], 13, 1),
+        (shared + [13, 14, 15], 21, 1),
+        ([20, 21], 6, 1),  # a decode alone
+        ([30, 31, 32], 11, 11),  # a fresh prefill
+        (shared + [40, 41], 19, 7),  # a prefill chunk after a cached prefix
+    ]
+    contexts = [torch.randn(ctx, 2, HKV, D) for _, ctx, _ in seqs]  # full K/V per sequence
+    # the cache already holds every token before this step's chunk (the shared prefix written once)
+    for (table, ctx, new), kv in zip(seqs, contexts):
+        if table[:3] == shared:
+            kv[: 3 * BLOCK] = contexts[0][: 3 * BLOCK]
+        for pos in range(ctx - new):
+            k_cache[table[pos // BLOCK], pos % BLOCK] = kv[pos, 0]
+            v_cache[table[pos // BLOCK], pos % BLOCK] = kv[pos, 1]
+    meta = AttentionMetadata.build([n for *_, n in seqs], [c for _, c, _ in seqs], [t for t, *_ in seqs],
+                                   BLOCK, num_decodes=4, device=torch.device("cpu"))
+    assert [g.prefix_slots.numel() for g in meta.decode_groups] == [12, 0]
+    new_k = torch.cat([kv[ctx - n :, 0] for (_, ctx, n), kv in zip(seqs, contexts)])
+    new_v = torch.cat([kv[ctx - n :, 1] for (_, ctx, n), kv in zip(seqs, contexts)])
+    store_kv_cache(new_k, new_v, k_cache, v_cache, meta.slot_mapping)
+    q = torch.randn(new_k.shape[0], HQ, D)
+    out = paged_attention(q, k_cache, v_cache, meta, scale=D**-0.5)
+
+    start = 0
+    for (_, ctx, n), kv in zip(seqs, contexts):
+        qs = q[start : start + n].transpose(0, 1)
+        k = kv[:, 0].transpose(0, 1).repeat_interleave(HQ // HKV, dim=0)
+        v = kv[:, 1].transpose(0, 1).repeat_interleave(HQ // HKV, dim=0)
+        allowed = torch.arange(ctx)[None, :] <= torch.arange(ctx - n, ctx)[:, None]
+        expected = F.scaled_dot_product_attention(qs, k, v, attn_mask=allowed, scale=D**-0.5).transpose(0, 1)
+        torch.testing.assert_close(out[start : start + n], expected, atol=1e-5, rtol=1e-5)
+        start += n
