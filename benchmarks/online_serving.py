@@ -110,9 +110,9 @@ def ours(path, conversations) -> dict:
 
 def peer(path, conversations) -> dict:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", "from transformers.cli.transformers import main; main()", "serve", str(path),
-                             "--continuous-batching", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    command = [sys.executable, "-c", "from transformers.cli.transformers import main; main()", "serve", str(path),
+               "--continuous-batching", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_healthy(f"http://127.0.0.1:{port}/health")
         asyncio.run(drive(f"http://127.0.0.1:{port}/v1", str(path), conversations[:4], {}))

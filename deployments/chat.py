@@ -5,7 +5,7 @@ from collections.abc import AsyncIterator
 from deployments.errors import OpenAIError
 from deployments.openai_format import TokenTexts, chat_logprobs, usage
 from deployments.protocol import ChatCompletionRequest
-from deployments.streams import SSE_DONE, new_id, now, sse
+from deployments.streams import SSE_DONE, now, sse
 from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput
 from runtime.tokenizer import encode, render_chat
 

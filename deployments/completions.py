@@ -4,7 +4,7 @@ from collections.abc import AsyncIterator
 
 from deployments.openai_format import TokenTexts, completion_logprobs, usage
 from deployments.protocol import CompletionRequest
-from deployments.streams import SSE_DONE, merge, new_id, now, sse
+from deployments.streams import SSE_DONE, merge, now, sse
 from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput
 from runtime.tokenizer import encode
 

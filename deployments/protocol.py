@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from runtime import SamplingParams
 
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -56,8 +56,6 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate replies to one conversation or a list of them, through the chat template."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [
-            encode(self.tokenizer, render_chat(self.tokenizer, c, tools, chat_template_kwargs), add_special_tokens=False)
-            for c in conversations
-        ]
+        texts = [render_chat(self.tokenizer, c, tools, chat_template_kwargs) for c in conversations]
+        prompts = [encode(self.tokenizer, text, add_special_tokens=False) for text in texts]
         return self.generate(prompts, params)

@@ -8,7 +8,6 @@ re-created if it has died (it then resumes every unfinished batch).
 import asyncio
 from collections.abc import AsyncIterator
 
-import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 
 from deployments.batch.files import FileLimits, FileStore
