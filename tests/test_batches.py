@@ -17,6 +17,14 @@ def chat_line(custom_id: str, content: str, max_tokens: int = 16, **extra) -> di
                      "max_tokens": max_tokens, **extra}}
 
 
+def story_line(i: int, max_tokens: int) -> dict:
+    """The seed documents' status-check and cancel batches use this request, numbered."""
+    return {"custom_id": f"request-{i}", "method": "POST", "url": "/chat/completions", "body": {
+        "model": MODEL_ID, "max_tokens": max_tokens, "messages": [
+            {"role": "system", "content": f"{i}: You are a helpful AI assistant"},
+            {"role": "user", "content": "Write a detailed story about topic. Make it very long."}]}}
+
+
 def jsonl(lines) -> bytes:
     return "".join((json.dumps(line) if isinstance(line, dict) else line) + "\n" for line in lines).encode()
 
@@ -73,11 +81,7 @@ def test_two_request_batch_completes_and_its_output_reads_back(client):
 
 
 def test_twenty_requests_are_counted_live_and_complete(client):
-    requests = [{"custom_id": f"request-{i}", "method": "POST", "url": "/chat/completions", "body": {
-        "model": MODEL_ID, "max_tokens": 64, "messages": [
-            {"role": "system", "content": f"{i}: You are a helpful AI assistant"},
-            {"role": "user", "content": "Write a detailed story about topic. Make it very long."}]}}
-        for i in range(20)]
+    requests = [story_line(i, 64) for i in range(20)]
     uploaded = client.files.create(file=("batch_requests.jsonl", jsonl(requests)), purpose="batch")
     batch_job = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
                                       completion_window="24h")
@@ -94,11 +98,7 @@ def test_twenty_requests_are_counted_live_and_complete(client):
 
 
 def test_5000_request_batch_cancelled_mid_run(client):
-    requests = [{"custom_id": f"request-{i}", "method": "POST", "url": "/chat/completions", "body": {
-        "model": MODEL_ID, "max_tokens": 128, "messages": [
-            {"role": "system", "content": f"{i}: You are a helpful AI assistant"},
-            {"role": "user", "content": "Write a detailed story about topic. Make it very long."}]}}
-        for i in range(5000)]
+    requests = [story_line(i, 128) for i in range(5000)]
     uploaded = client.files.create(file=("batch_requests.jsonl", jsonl(requests)), purpose="batch")
     batch_job = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
                                       completion_window="24h")
