@@ -1,67 +1,105 @@
-"""/v1/chat/completions on one replica: render the conversation, generate, shape the reply."""
+"""/v1/chat/completions on one replica: render the conversation, generate, shape the reply.
+
+When the model has a reasoning parser (and the request keeps `separate_reasoning`),
+`<think>…</think>` goes to `reasoning_content`; when the request offers tools
+and the model has a tool-call parser, tool-call blocks become `tool_calls`.
+"""
 
 from collections.abc import AsyncIterator
 
+from deployments.choice_parser import ChoiceParser, tool_call_json
 from deployments.errors import OpenAIError
 from deployments.openai_format import TokenTexts, chat_logprobs, usage
 from deployments.protocol import ChatCompletionRequest
 from deployments.streams import SSE_DONE, now, sse
-from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput
+from runtime import AsyncLLMEngine
 from runtime.tokenizer import encode, render_chat
 
 
 class ChatHandler:
-    def __init__(self, engine: AsyncLLMEngine, model_id: str, texts: TokenTexts):
+    def __init__(self, engine: AsyncLLMEngine, model_id: str, texts: TokenTexts,
+                 reasoning_parser: str | None = None, tool_call_parser: str | None = None):
         self.engine = engine
         self.model_id = model_id
         self.texts = texts
+        self.reasoning_parser = reasoning_parser
+        self.tool_call_parser = tool_call_parser
 
-    def prompt_ids(self, req: ChatCompletionRequest) -> list[int]:
+    def _prepare(self, req: ChatCompletionRequest):
+        if req.uses_tools and self.tool_call_parser is None:
+            raise OpenAIError(400, f"tools: model {self.model_id} has no tool_call_parser configured", "tools")
+        params = req.to_sampling_params()
         tokenizer = self.engine.tokenizer
         messages = [m.template_dict() for m in req.messages]
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         try:
-            text = render_chat(tokenizer, messages, None, req.chat_template_kwargs,
+            text = render_chat(tokenizer, messages, tools, req.chat_template_kwargs,
                                add_generation_prompt=req.add_generation_prompt and not req.continue_final_message)
         except Exception as e:  # the template rejected the conversation (jinja raise_exception, bad kwargs)
             raise OpenAIError(400, f"messages: the chat template could not render them: {e}", "messages") from e
-        return encode(tokenizer, text, add_special_tokens=False)
+        prompt = encode(tokenizer, text, add_special_tokens=False)
+        self.engine.validate(prompt, params)
+        return params, prompt
+
+    def _parser(self, req: ChatCompletionRequest) -> ChoiceParser:
+        return ChoiceParser(self.reasoning_parser if req.separate_reasoning else None,
+                            self.tool_call_parser if req.uses_tools else None)
 
     async def complete(self, req: ChatCompletionRequest, request_id: str, priority: int = 0) -> dict:
-        params = req.to_sampling_params()
-        prompt = self.prompt_ids(req)
-        result = RequestOutput(request_id, None, prompt, outputs=[CompletionOutput(i) for i in range(params.n)])
+        params, prompt = self._prepare(req)
+        parsers = [self._parser(req) for _ in range(params.n)]
+        choices = [{"reasoning": "", "content": "", "tool_calls": [], "logprobs": [], "finish_reason": None,
+                    "matched_stop": None, "tokens": 0} for _ in range(params.n)]
+        cached = 0
         async for delta in self.engine.generate(prompt, params, request_id, priority):
-            result.add(delta)
-        choices = [self._choice(c, req.logprobs) for c in result.outputs]
-        completion_tokens = sum(len(c.token_ids) for c in result.outputs)
+            cached = delta.num_cached_tokens
+            for s in delta.seqs:
+                choice = choices[s.index]
+                parsed = parsers[s.index].feed(s.text, len(s.token_ids), s.finish_reason is not None)
+                choice["reasoning"] += parsed.reasoning
+                choice["content"] += parsed.content
+                choice["tool_calls"] += parsed.tool_calls
+                choice["logprobs"] += s.logprobs or []
+                choice["tokens"] = s.num_output_tokens
+                choice["finish_reason"], choice["matched_stop"] = s.finish_reason, s.matched_stop
+        completion_tokens = sum(c["tokens"] for c in choices)
+        reasoning_tokens = sum(p.reasoning_tokens for p in parsers)
         return {
             "id": request_id,
             "object": "chat.completion",
             "created": now(),
             "model": self.model_id,
-            "choices": choices,
-            "usage": usage(len(prompt), completion_tokens, result.num_cached_tokens),
+            "choices": [self._choice(i, c, parsers[i], req) for i, c in enumerate(choices)],
+            "usage": usage(len(prompt), completion_tokens, cached, reasoning_tokens),
         }
 
-    def _choice(self, c: CompletionOutput, want_logprobs: bool) -> dict:
+    def _choice(self, index: int, c: dict, parser: ChoiceParser, req: ChatCompletionRequest) -> dict:
+        calls = [tool_call_json(i, call) for i, call in enumerate(c["tool_calls"])]
+        for call in calls:
+            del call["index"]
+        content = c["content"]
+        if calls and not content.strip():
+            content = None
         return {
-            "index": c.index,
-            "message": {"role": "assistant", "content": c.text, "reasoning_content": None, "tool_calls": None},
-            "logprobs": chat_logprobs(c.logprobs or [], self.texts) if want_logprobs else None,
-            "finish_reason": c.finish_reason,
-            "matched_stop": c.matched_stop,
+            "index": index,
+            "message": {"role": "assistant", "content": content,
+                        "reasoning_content": c["reasoning"] or None,
+                        "tool_calls": calls or None},
+            "logprobs": chat_logprobs(c["logprobs"], self.texts) if req.logprobs else None,
+            "finish_reason": _finish_reason(c["finish_reason"], parser),
+            "matched_stop": c["matched_stop"],
         }
 
     async def stream(self, req: ChatCompletionRequest, request_id: str) -> AsyncIterator[str]:
         """Prepare (errors raise before the first chunk), then stream SSE chunks."""
-        params = req.to_sampling_params()
-        prompt = self.prompt_ids(req)
-        self.engine.validate(prompt, params)
+        params, prompt = self._prepare(req)
         generator = self.engine.generate(prompt, params, request_id)
         return self._chunks(req, request_id, prompt, params.n, generator)
 
     async def _chunks(self, req, request_id, prompt, n, generator) -> AsyncIterator[str]:
         created = now()
+        parsers = [self._parser(req) for _ in range(n)]
+        calls_sent = [0] * n
 
         def chunk(choices: list[dict], **extra) -> str:
             return sse({"id": request_id, "object": "chat.completion.chunk", "created": created,
@@ -74,14 +112,30 @@ class ChatHandler:
         async for delta in generator:
             cached = delta.num_cached_tokens
             for s in delta.seqs:
-                if s.text or (req.logprobs and s.logprobs):
-                    logprobs = chat_logprobs(s.logprobs, self.texts) if req.logprobs else None
-                    yield chunk([{"index": s.index, "delta": {"content": s.text}, "logprobs": logprobs,
-                                  "finish_reason": None}])
+                parser = parsers[s.index]
+                parsed = parser.feed(s.text, len(s.token_ids), s.finish_reason is not None)
+                logprobs = chat_logprobs(s.logprobs, self.texts) if req.logprobs and s.logprobs else None
+                if parsed or logprobs:
+                    message = {}
+                    if parsed.reasoning:
+                        message["reasoning_content"] = parsed.reasoning
+                    if parsed.content or not parsed:
+                        message["content"] = parsed.content
+                    if parsed.tool_calls:
+                        message["tool_calls"] = [tool_call_json(calls_sent[s.index] + k, call)
+                                                 for k, call in enumerate(parsed.tool_calls)]
+                        calls_sent[s.index] += len(parsed.tool_calls)
+                    yield chunk([{"index": s.index, "delta": message, "logprobs": logprobs, "finish_reason": None}])
                 if s.finish_reason is not None:
                     completion_tokens += s.num_output_tokens
                     yield chunk([{"index": s.index, "delta": {}, "logprobs": None,
-                                  "finish_reason": s.finish_reason, "matched_stop": s.matched_stop}])
+                                  "finish_reason": _finish_reason(s.finish_reason, parser),
+                                  "matched_stop": s.matched_stop}])
         if req.include_usage:
-            yield chunk([], usage=usage(len(prompt), completion_tokens, cached))
+            reasoning_tokens = sum(p.reasoning_tokens for p in parsers)
+            yield chunk([], usage=usage(len(prompt), completion_tokens, cached, reasoning_tokens))
         yield SSE_DONE
+
+
+def _finish_reason(reason: str | None, parser: ChoiceParser) -> str | None:
+    return "tool_calls" if reason == "stop" and parser.made_tool_calls else reason

@@ -23,7 +23,8 @@ class LLMServer:
         self.model_id = config.model_id
         self.engine = AsyncLLMEngine.from_options(config.model_loading_config.source, **config.engine_kwargs)
         texts = TokenTexts(self.engine.tokenizer)
-        self.chat_handler = ChatHandler(self.engine, self.model_id, texts)
+        self.chat_handler = ChatHandler(self.engine, self.model_id, texts, config.reasoning_parser,
+                                        config.tool_call_parser)
         self.completion_handler = CompletionHandler(self.engine, self.model_id, texts)
         self.generate_handler = GenerateHandler(self.engine)
 

@@ -4,11 +4,13 @@ Unknown fields are rejected (a typo must not be silently ignored). Our
 extensions (SGLang's and vLLM's names) sit beside OpenAI's fields.
 """
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from runtime import SamplingParams
+from runtime import InvalidInputError, SamplingParams
+from runtime.grammar import Constraint
 
 
 class _Strict(BaseModel):
@@ -22,6 +24,27 @@ class StreamOptions(_Strict):
 class ContentPart(_Strict):
     type: Literal["text"]
     text: str
+
+
+class FunctionDefinition(_Strict):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class FunctionName(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"] = "function"
+    function: FunctionName
 
 
 class ChatMessage(_Strict):
@@ -38,6 +61,26 @@ class ChatMessage(_Strict):
             out["content"] = "".join(part.text for part in self.content)
         out.setdefault("content", "")
         return out
+
+
+class JsonSchemaFormat(_Strict):
+    name: str = "response"
+    schema_: dict = Field(default_factory=dict, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("json_schema is required when type is 'json_schema'")
+        return self
 
 
 class _SamplingFields(_Strict):
@@ -62,6 +105,9 @@ class _SamplingFields(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    response_format: ResponseFormat | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
     @field_validator("stop")
     @classmethod
@@ -80,7 +126,24 @@ class _SamplingFields(_Strict):
                 raise ValueError(f"bias for token {key} must be in [-100, 100]")
         return v
 
+    def constraint(self) -> Constraint | None:
+        """The structured-output constraint asked for, if any (at most one)."""
+        found = []
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_schema":
+            found.append(Constraint("json_schema", json.dumps(fmt.json_schema.schema_), "response_format"))
+        elif fmt is not None and fmt.type == "json_object":
+            found.append(Constraint("json_object", "", "response_format"))
+        if self.regex is not None:
+            found.append(Constraint("regex", self.regex, "regex"))
+        if self.ebnf is not None:
+            found.append(Constraint("ebnf", self.ebnf, "ebnf"))
+        if len(found) > 1:
+            raise InvalidInputError(found[1].param, "give at most one of response_format, regex and ebnf")
+        return found[0] if found else None
+
     def sampling_params(self, max_tokens: int | None, logprobs: int | None, **extra: Any) -> SamplingParams:
+        extra.setdefault("structured_output", self.constraint())
         temperature = 1.0 if self.temperature is None else self.temperature
         return SamplingParams(
             n=self.n,
@@ -117,22 +180,49 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-    response_format: dict | None = None
     separate_reasoning: bool = True
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice = "auto"
+    parallel_tool_calls: bool = True
     metadata: dict | None = None
     store: bool | None = None
     service_tier: str | None = None
 
-    @field_validator("response_format")
-    @classmethod
-    def _plain_text_only(cls, v):
-        if v is not None and v.get("type") != "text":
-            raise ValueError(f"response_format type {v.get('type')!r} is not supported by this server yet")
-        return v
+    @model_validator(mode="after")
+    def _tool_choice_names_a_tool(self):
+        if isinstance(self.tool_choice, NamedToolChoice):
+            names = [t.function.name for t in self.tools or []]
+            if self.tool_choice.function.name not in names:
+                raise ValueError(f"tool_choice names {self.tool_choice.function.name!r}, not one of the tools {names}")
+        elif self.tool_choice == "required" and not self.tools:
+            raise ValueError("tool_choice 'required' needs tools")
+        return self
+
+    @property
+    def uses_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def tool_constraint(self) -> Constraint | None:
+        """`required` and named tool choices are enforced by a grammar over the call."""
+        if not self.uses_tools or self.tool_choice == "auto":
+            return None
+        tools = self.tools
+        if isinstance(self.tool_choice, NamedToolChoice):
+            tools = [t for t in tools if t.function.name == self.tool_choice.function.name]
+        calls = [{"type": "object", "properties": {"name": {"const": t.function.name},
+                                                   "arguments": t.function.parameters or {"type": "object"}},
+                  "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
+        schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+        return Constraint("tool_call", json.dumps(schema), "tool_choice")
 
     def to_sampling_params(self) -> SamplingParams:
         top = self.top_logprobs or 0
-        return self.sampling_params(self.max_completion_tokens or self.max_tokens, top if self.logprobs else None)
+        constraint, tool = self.constraint(), self.tool_constraint()
+        if constraint is not None and tool is not None:
+            raise InvalidInputError("tool_choice", "a required or named tool_choice cannot be combined with "
+                                                   "response_format, regex or ebnf")
+        return self.sampling_params(self.max_completion_tokens or self.max_tokens, top if self.logprobs else None,
+                                    structured_output=constraint or tool)
 
 
 class CompletionRequest(_SamplingFields):
@@ -194,11 +284,22 @@ class GenerateSamplingParams(_Strict):
     no_stop_trim: bool = False
     n: int = Field(1, ge=1, le=128)
     seed: int | None = Field(None, alias="sampling_seed")
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
+    def constraint(self) -> Constraint | None:
+        given = [Constraint(kind, value, kind) for kind, value in
+                 (("json_schema", self.json_schema), ("regex", self.regex), ("ebnf", self.ebnf)) if value is not None]
+        if len(given) > 1:
+            raise InvalidInputError(given[1].param, "give at most one of json_schema, regex and ebnf")
+        return given[0] if given else None
+
     def to_sampling_params(self, logprobs: int | None) -> SamplingParams:
         return SamplingParams(
+            structured_output=self.constraint(),
             n=self.n, max_tokens=self.max_new_tokens, min_tokens=self.min_new_tokens,
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
             frequency_penalty=self.frequency_penalty, presence_penalty=self.presence_penalty,

@@ -61,10 +61,13 @@ class AsyncLLMEngine:
         if not self.healthy:
             raise EngineDeadError(f"the engine is not running: {self.error!r}")
         self.engine.validate(prompt_token_ids, params)
+        grammar = None
+        if params.structured_output is not None:  # compiled here, off the engine loop
+            grammar = await asyncio.to_thread(self.engine.compile_grammar, params.structured_output)
         request_id = request_id or f"req-{next(self._ids)}"
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), queue)
-        self._send(("add", request_id, prompt_token_ids, params, priority))
+        self._send(("add", request_id, prompt_token_ids, params, priority, grammar))
         finished = False
         try:
             while not finished:

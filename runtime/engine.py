@@ -9,6 +9,7 @@ from transformers import PreTrainedTokenizerBase
 from runtime.config import EngineConfig
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.errors import InvalidInputError, require
+from runtime.grammar import Constraint, Grammar, GrammarCompiler
 from runtime.kv_cache import BlockManager
 from runtime.model_runner import ModelRunner
 from runtime.outputs import RequestDelta, SequenceDelta
@@ -27,6 +28,7 @@ class LLMEngine:
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
         self.requests: dict[str, Request] = {}
+        self._grammars: GrammarCompiler | None = None
 
     @classmethod
     def from_options(cls, model: str, **engine_kwargs) -> "LLMEngine":
@@ -52,14 +54,28 @@ class LLMEngine:
                 f"max_tokens is {params.max_tokens}, {n + params.max_tokens} in total")
         return params.max_tokens
 
+    def compile_grammar(self, constraint: Constraint) -> Grammar:
+        """Compile a structured-output constraint (cached); thread-safe, so callers may do it off-loop."""
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer, self.config.hf_config.vocab_size, self.eos_token_ids)
+        return self._grammars.compile(constraint)
+
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, priority: int = 0
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+        grammar: Grammar | None = None,
     ) -> None:
+        """Queue a request. A constrained request's grammar is compiled here unless it comes compiled."""
         if request_id in self.requests:
             raise InvalidInputError("request_id", f"{request_id!r} is already in flight")
         max_tokens = self.validate(prompt_token_ids, params)
+        if params.structured_output is not None and grammar is None:
+            grammar = self.compile_grammar(params.structured_output)
         request = Request(request_id, list(prompt_token_ids), params, priority,
-                          lambda: self._detokenizer(prompt_token_ids, params))
+                          lambda: self._detokenizer(prompt_token_ids, params), grammar)
         request.max_tokens = max_tokens
         self.requests[request_id] = request
         self.scheduler.add(request)
@@ -127,6 +143,11 @@ class LLMEngine:
     def _append_token(self, seq: Sequence, token_id: int) -> None:
         seq.token_ids.append(token_id)
         params = seq.params
+        if seq.matcher is not None:
+            seq.matcher.accept(token_id)
+            if seq.matcher.done:  # the grammar is complete: nothing else may follow
+                self._finish(seq, "stop", token_id)
+                return
         if (token_id in self.eos_token_ids and not params.ignore_eos) or token_id in params.stop_token_ids:
             self._finish(seq, "stop", token_id)
             return

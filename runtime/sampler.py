@@ -1,6 +1,7 @@
 """One batched sampling pass over every sequence that needs a token this step.
 
-Order: penalties, logit bias, min-tokens masking, greedy argmax, then
+Order: penalties, logit bias, min-tokens masking, the structured-output
+grammar bitmask, greedy argmax, then
 temperature, top-k, top-p, min-p and sampling. Sampling uses the exponential
 race (argmax of p / q with q ~ Exp(1)), which is an exact draw from p; seeded
 sequences draw their q from their own generator, so their tokens do not
@@ -10,6 +11,7 @@ distribution (before any processing), as OpenAI reports them.
 
 import torch
 
+from runtime.grammar import allocate_bitmask, apply_bitmask
 from runtime.outputs import TokenLogprob
 from runtime.sequence import Sequence
 
@@ -18,6 +20,7 @@ class Sampler:
     def __init__(self, eos_token_ids: set[int], device: torch.device):
         self.eos_token_ids = eos_token_ids
         self.device = device
+        self._bitmask = None  # grammar bitmask rows, reused across steps
 
     def __call__(
         self, logits: torch.Tensor, seqs: list[Sequence]
@@ -50,7 +53,20 @@ class Sampler:
                     banned |= self.eos_token_ids
                 if banned:
                     logits[i, list(banned)] = float("-inf")
+        constrained = [i for i, s in enumerate(seqs) if s.matcher is not None]
+        if constrained:
+            self._apply_grammars(logits, seqs, constrained)
         return logits
+
+    def _apply_grammars(self, logits: torch.Tensor, seqs: list[Sequence], rows: list[int]) -> None:
+        if self._bitmask is None or self._bitmask.shape[0] < len(seqs):
+            self._bitmask = allocate_bitmask(max(len(seqs), 64), logits.shape[1])
+        for i in rows:
+            seqs[i].matcher.fill_bitmask(self._bitmask, i)
+        apply_bitmask(logits, self._bitmask, rows)
+        for i in rows:
+            if seqs[i].matcher.banned is not None:
+                logits[i, seqs[i].matcher.banned.to(logits.device)] = float("-inf")
 
     def _apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         vocab = logits.shape[1]

@@ -1,8 +1,9 @@
 """Per-request sampling options (vLLM's names), validated on construction."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from runtime.errors import require
+from runtime.grammar import Constraint
 
 
 @dataclass
@@ -26,7 +27,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logprobs: int | None = None  # None: off; k: the sampled token plus the top k
     prompt_logprobs: int | None = None
-    structured_output: object | None = field(default=None, repr=False)  # a compiled grammar, when constrained
+    structured_output: Constraint | None = None  # JSON schema, regex or EBNF the output must match
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

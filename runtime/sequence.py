@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 
 from runtime.detokenizer import IncrementalDetokenizer
+from runtime.grammar import Grammar, Matcher
 from runtime.outputs import TokenLogprob
 from runtime.sampling_params import SamplingParams
 
@@ -31,6 +32,7 @@ class Request:
         params: SamplingParams,
         priority: int,
         make_detokenizer: Callable[[], IncrementalDetokenizer],
+        grammar: Grammar | None = None,
     ):
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
@@ -39,7 +41,7 @@ class Request:
         self.priority = priority  # lower runs first (0: online, larger: batch jobs)
         self.arrival = next(_arrivals)
         self.prompt_logprobs: list[TokenLogprob | None] = []
-        self.seqs = [Sequence(self, i, make_detokenizer()) for i in range(params.n)]
+        self.seqs = [Sequence(self, i, make_detokenizer(), grammar) for i in range(params.n)]
 
     @property
     def num_seqs(self) -> int:
@@ -55,7 +57,8 @@ class Request:
 
 
 class Sequence:
-    def __init__(self, request: Request, index: int, detokenizer: IncrementalDetokenizer):
+    def __init__(self, request: Request, index: int, detokenizer: IncrementalDetokenizer,
+                 grammar: Grammar | None = None):
         self.request = request
         self.index = index
         self.params = request.params
@@ -72,6 +75,7 @@ class Sequence:
         self.finish_reason: str | None = None
         self.matched_stop: int | str | None = None
         self.generator: torch.Generator | None = None  # made by the sampler for seeded requests
+        self.matcher = Matcher(grammar) if grammar is not None else None  # structured output state
 
     @property
     def priority(self) -> int:

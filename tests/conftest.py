@@ -105,6 +105,8 @@ def app_args(model_dir, storage_uri: str) -> dict:
         "llm_configs": [{
             "model_loading_config": {"model_id": MODEL_ID, "model_source": str(model_dir)},
             "engine_kwargs": ENGINE_KWARGS,
+            "reasoning_parser": "qwen3",
+            "tool_call_parser": "qwen25",
         }],
         "storage_uri": storage_uri,
         "max_file_lines": 6000,

@@ -20,11 +20,28 @@ from transformers import (
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
+# ChatML as Qwen writes it: tools listed in the system turn, calls as <tool_call> blocks, tool results as
+# <tool_response> turns, and Qwen3's `enable_thinking=False` closing an empty think block in the prompt
 CHATML_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% endif %}"
+    "# Tools\n<tools>{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools><|im_end|>\n"
+    "{% endif %}"
     "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% if message['role'] == 'system' and tools %}"
+    "{% elif message['role'] == 'tool' %}"
+    "<|im_start|>user\n<tool_response>\n{{ message['content'] }}\n</tool_response><|im_end|>\n"
+    "{% else %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] or '' }}"
+    "{% for call in message.get('tool_calls') or [] %}"
+    "\n<tool_call>\n{\"name\": \"{{ call['function']['name'] }}\", "
+    "\"arguments\": {{ call['function']['arguments'] }}}\n</tool_call>"
+    "{% endfor %}<|im_end|>\n"
+    "{% endif %}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}"
+    "{% endif %}"
 )
 
 _CORPUS = [

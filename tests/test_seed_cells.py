@@ -139,7 +139,8 @@ def test_curl_and_requests_cells(server):
         assert set(choice) == {"index", "message", "logprobs", "finish_reason", "matched_stop"}
         assert set(choice["message"]) == {"role", "content", "reasoning_content", "tool_calls"}
         assert set(response["usage"]) == {"prompt_tokens", "completion_tokens", "total_tokens",
-                                          "prompt_tokens_details"}
+                                          "prompt_tokens_details", "completion_tokens_details"}
+        assert response["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
 
 
 def test_native_generate_cells(server):

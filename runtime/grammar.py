@@ -1,0 +1,112 @@
+"""Structured-output constraints compiled with xgrammar, and the per-sequence matcher.
+
+A request carries a `Constraint` (what the client asked for); the engine
+compiles it once (xgrammar caches compiled grammars) and gives each sequence
+its own matcher, which fills that sequence's row of the batch's token bitmask
+and advances with every accepted token.
+"""
+
+import json
+from dataclasses import dataclass
+
+import torch
+import xgrammar as xgr
+from transformers import PreTrainedTokenizerBase
+
+from runtime.errors import InvalidInputError
+
+KINDS = ("json_schema", "json_object", "regex", "ebnf", "tool_call")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What the output must match. `value`: a JSON schema string, a regex, an EBNF grammar, or
+    (for `tool_call`) a JSON schema of the call's `{"name", "arguments"}` object."""
+
+    kind: str
+    value: str = ""
+    param: str = "response_format"  # the request field to name in errors
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A compiled constraint, plus tokens banned outright: for JSON, every token holding a raw control
+    byte. Compact JSON never needs one, and xgrammar lets some through inside strings after certain
+    byte sequences, which would make the output unparseable."""
+
+    compiled: xgr.CompiledGrammar
+    banned: torch.Tensor | None = None
+
+
+class Matcher:
+    """One sequence's position in its grammar."""
+
+    def __init__(self, grammar: Grammar):
+        self._matcher = xgr.GrammarMatcher(grammar.compiled)
+        self.banned = grammar.banned
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        self._matcher.fill_next_token_bitmask(bitmask, row)
+
+    def accept(self, token_id: int) -> None:
+        self._matcher.accept_token(token_id)
+
+    @property
+    def done(self) -> bool:
+        return self._matcher.is_terminated()
+
+
+class GrammarCompiler:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, stop_token_ids: set[int]):
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                  stop_token_ids=sorted(stop_token_ids))
+        self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=True)
+        control = set(range(32))
+        self._json_banned = torch.tensor(
+            [i for i, b in enumerate(info.decoded_vocab) if i not in stop_token_ids and control & set(b)],
+            dtype=torch.long)
+
+    def compile(self, constraint: Constraint) -> Grammar:
+        """Compile (or fetch from the cache); a bad schema, regex or grammar raises InvalidInputError."""
+        compiled = self._compile(constraint)
+        json_output = constraint.kind in ("json_schema", "json_object", "tool_call")
+        return Grammar(compiled, self._json_banned if json_output else None)
+
+    def _compile(self, constraint: Constraint) -> xgr.CompiledGrammar:
+        if constraint.kind not in KINDS:
+            raise InvalidInputError(constraint.param, f"unknown constraint {constraint.kind!r}")
+        try:
+            if constraint.kind == "json_schema":
+                return self._compiler.compile_json_schema(_schema(constraint), any_whitespace=False)
+            if constraint.kind == "json_object":
+                return self._compiler.compile_builtin_json_grammar()
+            if constraint.kind == "regex":
+                return self._compiler.compile_regex(constraint.value)
+            if constraint.kind == "ebnf":
+                return self._compiler.compile_grammar(constraint.value)
+            call = xgr.Grammar.from_json_schema(_schema(constraint), any_whitespace=False)
+            return self._compiler.compile_grammar(xgr.Grammar.concat(
+                xgr.Grammar.from_ebnf('root ::= "<tool_call>\\n"'), call,
+                xgr.Grammar.from_ebnf('root ::= "\\n</tool_call>"')))
+        except InvalidInputError:
+            raise
+        except Exception as e:  # xgrammar reports bad input with several exception types
+            raise InvalidInputError(constraint.param, f"invalid {constraint.kind}: {e}") from None
+
+
+
+def _schema(constraint: Constraint) -> str:
+    try:
+        json.loads(constraint.value)
+    except json.JSONDecodeError as e:
+        raise InvalidInputError(constraint.param, f"the JSON schema is not valid JSON: {e}") from None
+    return constraint.value
+
+
+def allocate_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
+    return xgr.allocate_token_bitmask(rows, vocab_size)
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
+    """Mask, in place, every token the rows' grammars do not allow next."""
+    xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=rows)

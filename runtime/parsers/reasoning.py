@@ -1,0 +1,63 @@
+"""Reasoning parsers: `<think>…</think>` goes to `reasoning_content`, the rest to `content`.
+
+`qwen3` expects the model to open the block itself (or the template to have
+closed it when thinking is off); `deepseek-r1` starts inside the block, as its
+template opens it in the prompt. A response cut short inside the block is all
+reasoning.
+"""
+
+from runtime.parsers.tag_stream import split_at
+
+START, END = "<think>", "</think>"
+
+
+class ReasoningParser:
+    def __init__(self, starts_in_reasoning: bool):
+        self._state = "reasoning_start" if starts_in_reasoning else "start"
+        self._pending = ""
+
+    @property
+    def in_reasoning(self) -> bool:
+        return self._state in ("reasoning_start", "reasoning")
+
+    def feed(self, text: str) -> tuple[str, str]:
+        """Consume a chunk of output; returns (reasoning delta, content delta)."""
+        self._pending += text
+        reasoning, content = "", ""
+        while self._pending:
+            if self._state in ("start", "reasoning_start", "content_start"):
+                stripped = self._pending.lstrip()  # whitespace around the tags is not content
+                if not stripped:
+                    self._pending = ""
+                    break
+                if self._state == "start" and START.startswith(stripped) and stripped != START:
+                    break  # could still become the opening tag
+                if self._state == "start" and stripped.startswith(START):
+                    self._pending, self._state = stripped[len(START) :], "reasoning_start"
+                else:
+                    self._pending = stripped
+                    self._state = "reasoning" if self._state == "reasoning_start" else "content"
+            elif self._state == "reasoning":
+                before, after, held = split_at(self._pending, END)
+                reasoning += before
+                if after is None:
+                    self._pending = held
+                    break
+                self._pending, self._state = after, "content_start"
+            else:
+                content += self._pending
+                self._pending = ""
+        return reasoning, content
+
+    def finish(self) -> tuple[str, str]:
+        """Release whatever is held back at the end of the output."""
+        pending, self._pending = self._pending, ""
+        if self.in_reasoning:
+            return pending, ""
+        return "", pending.lstrip() if self._state == "start" else pending
+
+
+REASONING_PARSERS = {
+    "qwen3": lambda: ReasoningParser(starts_in_reasoning=False),
+    "deepseek-r1": lambda: ReasoningParser(starts_in_reasoning=True),
+}
