@@ -61,16 +61,16 @@ class GrammarCompiler:
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                                   stop_token_ids=sorted(stop_token_ids))
         self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=True)
-        control = set(range(32))
-        self._json_banned = torch.tensor(
-            [i for i, b in enumerate(info.decoded_vocab) if i not in stop_token_ids and control & set(b)],
-            dtype=torch.long)
+        def holding(control: set[int]) -> torch.Tensor:
+            ids = [i for i, b in enumerate(info.decoded_vocab) if i not in stop_token_ids and control & set(b)]
+            return torch.tensor(ids, dtype=torch.long)
+
+        self._banned = {kind: holding(set(range(32))) for kind in ("json_schema", "json_object")}
+        self._banned["tool_call"] = holding(set(range(32)) - {10})  # the call's tags sit on their own lines
 
     def compile(self, constraint: Constraint) -> Grammar:
         """Compile (or fetch from the cache); a bad schema, regex or grammar raises InvalidInputError."""
-        compiled = self._compile(constraint)
-        json_output = constraint.kind in ("json_schema", "json_object", "tool_call")
-        return Grammar(compiled, self._json_banned if json_output else None)
+        return Grammar(self._compile(constraint), self._banned.get(constraint.kind))
 
     def _compile(self, constraint: Constraint) -> xgr.CompiledGrammar:
         if constraint.kind not in KINDS:

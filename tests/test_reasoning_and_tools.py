@@ -1,0 +1,158 @@
+"""Reasoning and tool-call parsing: the parsers on every split of scripted text, then end to end with
+outputs forced by an EBNF grammar (the random model can only write the scripted text)."""
+
+import json
+
+import openai
+import pytest
+
+from runtime.parsers import ReasoningParser, ToolCallParser
+from tests.conftest import MODEL_ID
+
+THOUGHT = "<think>\nThe user wants a number.\n</think>\n\nIt is 4."
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+                   "required": ["city"], "additionalProperties": False}}}
+TIME_TOOL = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
+                                       "required": ["zone"], "additionalProperties": False}}}
+
+
+def forced(text: str) -> dict:
+    """extra_body that makes the model write exactly `text` (greedy, so always in the same tokens)."""
+    return {"ebnf": "root ::= " + json.dumps(text), "temperature": 0}
+
+
+def _chunks(text: str, cut: int) -> list[str]:
+    return [text[:cut], text[cut:]]
+
+
+@pytest.mark.parametrize("cut", range(0, len(THOUGHT) + 1))
+def test_reasoning_parser_at_every_split(cut):
+    parser = ReasoningParser(starts_in_reasoning=False)
+    parts = [parser.feed(c) for c in _chunks(THOUGHT, cut)] + [parser.finish()]
+    assert "".join(r for r, _ in parts) == "The user wants a number.\n"
+    assert "".join(c for _, c in parts) == "It is 4."
+    assert not any("<" in r or "<" in c for r, c in parts)  # no partial tag leaks
+
+
+@pytest.mark.parametrize("cut", range(0, len(CALL) + 6))
+def test_tool_call_parser_at_every_split(cut):
+    text = "Checking." + CALL
+    parser = ToolCallParser()
+    pieces = [parser.feed(c) for c in _chunks(text, cut)]
+    assert "".join(c for c, _ in pieces) + parser.finish() == "Checking."
+    calls = [call for _, cs in pieces for call in cs]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+    assert calls[0].id.startswith("call_")
+
+
+def test_deepseek_r1_starts_inside_reasoning_and_truncation_is_all_reasoning():
+    parser = ReasoningParser(starts_in_reasoning=True)
+    assert parser.feed("still thinking") == ("still thinking", "")
+    assert parser.finish() == ("", "")
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.Client(base_url=server.openai_url, api_key="None")
+
+
+def test_reasoning_is_separated(client):
+    messages = [{"role": "user", "content": "2 + 2?"}]
+    r = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=200,
+                                       extra_body=forced(THOUGHT))
+    message = r.choices[0].message
+    assert message.reasoning_content == "The user wants a number.\n" and message.content == "It is 4."
+    assert r.usage.completion_tokens_details.reasoning_tokens > 0
+    assert r.usage.completion_tokens_details.reasoning_tokens < r.usage.completion_tokens
+    stream = list(client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=200, stream=True,
+                                                 stream_options={"include_usage": True},
+                                                 extra_body=forced(THOUGHT)))
+    deltas = [c.choices[0].delta for c in stream if c.choices]
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == message.reasoning_content
+    assert "".join(d.content or "" for d in deltas) == "It is 4."
+    assert stream[-1].usage.completion_tokens_details.reasoning_tokens == \
+        r.usage.completion_tokens_details.reasoning_tokens
+    raw = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=200,
+                                         extra_body={**forced(THOUGHT), "separate_reasoning": False})
+    assert raw.choices[0].message.content == THOUGHT and raw.choices[0].message.reasoning_content is None
+
+
+def test_truncated_reasoning_and_thinking_switch(client):
+    messages = [{"role": "user", "content": "2 + 2?"}]
+    cut = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=20,
+                                         extra_body=forced(THOUGHT))
+    assert cut.choices[0].finish_reason == "length"
+    reasoning = cut.choices[0].message.reasoning_content
+    assert reasoning and "The user wants a number.".startswith(reasoning.rstrip("\n"))
+    assert not cut.choices[0].message.content
+    on = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=1)
+    off = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=1,
+                                         extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert off.usage.prompt_tokens > on.usage.prompt_tokens  # the template closed an empty think block
+
+
+def test_auto_tool_call_is_parsed(client):
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    kwargs = dict(model=MODEL_ID, messages=messages, tools=[WEATHER_TOOL], max_tokens=200,
+                  extra_body=forced("Let me check." + CALL))
+    r = client.chat.completions.create(**kwargs)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me check."
+    (call,) = choice.message.tool_calls
+    assert call.id.startswith("call_") and call.type == "function"
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+
+    chunks = list(client.chat.completions.create(stream=True, **kwargs))
+    contents = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert "".join(contents) == "Let me check." and not any("<" in c for c in contents)
+    streamed = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert len(streamed) == 1 and streamed[0].index == 0 and streamed[0].function.name == "get_weather"
+    assert json.loads(streamed[0].function.arguments) == {"city": "Paris"}
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+
+    none = client.chat.completions.create(**{**kwargs, "tool_choice": "none"})
+    assert none.choices[0].message.tool_calls is None and "<tool_call>" in none.choices[0].message.content
+
+
+def test_required_and_named_tool_choice_are_enforced(client):
+    messages = [{"role": "user", "content": "anything"}]
+    for seed in range(3):
+        r = client.chat.completions.create(model=MODEL_ID, messages=messages, tools=[WEATHER_TOOL, TIME_TOOL],
+                                           tool_choice="required", temperature=1.0, seed=seed, max_tokens=120)
+        (call,) = r.choices[0].message.tool_calls
+        assert call.function.name in ("get_weather", "get_time")
+        assert isinstance(json.loads(call.function.arguments), dict)
+        named = client.chat.completions.create(
+            model=MODEL_ID, messages=messages, tools=[WEATHER_TOOL, TIME_TOOL], temperature=1.0, seed=seed,
+            max_tokens=120, tool_choice={"type": "function", "function": {"name": "get_time"}})
+        (call,) = named.choices[0].message.tool_calls
+        assert call.function.name == "get_time" and json.loads(call.function.arguments)["zone"] in ("UTC", "CET")
+        assert named.choices[0].finish_reason == "tool_calls"
+
+
+def test_tool_results_in_history_are_rendered(client):
+    history = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+    ]
+    short = client.chat.completions.create(model=MODEL_ID, messages=history[:1], tools=[WEATHER_TOOL], max_tokens=1)
+    full = client.chat.completions.create(model=MODEL_ID, messages=history, tools=[WEATHER_TOOL], max_tokens=1)
+    longer = client.chat.completions.create(model=MODEL_ID, messages=history[:2] + [
+        {**history[2], "content": "sunny, 21 C, light wind from the west"}], tools=[WEATHER_TOOL], max_tokens=1)
+    assert short.usage.prompt_tokens < full.usage.prompt_tokens < longer.usage.prompt_tokens
+
+
+def test_bad_tool_requests_are_400(client):
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "x"}],
+                                       tools=[WEATHER_TOOL], tool_choice={"type": "function",
+                                                                          "function": {"name": "missing"}})
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "x"}],
+                                       tool_choice="required")
