@@ -25,6 +25,13 @@ def _replica(config: LLMConfig):
         if config.accelerator_type:
             actor_options["accelerator_type"] = config.accelerator_type
     actor_options.setdefault("num_cpus", 1)
+    tp = config.engine_kwargs.get("tensor_parallel_size", 1)
+    if tp > 1:  # one bundle per rank; the replica (rank 0) takes bundle 0, its workers the rest
+        rank_bundle = {"CPU": actor_options["num_cpus"]}
+        if actor_options.get("num_gpus"):
+            rank_bundle["GPU"] = actor_options["num_gpus"]
+        options.setdefault("placement_group_bundles", [rank_bundle] * tp)
+        options.setdefault("placement_group_strategy", "STRICT_PACK")
     return serve.deployment(LLMServer).options(ray_actor_options=actor_options, **options).bind(config)
 
 

@@ -1,5 +1,6 @@
 """The replica deployment: one AsyncLLMEngine serving chat, completions and /generate for one model."""
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 
@@ -56,9 +57,9 @@ class LLMServer:
     # --- operations ------------------------------------------------------------
 
     async def check_health(self) -> None:
-        """Serve's health check: a dead engine marks the replica unhealthy, and Serve replaces it."""
-        if not self.engine.healthy:
-            raise RuntimeError(f"engine is not running: {self.engine.error!r}")
+        """Serve's health check: a dead engine or TP worker marks the replica unhealthy; Serve replaces it."""
+        if not await asyncio.to_thread(self.engine.check_health):
+            raise RuntimeError(f"engine is not healthy: {self.engine.error!r}")
 
     async def healthy(self) -> bool:
         return self.engine.healthy

@@ -44,7 +44,12 @@ class AsyncLLMEngine:
 
     @property
     def healthy(self) -> bool:
+        """The loop runs and no step has failed (cheap; see `check_health` for the workers too)."""
         return self.error is None and self._thread.is_alive()
+
+    def check_health(self) -> bool:
+        """`healthy`, and every tensor-parallel worker answers (blocks up to a few seconds)."""
+        return self.healthy and self.engine.healthy()
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise `InvalidInputError` now for a request `generate` would reject."""
@@ -89,6 +94,7 @@ class AsyncLLMEngine:
         self._stopped = True
         self._wake.set()
         self._thread.join(timeout=10)
+        self.engine.shutdown()
 
     def stats(self) -> dict:
         return self.engine.stats()

@@ -11,7 +11,8 @@ from runtime.detokenizer import IncrementalDetokenizer
 from runtime.errors import InvalidInputError, require
 from runtime.grammar import Constraint, Grammar, GrammarCompiler
 from runtime.kv_cache import BlockManager
-from runtime.model_runner import ModelRunner
+from runtime.distributed import free_address
+from runtime.model_runner import ModelRunner, check_tp_split
 from runtime.outputs import RequestDelta, SequenceDelta
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Scheduler
@@ -24,7 +25,17 @@ class LLMEngine:
         self.config = config
         self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(config.tokenizer)
         self.eos_token_ids = eos_token_ids(config.model_path, self.tokenizer)
-        self.runner = ModelRunner(config, self.eos_token_ids)
+        self.workers = None
+        address = None
+        if config.tensor_parallel_size > 1:
+            check_tp_split(config)
+            from runtime.tp_workers import TPWorkers  # the one place the engine uses Ray
+
+            address = free_address()
+            self.workers = TPWorkers(config, self.eos_token_ids, address)
+        self.runner = ModelRunner(config, self.eos_token_ids, 0, address)
+        if self.workers is not None:
+            self.workers.start()
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
         self.requests: dict[str, Request] = {}
@@ -95,6 +106,17 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
+
+    def healthy(self) -> bool:
+        """False once a tensor-parallel worker has died or left."""
+        return self.workers is None or self.workers.alive()
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any; the engine is unusable afterwards."""
+        if self.workers is not None:
+            self.runner.shutdown()
+            self.workers.shutdown()
+            self.workers = None
 
     # --- stepping -----------------------------------------------------------
 

@@ -16,6 +16,10 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
+    def shutdown(self) -> None:
+        """Release tensor-parallel workers (nothing to do at TP=1)."""
+        self.engine.shutdown()
+
     def generate(
         self,
         prompts: Prompt | list[Prompt],

@@ -11,6 +11,7 @@ import torch
 
 from kernels import AttentionMetadata
 from runtime.config import EngineConfig
+from runtime.distributed import all_reduce_min, broadcast_from_rank0, destroy_tp_group, init_tp_group
 from runtime.errors import InvalidInputError
 from runtime.models import CausalLM, load_weights
 from runtime.models.decoder import head_dim_of
@@ -29,10 +30,30 @@ class StepResult:
     prompt_logprobs: dict[Request, list[TokenLogprob]]  # logprobs of prompt tokens computed this step
 
 
+@dataclass
+class StepInputs:
+    """Everything every rank needs to run one forward pass (plain lists: cheap to broadcast)."""
+
+    input_ids: list[int]
+    positions: list[int]
+    query_lens: list[int]
+    context_lens: list[int]
+    block_tables: list[list[int]]
+    num_decodes: int
+    logit_rows: list[int]  # rows of the flattened batch whose logits are sampled from
+    prompt_spans: list[tuple[int, int]]  # (first row, count) of prompt positions needing logprobs
+
+
 class ModelRunner:
-    def __init__(self, config: EngineConfig, eos_token_ids: set[int]):
+    """Owns one rank's model shard and KV cache. Rank 0 prepares each step, broadcasts it to the
+    other ranks (when tensor-parallel), runs its share and samples."""
+
+    def __init__(self, config: EngineConfig, eos_token_ids: set[int], rank: int = 0, tp_address: str | None = None):
         self.config = config
+        self.rank = rank
         self.device = torch.device(config.device)
+        if config.tensor_parallel_size > 1:
+            init_tp_group(rank, config.tensor_parallel_size, tp_address, self.device.type)
         hf = config.hf_config
         torch.manual_seed(config.seed)
         default_dtype = torch.get_default_dtype()
@@ -58,7 +79,7 @@ class ModelRunner:
                 budget = int(free - total * (1 - cfg.gpu_memory_utilization))
             else:
                 budget = _CPU_KV_BYTES
-        num_blocks = budget // bytes_per_block
+        num_blocks = all_reduce_min(budget // bytes_per_block)  # every rank must agree on the pool
         if num_blocks * cfg.block_size < cfg.max_model_len:
             raise InvalidInputError(
                 "kv_cache_bytes",
@@ -71,39 +92,80 @@ class ModelRunner:
             layer.self_attn.v_cache = self.kv_cache[1, i]
         return num_blocks
 
-    @torch.inference_mode()
+    # --- rank 0 --------------------------------------------------------------
+
     def run(self, batch: ScheduledBatch) -> StepResult:
-        input_ids, positions, query_lens, context_lens, tables = [], [], [], [], []
-        logit_rows, prompt_rows = [], []  # rows of the flattened batch whose logits we need
+        inputs, prompt_seqs = self._prepare(batch)
+        if self.config.tensor_parallel_size > 1:
+            broadcast_from_rank0(inputs)
+        logits, prompt_logits = self.execute(inputs)
+        token_ids, logprobs = self.sampler(logits, batch.sampled)
+        prompt_logprobs = {}
+        for (seq, start), chunk in zip(prompt_seqs, prompt_logits):
+            targets = seq.token_ids[start + 1 : start + 1 + chunk.shape[0]]
+            rows = torch.log_softmax(chunk.float(), dim=-1)
+            k = seq.params.prompt_logprobs
+            prompt_logprobs[seq.request] = [token_logprob(rows[i], t, k) for i, t in enumerate(targets)]
+        return StepResult(token_ids, logprobs, prompt_logprobs)
+
+    def _prepare(self, batch: ScheduledBatch):
+        inputs = StepInputs([], [], [], [], [], batch.num_decodes, [], [])
+        prompt_seqs = []
         offset = 0
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             start = seq.num_computed_tokens
-            input_ids.extend(seq.token_ids[start : start + n])
-            positions.extend(range(start, start + n))
-            query_lens.append(n)
-            context_lens.append(start + n)
-            tables.append(seq.block_table)
+            inputs.input_ids.extend(seq.token_ids[start : start + n])
+            inputs.positions.extend(range(start, start + n))
+            inputs.query_lens.append(n)
+            inputs.context_lens.append(start + n)
+            inputs.block_tables.append(seq.block_table)
             if start + n == seq.num_tokens:
-                logit_rows.append(offset + n - 1)
+                inputs.logit_rows.append(offset + n - 1)
             if seq.params.prompt_logprobs is not None and seq.index == 0 and start < seq.num_prompt_tokens - 1:
-                last = min(start + n, seq.num_prompt_tokens - 1)  # position predicting the last prompt token
-                prompt_rows.append((seq, start, offset, last - start))
+                last = min(start + n, seq.num_prompt_tokens - 1)  # the position predicting the last prompt token
+                inputs.prompt_spans.append((offset, last - start))
+                prompt_seqs.append((seq, start))
             offset += n
-        meta = AttentionMetadata.build(
-            query_lens, context_lens, tables, self.config.block_size, batch.num_decodes, self.device
-        )
-        ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
-        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
-        hidden = self.model(ids, pos, meta)
-        logits = self.model.compute_logits(hidden[logit_rows])
-        token_ids, logprobs = self.sampler(logits, batch.sampled)
-        return StepResult(token_ids, logprobs, self._prompt_logprobs(hidden, prompt_rows))
+        return inputs, prompt_seqs
 
-    def _prompt_logprobs(self, hidden: torch.Tensor, rows) -> dict[Request, list[TokenLogprob]]:
-        out = {}
-        for seq, start, offset, count in rows:
-            logprobs = torch.log_softmax(self.model.compute_logits(hidden[offset : offset + count]).float(), dim=-1)
-            targets = seq.token_ids[start + 1 : start + 1 + count]
-            k = seq.params.prompt_logprobs
-            out[seq.request] = [token_logprob(logprobs[i], t, k) for i, t in enumerate(targets)]
-        return out
+    def shutdown(self) -> None:
+        if self.config.tensor_parallel_size > 1:
+            broadcast_from_rank0(None)
+            destroy_tp_group()
+
+    # --- every rank ------------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute(self, inputs: StepInputs) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The forward pass and the logits rank 0 needs (the LM head is a collective, so all ranks run it)."""
+        meta = AttentionMetadata.build(inputs.query_lens, inputs.context_lens, inputs.block_tables,
+                                       self.config.block_size, inputs.num_decodes, self.device)
+        ids = torch.tensor(inputs.input_ids, dtype=torch.long, device=self.device)
+        pos = torch.tensor(inputs.positions, dtype=torch.long, device=self.device)
+        hidden = self.model(ids, pos, meta)
+        logits = self.model.compute_logits(hidden[inputs.logit_rows])
+        prompt_logits = [self.model.compute_logits(hidden[first : first + count])
+                         for first, count in inputs.prompt_spans]
+        return logits, prompt_logits
+
+    def serve_rank0(self) -> None:
+        """A worker rank's loop: run every step rank 0 broadcasts, until it sends None."""
+        while (inputs := broadcast_from_rank0()) is not None:
+            self.execute(inputs)
+        destroy_tp_group()
+
+
+def check_tp_split(config: EngineConfig) -> None:
+    """Refuse, at start, a tensor-parallel size the model's shapes cannot be split by."""
+    tp, hf = config.tensor_parallel_size, config.hf_config
+    kv = hf.num_key_value_heads
+    problems = []
+    if hf.num_attention_heads % tp:
+        problems.append(f"{hf.num_attention_heads} attention heads")
+    if kv % tp and tp % kv:
+        problems.append(f"{kv} KV heads (neither divides the other)")
+    if hf.intermediate_size % tp:
+        problems.append(f"intermediate size {hf.intermediate_size}")
+    if problems:
+        raise InvalidInputError("tensor_parallel_size",
+                                f"{tp} cannot split this model: {', '.join(problems)} are not divisible by {tp}")

@@ -1,0 +1,82 @@
+"""Tensor-parallel ranks 1..N-1 as Ray actors, one per bundle of a STRICT_PACK placement group.
+
+Inside a Serve replica the group is the replica's own (reserved through Serve's
+placement-group options, bundle 0 holding the replica, which is rank 0); an
+offline `LLM` creates one. Each worker builds its shard, joins the
+torch.distributed group, then loops on the steps rank 0 broadcasts: no Ray
+call per step.
+"""
+
+import uuid
+
+import ray
+from ray.util.placement_group import get_current_placement_group, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from runtime.config import EngineConfig
+
+
+WORKER_PREFIX = "tp-worker-"
+
+
+@ray.remote(max_concurrency=2)  # `ping` answers while `serve` runs
+class TPWorker:
+    def __init__(self, config: EngineConfig, eos_token_ids: set[int], rank: int, address: str):
+        from runtime.model_runner import ModelRunner
+
+        self.runner = ModelRunner(config, eos_token_ids, rank, address)
+
+    def serve(self) -> None:
+        self.runner.serve_rank0()
+
+    def ping(self) -> bool:
+        return True
+
+
+def bundle(config: EngineConfig) -> dict:
+    return {"GPU": 1, "CPU": 1} if config.device == "cuda" else {"CPU": 1}
+
+
+class TPWorkers:
+    def __init__(self, config: EngineConfig, eos_token_ids: set[int], address: str):
+        if not ray.is_initialized():
+            ray.init()
+        group = get_current_placement_group()
+        self._own_group = None
+        if group is None:
+            group = self._own_group = placement_group([bundle(config)] * config.tensor_parallel_size,
+                                                      strategy="STRICT_PACK")
+            ray.get(group.ready(), timeout=120)
+        resources = {"num_gpus": 1, "num_cpus": 0} if config.device == "cuda" else {"num_cpus": 1}
+        tag = uuid.uuid4().hex[:8]
+        self.workers = [
+            TPWorker.options(
+                name=f"{WORKER_PREFIX}{tag}-rank{rank}",  # named, so operators (and tests) can find them
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
+                **resources,
+            ).remote(config, eos_token_ids, rank, address)
+            for rank in range(1, config.tensor_parallel_size)
+        ]
+        self._loops = []
+
+    def start(self) -> None:
+        """Begin the workers' step loops (after every rank has joined the group)."""
+        self._loops = [w.serve.remote() for w in self.workers]
+
+    def alive(self, timeout_s: float = 5.0) -> bool:
+        try:
+            ray.get([w.ping.remote() for w in self.workers], timeout=timeout_s)
+        except Exception:  # dead, unreachable or stuck: the replica is not healthy
+            return False
+        ready, _ = ray.wait(self._loops, timeout=0, num_returns=len(self._loops))
+        return not ready  # a loop that returned means its worker left the group
+
+    def shutdown(self) -> None:
+        try:
+            ray.get(self._loops, timeout=30)
+        except Exception:
+            pass
+        for worker in self.workers:
+            ray.kill(worker)
+        if self._own_group is not None:
+            remove_placement_group(self._own_group)
