@@ -11,7 +11,7 @@ _ENGINE_OPTIONS = {f.name for f in dataclasses.fields(EngineConfig) if f.init} -
 _DEPLOYMENT_OPTIONS = {
     "num_replicas", "autoscaling_config", "max_ongoing_requests", "max_queued_requests", "ray_actor_options",
     "health_check_period_s", "health_check_timeout_s", "graceful_shutdown_timeout_s",
-    "graceful_shutdown_wait_loop_s",
+    "graceful_shutdown_wait_loop_s", "request_router_config",
 }
 
 

@@ -7,6 +7,7 @@ from ray.serve import Application
 from deployments.app_config import LLMConfig, parse_app_config, replica_name
 from deployments.ingress import OpenAIIngress
 from deployments.llm_server import LLMServer
+from deployments.prefix_router import PrefixAwareRouter
 
 
 def build_openai_app(args: dict) -> Application:
@@ -19,6 +20,7 @@ def build_openai_app(args: dict) -> Application:
 def _replica(config: LLMConfig):
     options = {"name": replica_name(config.model_id), **config.deployment_config}
     options.setdefault("max_ongoing_requests", 256)
+    options.setdefault("request_router_config", {"request_router_class": PrefixAwareRouter})
     actor_options = dict(options.pop("ray_actor_options", {}))
     if "num_gpus" not in actor_options and _wants_gpu(config):
         actor_options["num_gpus"] = 1

@@ -8,10 +8,10 @@ from transformers import PreTrainedTokenizerBase
 
 from runtime.config import EngineConfig
 from runtime.detokenizer import IncrementalDetokenizer
+from runtime.distributed import free_address
 from runtime.errors import InvalidInputError, require
 from runtime.grammar import Constraint, Grammar, GrammarCompiler
 from runtime.kv_cache import BlockManager
-from runtime.distributed import free_address
 from runtime.model_runner import ModelRunner, check_tp_split
 from runtime.outputs import RequestDelta, SequenceDelta
 from runtime.sampling_params import SamplingParams

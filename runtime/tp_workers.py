@@ -15,7 +15,6 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from runtime.config import EngineConfig
 
-
 WORKER_PREFIX = "tp-worker-"
 
 

@@ -1,0 +1,72 @@
+"""Prefix-aware replica selection (Ray Serve's custom request router API).
+
+The router remembers, for chunks of prompt text, which replica it last sent
+them to: that replica's prefix cache most likely still holds their KV. A
+request goes to the replica owning its longest known prefix while that
+replica's queue is within `imbalance_tolerance` of the least loaded one;
+otherwise it falls back to the less loaded of two random replicas.
+"""
+
+import random
+from collections import OrderedDict
+
+from ray.serve.request_router import PendingRequest, ReplicaID, ReplicaResult, RequestRouter, RunningReplica
+
+from deployments.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+
+CHUNK_CHARS = 64
+
+
+class PrefixAwareRouter(RequestRouter):
+    def initialize_state(self, imbalance_tolerance: int = 4, max_prefixes: int = 200_000, **kwargs) -> None:
+        self.imbalance_tolerance = imbalance_tolerance
+        self.max_prefixes = max_prefixes
+        self._owners: OrderedDict[int, ReplicaID] = OrderedDict()  # prefix hash -> replica, least recent first
+
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
+        if pending_request is None or len(candidate_replicas) < 2:
+            return [candidate_replicas]
+        by_id = {r.replica_id: r for r in candidate_replicas}
+        load = {rid: self.replica_queue_len_cache.get(rid) or 0 for rid in by_id}
+        least = min(load.values())
+        for h in reversed(prefix_hashes(pending_request)):  # the longest known prefix first
+            owner = self._owners.get(h)
+            if owner in by_id and load[owner] <= least + self.imbalance_tolerance:
+                return [[by_id[owner]], [r for r in candidate_replicas if r.replica_id != owner]]
+        return [random.sample(candidate_replicas, 2), candidate_replicas]
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: ReplicaResult) -> None:
+        for h in prefix_hashes(pending_request):
+            self._owners[h] = replica_id
+            self._owners.move_to_end(h)
+        while len(self._owners) > self.max_prefixes:
+            self._owners.popitem(last=False)
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        for h in [h for h, owner in self._owners.items() if owner == replica_id]:
+            del self._owners[h]
+
+
+def prefix_hashes(pending_request: PendingRequest) -> list[int]:
+    """Chained hashes of the prompt's whole CHUNK_CHARS-character chunks (empty for unknown calls)."""
+    text = _prompt_text(pending_request.args[0]) if pending_request.args else ""
+    hashes, parent = [], None
+    for end in range(CHUNK_CHARS, len(text) + 1, CHUNK_CHARS):
+        parent = hash((parent, text[end - CHUNK_CHARS : end]))
+        hashes.append(parent)
+    return hashes
+
+
+def _prompt_text(request) -> str:
+    if isinstance(request, ChatCompletionRequest):
+        return "".join(f"<{m.role}>{m.template_dict()['content']}" for m in request.messages)
+    if isinstance(request, CompletionRequest):
+        prompt = request.prompts()[0]
+    elif isinstance(request, GenerateRequest):
+        prompt = request.prompts()[0][0]
+    else:
+        return ""
+    return prompt if isinstance(prompt, str) else ",".join(map(str, prompt))

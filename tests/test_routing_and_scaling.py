@@ -1,0 +1,131 @@
+"""Several replicas: prefix-aware routing keeps shared prefixes on one replica; autoscaling up and down
+under load fails no request."""
+
+import asyncio
+import random
+import time
+
+import openai
+import pytest
+from ray import serve
+
+from deployments import build_openai_app
+from deployments.app_config import replica_name
+from tests.conftest import MODEL_ID, app_args
+from tests.test_batches import wait_until
+
+WORDS = "alpha beta gamma delta river stone cloud ember frost grove harbor island jungle".split()
+GROUPS = 20
+
+
+def _conversations() -> list[list[dict]]:
+    """Two requests for each of GROUPS long system prompts: the second can reuse the first's prefix."""
+    rng = random.Random(0)
+    systems = [" ".join(rng.choice(WORDS) for _ in range(60)) for _ in range(GROUPS)]
+    return [[{"role": "system", "content": s}, {"role": "user", "content": f"question {turn}"}]
+            for turn in range(2) for s in systems]
+
+
+def _cached_tokens(base_url: str) -> int:
+    client = openai.Client(base_url=base_url, api_key="None")
+    return sum(client.chat.completions.create(model=MODEL_ID, messages=m, max_tokens=2)
+               .usage.prompt_tokens_details.cached_tokens for m in _conversations())
+
+
+def _deploy(server, name: str, deployment_config: dict) -> str:
+    args = app_args(server.model_dir, f"file:///tmp/rayllm-{name}")
+    args["llm_configs"][0]["deployment_config"] = deployment_config
+    serve.run(build_openai_app(args), name=name, route_prefix=f"/{name}")
+    return f"{server.base_url}/{name}/v1"
+
+
+def test_prefix_aware_routing_reaches_the_single_replica_hit_rate(server):
+    ideal = _cached_tokens(server.openai_url)  # one replica: every second request finds its prefix
+    assert ideal > 0
+    fleet = {}
+    for name, router in [("prefix", {}), ("random", {"request_router_config": {
+            "request_router_class": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"}})]:
+        url = _deploy(server, name, {"num_replicas": 2, **router})
+        try:
+            fleet[name] = _cached_tokens(url)
+        finally:
+            serve.delete(name)
+    print(f"cached tokens: ideal {ideal}, prefix-aware {fleet['prefix']}, random {fleet['random']}")
+    assert fleet["prefix"] >= 0.9 * ideal
+    assert fleet["random"] < 0.85 * ideal  # about half: each group's two requests meet by chance
+
+
+def _running_replicas(app: str) -> int:
+    status = serve.status().applications[app].deployments[replica_name(MODEL_ID)]
+    return status.replica_states.get("RUNNING", 0)
+
+
+@pytest.mark.timeout(600)
+def test_autoscaling_up_and_down_under_load_fails_nothing(server):
+    url = _deploy(server, "scaled", {
+        "autoscaling_config": {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 2,
+                               "upscale_delay_s": 1, "downscale_delay_s": 3, "metrics_interval_s": 0.5,
+                               "look_back_period_s": 2},
+        "max_ongoing_requests": 16, "graceful_shutdown_timeout_s": 60})
+    client = openai.AsyncClient(base_url=url, api_key="None", max_retries=0)
+    outcomes = []
+
+    async def stream(i: int):
+        chunks = await client.chat.completions.create(
+            model=MODEL_ID, messages=[{"role": "user", "content": f"story {i}"}], max_tokens=48, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        async for chunk in chunks:
+            if chunk.usage is not None:
+                outcomes.append(chunk.usage.completion_tokens)
+
+    async def load(until):
+        i = 0
+        while not until():
+            await asyncio.gather(*(stream(i + k) for k in range(12)))
+            i += 12
+
+    try:
+        assert _running_replicas("scaled") == 1
+        asyncio.run(load(lambda: _running_replicas("scaled") == 2))
+        assert _running_replicas("scaled") == 2
+        # a last wave in flight while the load drops away and the fleet shrinks back
+        asyncio.run(load(lambda: len(outcomes) >= 48))
+        wait_until(lambda: _running_replicas("scaled") == 1, timeout=120, every=0.5)
+        assert len(outcomes) >= 48 and set(outcomes) == {48}  # every stream ran to the end
+    finally:
+        serve.delete("scaled")
+
+
+def test_killed_replica_fails_in_flight_fast_and_is_replaced(server):
+    import ray
+    import requests
+
+    url = _deploy(server, "victim", {"num_replicas": 1, "health_check_period_s": 1})
+    try:
+        body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "long story"}], "max_tokens": 400,
+                "ignore_eos": True, "stream": True}
+        started = time.monotonic()
+        with requests.post(f"{url}/chat/completions", json=body, stream=True, timeout=60) as stream:
+            lines = stream.iter_lines()
+            next(lines)
+            (replica,) = [a for a in ray.util.list_named_actors(all_namespaces=True)
+                          if a["name"].startswith(f"SERVE_REPLICA::victim#{replica_name(MODEL_ID)}")]
+            ray.kill(ray.get_actor(replica["name"], namespace=replica["namespace"]))
+            try:
+                rest = b"\n".join(lines)
+            except requests.RequestException:  # the connection may simply be cut
+                rest = b""
+        assert b"data: [DONE]" not in rest or b'"error"' in rest  # it did not complete as if nothing happened
+        assert time.monotonic() - started < 30  # failed fast, no hang
+        client = openai.Client(base_url=url, api_key="None", max_retries=0)
+
+        def answers():
+            try:
+                return client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "hi"}],
+                                                      max_tokens=2).usage.completion_tokens >= 1
+            except openai.APIError:
+                return False
+
+        wait_until(answers, timeout=180, every=1)
+    finally:
+        serve.delete("victim")
