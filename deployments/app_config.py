@@ -62,7 +62,7 @@ class LLMConfig(_Strict):
 class AppConfig(_Strict):
     llm_configs: list[LLMConfig] = Field(min_length=1)
     storage_uri: str = "file://./rayllm-storage"
-    api_key: str | None = None
+    api_key: str | list[str] | None = None  # when set, every route but /health needs one of these keys
     max_request_bytes: int = Field(16 * 1024 * 1024, gt=0)
     max_file_bytes: int = Field(512 * 1024 * 1024, gt=0)
     max_file_lines: int = Field(50_000, gt=0)
@@ -75,6 +75,10 @@ class AppConfig(_Strict):
         if len(ids) != len(set(ids)):
             raise ValueError(f"model ids must be unique, got {ids}")
         return self
+
+    @property
+    def api_keys(self) -> list[str]:
+        return [self.api_key] if isinstance(self.api_key, str) else list(self.api_key or [])
 
     @field_validator("storage_uri")
     @classmethod

@@ -17,6 +17,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException
 
 from deployments.app_config import AppConfig, replica_name
+from deployments.auth import ApiKeys
 from deployments.batch.api import BatchAPI
 from deployments.batch.files import FileLimits
 from deployments.batch.job import BatchLimits
@@ -67,6 +68,7 @@ class OpenAIIngress:
         self.replicas = replicas
         self.sources = {c.model_id: c.model_loading_config.source for c in config.llm_configs}
         self.created = int(time.time())
+        self.auth = ApiKeys(config.api_keys)
         self.batches = BatchAPI(
             config.storage_uri,
             serve.get_replica_context().app_name,
@@ -78,11 +80,13 @@ class OpenAIIngress:
     # --- models and health -----------------------------------------------------
 
     @app.get("/v1/models")
-    async def list_models(self):
+    async def list_models(self, request: Request):
+        self.auth.owner(request)
         return {"object": "list", "data": [self._model_card(m) for m in self.replicas]}
 
     @app.get("/v1/models/{model_id:path}")
-    async def get_model(self, model_id: str):
+    async def get_model(self, model_id: str, request: Request):
+        self.auth.owner(request)
         self._handle(model_id)
         return self._model_card(model_id)
 
@@ -118,6 +122,7 @@ class OpenAIIngress:
         return await self._relay(request, GenerateRequest, "generate")
 
     async def _relay(self, request: Request, model: type[BaseModel], method: str):
+        self.auth.owner(request)
         body = await self._parse(request, model)
         handle = self._handle(body.model)
         if not body.stream:
@@ -136,51 +141,55 @@ class OpenAIIngress:
     async def upload_file(self, request: Request):
         if "multipart/form-data" not in request.headers.get("content-type", ""):
             raise OpenAIError(400, "expected a multipart/form-data upload with fields file and purpose")
+        owner = self.auth.owner(request)
         form = await request.form(max_part_size=self.config.max_file_bytes)
         upload, purpose = form.get("file"), form.get("purpose")
         if upload is None or isinstance(upload, str):
             raise OpenAIError(400, "file: a file part is required", "file")
         if not isinstance(purpose, str):
             raise OpenAIError(400, "purpose: required", "purpose")
-        return await self.batches.upload(upload, purpose)
+        return await self.batches.upload(upload, purpose, owner)
 
     @app.get("/v1/files")
-    async def list_files(self, purpose: str | None = None, after: str | None = None, limit: int = 10000,
-                         order: str = "desc"):
-        return await self.batches.list_files(purpose, after, _limit(limit, 10000), _order(order))
+    async def list_files(self, request: Request, purpose: str | None = None, after: str | None = None,
+                         limit: int = 10000, order: str = "desc"):
+        owner = self.auth.owner(request)
+        return await self.batches.list_files(purpose, after, _limit(limit, 10000), _order(order), owner)
 
     @app.get("/v1/files/{file_id}")
-    async def get_file(self, file_id: str):
-        return await self.batches.get_file(file_id)
+    async def get_file(self, file_id: str, request: Request):
+        return await self.batches.get_file(file_id, self.auth.owner(request))
 
     @app.get("/v1/files/{file_id}/content")
-    async def file_content(self, file_id: str):
-        await self.batches.get_file(file_id)
-        return StreamingResponse(self.batches.file_content(file_id), media_type="application/octet-stream")
+    async def file_content(self, file_id: str, request: Request):
+        owner = self.auth.owner(request)
+        await self.batches.get_file(file_id, owner)
+        return StreamingResponse(self.batches.file_content(file_id, owner), media_type="application/octet-stream")
 
     @app.delete("/v1/files/{file_id}")
-    async def delete_file(self, file_id: str):
-        return await self.batches.delete_file(file_id)
+    async def delete_file(self, file_id: str, request: Request):
+        return await self.batches.delete_file(file_id, self.auth.owner(request))
 
     # --- batches ---------------------------------------------------------------
 
     @app.post("/v1/batches")
     async def create_batch(self, request: Request):
+        owner = self.auth.owner(request)
         body = await self._parse(request, BatchCreateRequest)
         return await self.batches.call("create", body.input_file_id, body.endpoint, body.completion_window,
-                                       body.metadata)
+                                       body.metadata, owner)
 
     @app.get("/v1/batches")
-    async def list_batches(self, after: str | None = None, limit: int = 20):
-        return await self.batches.call("list", after, _limit(limit, 100))
+    async def list_batches(self, request: Request, after: str | None = None, limit: int = 20):
+        return await self.batches.call("list", after, _limit(limit, 100), self.auth.owner(request))
 
     @app.get("/v1/batches/{batch_id}")
-    async def get_batch(self, batch_id: str):
-        return await self.batches.call("retrieve", batch_id)
+    async def get_batch(self, batch_id: str, request: Request):
+        return await self.batches.call("retrieve", batch_id, self.auth.owner(request))
 
     @app.post("/v1/batches/{batch_id}/cancel")
-    async def cancel_batch(self, batch_id: str):
-        return await self.batches.call("cancel", batch_id)
+    async def cancel_batch(self, batch_id: str, request: Request):
+        return await self.batches.call("cancel", batch_id, self.auth.owner(request))
 
     # --- helpers ---------------------------------------------------------------
 

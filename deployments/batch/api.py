@@ -29,22 +29,24 @@ class BatchAPI:
 
     # --- files -----------------------------------------------------------------
 
-    async def upload(self, upload, purpose: str) -> dict:
+    async def upload(self, upload, purpose: str, owner: str | None) -> dict:
         source = upload.file
         chunks = iter(lambda: source.read(1 << 20), b"")
-        return await asyncio.to_thread(self.files.create, upload.filename or "upload.jsonl", purpose, chunks)
+        name = upload.filename or "upload.jsonl"
+        return await asyncio.to_thread(self.files.create, name, purpose, chunks, None, owner)
 
-    async def get_file(self, file_id: str) -> dict:
-        return await asyncio.to_thread(self.files.get, file_id)
+    async def get_file(self, file_id: str, owner: str | None) -> dict:
+        return await asyncio.to_thread(self.files.get, file_id, owner)
 
-    async def list_files(self, purpose: str | None, after: str | None, limit: int, order: str) -> dict:
-        return await asyncio.to_thread(self.files.list, purpose, after, limit, order)
+    async def list_files(self, purpose: str | None, after: str | None, limit: int, order: str,
+                         owner: str | None) -> dict:
+        return await asyncio.to_thread(self.files.list, purpose, after, limit, order, owner)
 
-    async def delete_file(self, file_id: str) -> dict:
-        return await asyncio.to_thread(self.files.delete, file_id)
+    async def delete_file(self, file_id: str, owner: str | None) -> dict:
+        return await asyncio.to_thread(self.files.delete, file_id, owner)
 
-    async def file_content(self, file_id: str) -> AsyncIterator[bytes]:
-        chunks = await asyncio.to_thread(self.files.content, file_id)
+    async def file_content(self, file_id: str, owner: str | None) -> AsyncIterator[bytes]:
+        chunks = await asyncio.to_thread(self.files.content, file_id, owner)
         while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
             yield chunk
 

@@ -33,7 +33,8 @@ class FileStore:
     def _meta_key(file_id: str) -> str:
         return f"files/{file_id}.json"
 
-    def create(self, filename: str, purpose: str, chunks: Iterable[bytes], file_id: str | None = None) -> dict:
+    def create(self, filename: str, purpose: str, chunks: Iterable[bytes], file_id: str | None = None,
+               owner: str | None = None) -> dict:
         """Store an upload; raises OpenAIError (400/413) when it breaks a limit or is empty."""
         if purpose not in PURPOSES:
             raise OpenAIError(400, f"purpose: expected 'batch', got {purpose!r}", "purpose")
@@ -49,30 +50,38 @@ class FileStore:
             raise OpenAIError(400, "file: the file is empty", "file")
         meta = {"id": file_id, "object": "file", "bytes": size, "created_at": int(time.time()),
                 "filename": filename, "purpose": purpose, "status": "processed", "expires_at": None,
-                "status_details": None}
+                "status_details": None, "_owner": owner}
         self.store.put_json(self._meta_key(file_id), meta)
-        return meta
+        return public(meta)
 
-    def get(self, file_id: str) -> dict:
-        if "/" in file_id or not self.store.exists(self._meta_key(file_id)):
+    def get(self, file_id: str, owner: str | None = None) -> dict:
+        """The file object; another owner's file is as missing as a file that never was."""
+        meta = None
+        if "/" not in file_id and self.store.exists(self._meta_key(file_id)):
+            meta = self.store.get_json(self._meta_key(file_id))
+        if meta is None or meta.get("_owner") != owner:
             raise OpenAIError(404, f"No file with id {file_id!r}", "file_id", "file_not_found")
-        return self.store.get_json(self._meta_key(file_id))
+        return public(meta)
 
-    def content(self, file_id: str) -> Iterator[bytes]:
-        self.get(file_id)
+    def content(self, file_id: str, owner: str | None = None) -> Iterator[bytes]:
+        self.get(file_id, owner)
         return self.store.iter_chunks(self.content_key(file_id))
 
-    def delete(self, file_id: str) -> dict:
-        self.get(file_id)
+    def delete(self, file_id: str, owner: str | None = None) -> dict:
+        self.get(file_id, owner)
         self.store.delete(self._meta_key(file_id))
         self.store.delete(self.content_key(file_id))
         return {"id": file_id, "object": "file", "deleted": True}
 
-    def list(self, purpose: str | None, after: str | None, limit: int, order: str) -> dict:
+    def list(self, purpose: str | None, after: str | None, limit: int, order: str, owner: str | None = None) -> dict:
         metas = [self.store.get_json(k) for k in self.store.list("files/") if k.endswith(".json")]
-        if purpose:
-            metas = [m for m in metas if m["purpose"] == purpose]
+        metas = [public(m) for m in metas if m.get("_owner") == owner and (not purpose or m["purpose"] == purpose)]
         return paginate(metas, after, limit, order)
+
+
+def public(obj: dict) -> dict:
+    """An API object as clients see it: bookkeeping fields (leading underscore) dropped."""
+    return {k: v for k, v in obj.items() if not k.startswith("_")}
 
 
 def paginate(items: list[dict], after: str | None, limit: int, order: str = "desc") -> dict:

@@ -50,11 +50,6 @@ def new_batch(input_file_id: str, endpoint: str, window_seconds: int, completion
     }
 
 
-def public(batch: dict) -> dict:
-    """The batch object as clients see it (bookkeeping fields dropped)."""
-    return {k: v for k, v in batch.items() if not k.startswith("_")}
-
-
 class BatchJob:
     def __init__(self, batch: dict, store: ObjectStore, files: FileStore, models: set[str], send: Send,
                  limits: BatchLimits):
@@ -233,7 +228,8 @@ class BatchJob:
         if not any(sizes):
             return None
         chunks = (chunk for p, size in zip(parts, sizes) if size for chunk in self.store.iter_chunks(p))
-        return self.files.create(f"{self.id}_{file_id.rsplit('-', 1)[1]}.jsonl", "batch_output", chunks, file_id)
+        name = f"{self.id}_{file_id.rsplit('-', 1)[1]}.jsonl"
+        return self.files.create(name, "batch_output", chunks, file_id, owner=self.batch.get("_owner"))
 
     def _delete_parts(self) -> None:
         for key in self.store.list(f"batches/{self.id}/parts/"):

@@ -14,9 +14,9 @@ import re
 import ray
 from ray import serve
 
-from deployments.batch.files import FileLimits, FileStore, paginate
+from deployments.batch.files import FileLimits, FileStore, paginate, public
 from deployments.batch.input_line import ENDPOINTS, BatchRequest
-from deployments.batch.job import TERMINAL, BatchJob, BatchLimits, new_batch, public
+from deployments.batch.job import TERMINAL, BatchJob, BatchLimits, new_batch
 from deployments.errors import OpenAIError
 from runtime.storage import StoreError, open_store
 
@@ -94,14 +94,14 @@ class BatchManager:
         window = int(match.group(1)) * _SECONDS[match.group(2)]
         if metadata is not None and (not isinstance(metadata, dict) or len(metadata) > 16):
             raise OpenAIError(400, "metadata: at most 16 string key-value pairs", "metadata")
-        input_uri = await asyncio.to_thread(self._input_uri, input_file_id)
+        input_uri = await asyncio.to_thread(self._input_uri, input_file_id, owner)
         batch = new_batch(input_file_id, endpoint, window, completion_window, metadata, input_uri, owner)
         job = self._job(batch)
         await job.save()
         self._start(job)
         return public(batch)
 
-    def _input_uri(self, input_file_id: str) -> str:
+    def _input_uri(self, input_file_id: str, owner: str | None) -> str:
         if input_file_id.startswith("s3://"):
             bucket, _, key = input_file_id[len("s3://") :].partition("/")
             try:
@@ -111,7 +111,7 @@ class BatchManager:
             if size is None:
                 raise OpenAIError(404, f"input_file_id: no object at {input_file_id}", "input_file_id")
             return input_file_id
-        meta = self.files.get(input_file_id)
+        meta = self.files.get(input_file_id, owner)
         if meta["purpose"] != "batch":
             raise OpenAIError(400, f"input_file_id: file {input_file_id} has purpose {meta['purpose']!r}, "
                                    "not 'batch'", "input_file_id")

@@ -1,0 +1,59 @@
+"""API keys: 401 in OpenAI's shape without one; a key sees only its own files and batches."""
+
+import json
+
+import openai
+import pytest
+import requests
+from ray import serve
+
+from deployments import build_openai_app
+from tests.conftest import MODEL_ID, app_args
+
+KEYS = ["key-alice", "key-bob"]
+
+
+@pytest.fixture(scope="module")
+def secure(server):
+    args = app_args(server.model_dir, "file:///tmp/rayllm-secure")
+    args["api_key"] = KEYS
+    serve.run(build_openai_app(args), name="secure", route_prefix="/secure")
+    yield f"{server.base_url}/secure"
+    serve.delete("secure")
+
+
+@pytest.mark.parametrize("method, path", [
+    ("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/generate"),
+    ("GET", "/v1/files"), ("GET", "/v1/batches"), ("GET", "/v1/files/file-x/content"),
+])
+def test_routes_need_a_key(secure, method, path):
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic key-alice"}):
+        r = requests.request(method, f"{secure}{path}", headers=headers, json={})
+        assert r.status_code == 401
+        assert r.json()["error"]["type"] == "authentication_error" and r.json()["error"]["code"] == "invalid_api_key"
+    assert requests.get(f"{secure}/health").status_code == 200
+
+
+def test_a_key_sees_only_its_own_files_and_batches(secure):
+    alice = openai.Client(base_url=f"{secure}/v1", api_key=KEYS[0])
+    bob = openai.Client(base_url=f"{secure}/v1", api_key=KEYS[1])
+    reply = alice.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert reply.usage.completion_tokens == 2
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": MODEL_ID, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}}
+    uploaded = alice.files.create(file=("a.jsonl", (json.dumps(line) + "\n").encode()), purpose="batch")
+    for call in (lambda: bob.files.retrieve(uploaded.id), lambda: bob.files.content(uploaded.id),
+                 lambda: bob.files.delete(uploaded.id),
+                 lambda: bob.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                            completion_window="24h")):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert uploaded.id not in [f.id for f in bob.files.list()]
+    assert uploaded.id in [f.id for f in alice.files.list()]
+    batch = alice.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    with pytest.raises(openai.NotFoundError):
+        bob.batches.retrieve(batch.id)
+    with pytest.raises(openai.NotFoundError):
+        bob.batches.cancel(batch.id)
+    assert batch.id not in [b.id for b in bob.batches.list()]
+    assert alice.batches.retrieve(batch.id).id == batch.id
