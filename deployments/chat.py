@@ -9,15 +9,15 @@ from collections.abc import AsyncIterator
 
 from deployments.choice_parser import ChoiceParser, tool_call_json
 from deployments.errors import OpenAIError
+from deployments.metrics import MeteredEngine
 from deployments.openai_format import TokenTexts, chat_logprobs, usage
 from deployments.protocol import ChatCompletionRequest
 from deployments.streams import SSE_DONE, now, sse
-from runtime import AsyncLLMEngine
 from runtime.tokenizer import encode, render_chat
 
 
 class ChatHandler:
-    def __init__(self, engine: AsyncLLMEngine, model_id: str, texts: TokenTexts,
+    def __init__(self, engine: MeteredEngine, model_id: str, texts: TokenTexts,
                  reasoning_parser: str | None = None, tool_call_parser: str | None = None):
         self.engine = engine
         self.model_id = model_id

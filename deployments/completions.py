@@ -2,15 +2,16 @@
 
 from collections.abc import AsyncIterator
 
+from deployments.metrics import MeteredEngine
 from deployments.openai_format import TokenTexts, completion_logprobs, usage
 from deployments.protocol import CompletionRequest
 from deployments.streams import SSE_DONE, merge, now, sse
-from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput
+from runtime import CompletionOutput, RequestOutput
 from runtime.tokenizer import encode
 
 
 class CompletionHandler:
-    def __init__(self, engine: AsyncLLMEngine, model_id: str, texts: TokenTexts):
+    def __init__(self, engine: MeteredEngine, model_id: str, texts: TokenTexts):
         self.engine = engine
         self.model_id = model_id
         self.texts = texts

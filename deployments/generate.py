@@ -3,14 +3,15 @@
 import time
 from collections.abc import AsyncIterator
 
+from deployments.metrics import MeteredEngine
 from deployments.protocol import GenerateRequest
 from deployments.streams import SSE_DONE, merge, new_id, sse
-from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput
+from runtime import CompletionOutput, RequestOutput
 from runtime.tokenizer import encode
 
 
 class GenerateHandler:
-    def __init__(self, engine: AsyncLLMEngine):
+    def __init__(self, engine: MeteredEngine):
         self.engine = engine
 
     def _prepare(self, req: GenerateRequest):

@@ -5,12 +5,13 @@ forwarded through a DeploymentHandle; streams are relayed as server-sent
 events. Every error leaves in OpenAI's shape.
 """
 
+import asyncio
 import json
 import time
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -22,9 +23,18 @@ from deployments.batch.api import BatchAPI
 from deployments.batch.files import FileLimits
 from deployments.batch.job import BatchLimits
 from deployments.errors import OpenAIError, error_body, from_validation_error
+from deployments.metrics import count_request, node_metrics_text
 from deployments.protocol import BatchCreateRequest, ChatCompletionRequest, CompletionRequest, GenerateRequest
 
 app = FastAPI(title="rayllm-engine OpenAI-compatible API")
+
+
+@app.middleware("http")
+async def _count_requests(request: Request, call_next):
+    response = await call_next(request)
+    route = request.scope.get("route")
+    count_request(getattr(route, "path", "unmatched"), response.status_code)
+    return response
 
 
 @app.exception_handler(OpenAIError)
@@ -94,11 +104,18 @@ class OpenAIIngress:
         return {"id": model_id, "object": "model", "created": self.created, "owned_by": "rayllm-engine",
                 "root": self.sources[model_id]}
 
+    @app.get("/metrics")
+    async def metrics(self, request: Request):
+        self.auth.owner(request)
+        return PlainTextResponse(await asyncio.to_thread(node_metrics_text), media_type="text/plain; version=0.0.4")
+
     @app.get("/health")
     async def health(self):
         for model_id, handle in self.replicas.items():
             try:
-                healthy = await handle.healthy.remote()
+                healthy = await asyncio.wait_for(handle.healthy.remote(), timeout=5)
+            except TimeoutError:
+                healthy, reason = False, "loading (no replica answered yet)"
             except Exception as e:  # a replica that cannot answer is not healthy
                 healthy, reason = False, repr(e)
             else:

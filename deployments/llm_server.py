@@ -2,6 +2,8 @@
 
 import asyncio
 import logging
+import threading
+import time
 from collections.abc import AsyncIterator
 
 from deployments.app_config import LLMConfig
@@ -9,6 +11,7 @@ from deployments.chat import ChatHandler
 from deployments.completions import CompletionHandler
 from deployments.errors import OpenAIError, error_body
 from deployments.generate import GenerateHandler
+from deployments.metrics import MeteredEngine
 from deployments.openai_format import TokenTexts
 from deployments.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from deployments.streams import SSE_DONE, new_id, sse
@@ -23,11 +26,18 @@ class LLMServer:
     def __init__(self, config: LLMConfig):
         self.model_id = config.model_id
         self.engine = AsyncLLMEngine.from_options(config.model_loading_config.source, **config.engine_kwargs)
+        metered = MeteredEngine(self.engine, self.model_id)
         texts = TokenTexts(self.engine.tokenizer)
-        self.chat_handler = ChatHandler(self.engine, self.model_id, texts, config.reasoning_parser,
+        self.chat_handler = ChatHandler(metered, self.model_id, texts, config.reasoning_parser,
                                         config.tool_call_parser)
-        self.completion_handler = CompletionHandler(self.engine, self.model_id, texts)
-        self.generate_handler = GenerateHandler(self.engine)
+        self.completion_handler = CompletionHandler(metered, self.model_id, texts)
+        self.generate_handler = GenerateHandler(metered)
+        threading.Thread(target=self._report_gauges, args=(metered,), name="gauges", daemon=True).start()
+
+    def _report_gauges(self, metered: MeteredEngine) -> None:
+        while self.engine.healthy:
+            metered.update_gauges()
+            time.sleep(1)
 
     # --- non-streaming: (status, body) -----------------------------------------
 

@@ -72,3 +72,15 @@ def test_config_errors_name_the_field():
                                            "engine_kwargs": {"max_num_seqz": 4}}]})
     with pytest.raises(ValueError, match="storage_uri"):
         parse_app_config({"llm_configs": [{"model_loading_config": {"model_id": "m"}}], "storage_uri": "ftp://x"})
+
+
+def test_grafana_dashboard_queries_only_metrics_we_export():
+    import re
+
+    source = (ROOT / "deployments/metrics.py").read_text()
+    defined = set(re.findall(r'"(rayllm_[a-z0-9_]+)"', source)) | {
+        f"rayllm_{name}" for name in re.findall(r'\("([a-z_]+)", "[A-Z]', source)}
+    dashboard = json.loads((ROOT / "k8s/grafana-dashboard.json").read_text())
+    used = {m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"ray_(rayllm_[a-z0-9_]+)", t["expr"])}
+    exported = {u for u in used if u in defined or re.sub(r"_(bucket|total|count|sum)$", "", u) in defined}
+    assert used and exported == used

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 
 from deployments.batch.files import FileStore
 from deployments.batch.input_line import BatchRequest, LineError, parse_line, peek_custom_id
+from deployments.metrics import count_batch
 from runtime.storage import ObjectStore, StoreError, open_store
 
 logger = logging.getLogger(__name__)
@@ -170,6 +171,7 @@ class BatchJob:
                 request = parse_line(raw, self.batch["endpoint"], self.models, seen, self.limits.max_line_bytes)
             except LineError as e:
                 self.batch["request_counts"]["failed"] += 1
+                count_batch("request", "failed")
                 return "err", {"id": request_id, "custom_id": e.custom_id, "response": None,
                                "error": {"code": "invalid_request", "message": f"line {line_no}: {e}",
                                          "line": line_no}}
@@ -177,6 +179,7 @@ class BatchJob:
                 status, body = await self._send_with_retries(request, request_id)
             ok = status == 200
             self.batch["request_counts"]["completed" if ok else "failed"] += 1
+            count_batch("request", "completed" if ok else "failed")
             return ("out" if ok else "err"), {
                 "id": request_id, "custom_id": request.custom_id, "error": None,
                 "response": {"status_code": status, "request_id": request_id, "body": body}}
@@ -221,6 +224,7 @@ class BatchJob:
                 self.batch[f"{field}_file_uri"] = self.store.uri_of(FileStore.content_key(file_id))
         self._set_status(final)
         await self.save()
+        count_batch("batch", final)
         await asyncio.to_thread(self._delete_parts)
 
     def _concatenate(self, parts: list[str], file_id: str) -> dict | None:

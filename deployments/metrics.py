@@ -1,0 +1,94 @@
+"""Metrics through Ray's metrics API, so Ray's Prometheus export (and KubeRay's scraping) carries them.
+
+Names start with `rayllm_` (Ray's exporter adds its `ray_` prefix). The ingress's
+/metrics serves the local node's export, filtered to them, for runs without a
+Prometheus.
+"""
+
+import time
+from collections.abc import AsyncIterator
+
+import ray
+import requests
+from ray.util.metrics import Counter, Gauge, Histogram
+
+from runtime import AsyncLLMEngine, RequestDelta, SamplingParams
+
+_LATENCY = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120]
+_metrics: dict = {}
+
+
+def _metric(kind, name: str, description: str, tags: tuple[str, ...], **kw):
+    """One metric object per process, created on first use (Ray metrics live in the process that records)."""
+    if name not in _metrics:
+        _metrics[name] = kind(name, description=description, tag_keys=tags, **kw)
+    return _metrics[name]
+
+
+def count_request(route: str, status: int) -> None:
+    _metric(Counter, "rayllm_requests", "HTTP requests by route and status", ("route", "status")).inc(
+        1, tags={"route": route, "status": str(status)})
+
+
+def count_batch(kind: str, outcome: str) -> None:
+    """`kind` is "request" (outcome completed/failed) or "batch" (outcome: its final status)."""
+    _metric(Counter, "rayllm_batch_events", "Batch requests and batches by outcome", ("kind", "outcome")).inc(
+        1, tags={"kind": kind, "outcome": outcome})
+
+
+class MeteredEngine:
+    """The replica's view of its engine: generation with per-request latency and token metrics."""
+
+    def __init__(self, engine: AsyncLLMEngine, model_id: str):
+        self.engine = engine
+        self.tags = {"model": model_id}
+        self.tokenizer = engine.tokenizer
+        self.validate = engine.validate
+        m = ("model",)
+        self._ttft = _metric(Histogram, "rayllm_time_to_first_token_seconds", "Time to first token", m,
+                             boundaries=_LATENCY)
+        self._itl = _metric(Histogram, "rayllm_inter_token_latency_seconds", "Time between tokens", m,
+                            boundaries=_LATENCY)
+        self._e2e = _metric(Histogram, "rayllm_e2e_latency_seconds", "Request latency in the engine", m,
+                            boundaries=_LATENCY)
+        self._tokens = _metric(Counter, "rayllm_tokens", "Tokens by kind: prompt, generation, cached",
+                               ("model", "kind"))
+        self._gauges = {name: _metric(Gauge, f"rayllm_{name}", text, m) for name, text in [
+            ("running_requests", "Sequences running"), ("waiting_requests", "Sequences waiting"),
+            ("kv_cache_usage", "Fraction of KV-cache blocks in use"),
+            ("prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / looked up"),
+        ]}
+
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                       priority: int = 0) -> AsyncIterator[RequestDelta]:
+        start = last = time.perf_counter()
+        generated, delta = 0, None
+        async for delta in self.engine.generate(prompt_token_ids, params, request_id, priority):
+            now = time.perf_counter()
+            (self._ttft if generated == 0 else self._itl).observe(now - last if generated else now - start,
+                                                                 tags=self.tags)
+            generated += sum(len(s.token_ids) for s in delta.seqs)
+            last = now
+            yield delta
+        self._e2e.observe(time.perf_counter() - start, tags=self.tags)
+        if delta is not None:
+            for kind, value in (("prompt", delta.num_prompt_tokens), ("generation", generated),
+                                ("cached", delta.num_cached_tokens)):
+                self._tokens.inc(value, tags={**self.tags, "kind": kind})
+
+    def update_gauges(self) -> None:
+        stats = self.engine.stats()
+        used = 1 - stats["num_free_blocks"] / stats["num_blocks"]
+        queried = stats["prefix_cache_queried_tokens"]
+        for name, value in (("running_requests", stats["num_running"]), ("waiting_requests", stats["num_waiting"]),
+                            ("kv_cache_usage", used),
+                            ("prefix_cache_hit_rate", stats["prefix_cache_hit_tokens"] / queried if queried else 0)):
+            self._gauges[name].set(value, tags=self.tags)
+
+
+def node_metrics_text() -> str:
+    """This node's Prometheus export from Ray, keeping only our metric families."""
+    node_id = ray.get_runtime_context().get_node_id()
+    node = next(n for n in ray.nodes() if n["NodeID"] == node_id)
+    text = requests.get(f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics", timeout=5).text
+    return "".join(line + "\n" for line in text.splitlines() if "rayllm_" in line)
