@@ -52,6 +52,21 @@ async def _validation_error(_: Request, e: RequestValidationError):
     return JSONResponse(error_body(400, str(e.errors())), status_code=400)
 
 
+def json_body(model: type[BaseModel]) -> dict:
+    """The OpenAPI request body of a route that parses its JSON itself (to answer 400, never 422)."""
+    schema = model.model_json_schema()
+    definitions = schema.pop("$defs", {})
+
+    def inline(node):
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return inline(definitions[node["$ref"].rsplit("/", 1)[1]])
+            return {k: inline(v) for k, v in node.items()}
+        return [inline(v) for v in node] if isinstance(node, list) else node
+
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": inline(schema)}}}}
+
+
 def _limit(limit: int, maximum: int) -> int:
     if not 1 <= limit <= maximum:
         raise OpenAIError(400, f"limit: must be between 1 and {maximum}", "limit")
@@ -126,15 +141,15 @@ class OpenAIIngress:
 
     # --- generation ------------------------------------------------------------
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
     async def chat_completions(self, request: Request):
         return await self._relay(request, ChatCompletionRequest, "chat")
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
     async def completions(self, request: Request):
         return await self._relay(request, CompletionRequest, "completions")
 
-    @app.post("/generate")
+    @app.post("/generate", openapi_extra=json_body(GenerateRequest))
     async def generate(self, request: Request):
         return await self._relay(request, GenerateRequest, "generate")
 
@@ -154,7 +169,9 @@ class OpenAIIngress:
 
     # --- files -----------------------------------------------------------------
 
-    @app.post("/v1/files")
+    @app.post("/v1/files", openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {
+        "schema": {"type": "object", "required": ["file", "purpose"], "properties": {
+            "file": {"type": "string", "format": "binary"}, "purpose": {"type": "string", "enum": ["batch"]}}}}}}})
     async def upload_file(self, request: Request):
         if "multipart/form-data" not in request.headers.get("content-type", ""):
             raise OpenAIError(400, "expected a multipart/form-data upload with fields file and purpose")
@@ -189,7 +206,7 @@ class OpenAIIngress:
 
     # --- batches ---------------------------------------------------------------
 
-    @app.post("/v1/batches")
+    @app.post("/v1/batches", openapi_extra=json_body(BatchCreateRequest))
     async def create_batch(self, request: Request):
         owner = self.auth.owner(request)
         body = await self._parse(request, BatchCreateRequest)

@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -75,7 +76,12 @@ class LLMServer:
         return self.engine.healthy
 
     async def stats(self) -> dict:
-        return self.engine.stats()
+        return {**self.engine.stats(), "rss_bytes": _rss_bytes()}
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def _to_openai(e: Exception) -> OpenAIError:

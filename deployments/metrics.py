@@ -74,7 +74,8 @@ class MeteredEngine:
         if delta is not None:
             for kind, value in (("prompt", delta.num_prompt_tokens), ("generation", generated),
                                 ("cached", delta.num_cached_tokens)):
-                self._tokens.inc(value, tags={**self.tags, "kind": kind})
+                if value > 0:  # Ray's counters refuse a zero increment
+                    self._tokens.inc(value, tags={**self.tags, "kind": kind})
 
     def update_gauges(self) -> None:
         stats = self.engine.stats()

@@ -44,27 +44,49 @@ class Server:
         return serve.get_deployment_handle(replica_name(model_id), app_name="default").stats.remote().result()
 
 
-@pytest.fixture(scope="session")
-def s3_endpoint():
-    """An S3-compatible HTTP server (moto's server mode), visible to every process through the environment.
+class S3Server:
+    """An S3-compatible HTTP server (moto's server mode) that a test can take down and bring back."""
 
-    Started before Ray, so the batch manager and replicas inherit the endpoint and the test credentials.
-    """
-    import os
+    def __init__(self):
+        from moto.server import ThreadedMotoServer
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._make = lambda: ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self._server = self._make()
+        self._server.start()
+
+    def stop(self) -> None:
+        self._server.stop()
+
+    def start(self) -> None:  # moto keeps its buckets in memory across a restart
+        self._server = self._make()
+        self._server.start()
+
+
+def free_port() -> int:
     import socket
-
-    from moto.server import ThreadedMotoServer
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """Started before Ray, so the batch manager and replicas inherit the endpoint and test credentials."""
+    import os
+
+    server = S3Server()
     os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL_S3": endpoint})
-    yield endpoint
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL_S3": server.url})
+    yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(s3_server) -> str:
+    return s3_server.url
 
 
 @pytest.fixture(scope="session")
@@ -79,16 +101,12 @@ def ray_cluster(s3_endpoint):
 @pytest.fixture(scope="session")
 def server(ray_cluster, tmp_path_factory):
     """`serve.run` of the real app, serving a tiny Qwen2 model under the seed documents' model name."""
-    import socket
-
     from ray import serve
 
     from deployments import build_openai_app
 
     model_dir = build_model_dir(tmp_path_factory.mktemp("served"), "qwen2")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_openai_app(app_args(model_dir, f"file://{tmp_path_factory.mktemp('storage')}")),
               name="default", route_prefix="/")

@@ -8,6 +8,7 @@ MinIO and friends work. Objects over one part are written by multipart upload.
 from collections.abc import Iterable, Iterator
 
 import boto3
+from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from runtime.storage.base import ObjectStore, StoreError
@@ -20,7 +21,9 @@ class S3Store(ObjectStore):
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.uri = f"s3://{bucket}/{self.prefix}".rstrip("/")
-        self.client = boto3.client("s3", endpoint_url=endpoint_url)
+        # fail fast on an unreachable store: callers (the batch manager) retry with their own backoff
+        config = Config(connect_timeout=5, read_timeout=60, retries={"max_attempts": 3, "mode": "standard"})
+        self.client = boto3.client("s3", endpoint_url=endpoint_url, config=config)
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
