@@ -81,6 +81,7 @@ def test_grafana_dashboard_queries_only_metrics_we_export():
     defined = set(re.findall(r'"(rayllm_[a-z0-9_]+)"', source)) | {
         f"rayllm_{name}" for name in re.findall(r'\("([a-z_]+)", "[A-Z]', source)}
     dashboard = json.loads((ROOT / "k8s/grafana-dashboard.json").read_text())
-    used = {m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"ray_(rayllm_[a-z0-9_]+)", t["expr"])}
+    expressions = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {m for e in expressions for m in re.findall(r"ray_(rayllm_[a-z0-9_]+)", e)}
     exported = {u for u in used if u in defined or re.sub(r"_(bucket|total|count|sum)$", "", u) in defined}
     assert used and exported == used

@@ -97,7 +97,8 @@ def test_object_store_outage_during_a_batch(server, s3_server):
     s3 = boto3.client("s3")
     s3.create_bucket(Bucket="outage")
     total = 300
-    s3.put_object(Bucket="outage", Key="in.jsonl", Body=jsonl([chat_line(f"o-{i}", f"q {i}", 16) for i in range(total)]))
+    lines = [chat_line(f"o-{i}", f"q {i}", 16) for i in range(total)]
+    s3.put_object(Bucket="outage", Key="in.jsonl", Body=jsonl(lines))
     serve.run(build_openai_app(app_args(server.model_dir, "s3://outage/state")), name="outage",
               route_prefix="/outage")
     try:
