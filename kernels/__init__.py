@@ -8,11 +8,13 @@ backends).
 
 from kernels.attention import paged_attention, store_kv_cache
 from kernels.attention_metadata import AttentionMetadata
+from kernels.backends import choose_attention_backend
 from kernels.norm import rms_norm
 from kernels.rotary import apply_rotary
 
 __all__ = [
     "AttentionMetadata",
+    "choose_attention_backend",
     "paged_attention",
     "store_kv_cache",
     "rms_norm",

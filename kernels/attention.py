@@ -14,6 +14,10 @@ def store_kv_cache(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Write new K/V rows [T, Hkv, D] into the cache at `slot_mapping`."""
+    if k.is_cuda:
+        from kernels.triton.elementwise import store_kv_cache as triton_store
+
+        return triton_store(k, v, k_cache, v_cache, slot_mapping)
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
@@ -30,6 +34,15 @@ def paged_attention(
 
     The new tokens' K/V must already be in the cache (`store_kv_cache`).
     """
+    if meta.backend == "triton":
+        from kernels.triton.attention import paged_attention as triton_attention
+
+        return triton_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.context_lens,
+                                meta.max_query_len, scale)
+    if meta.backend == "flash":
+        from kernels.flash import paged_attention as flash_attention
+
+        return flash_attention(q, k_cache, v_cache, meta, scale)
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     k_flat = k_cache.view(-1, num_kv_heads, head_dim)
     v_flat = v_cache.view(-1, num_kv_heads, head_dim)

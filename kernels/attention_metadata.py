@@ -42,8 +42,14 @@ class PrefillSpan:
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] where each new token's K/V is stored
     num_decodes: int
-    decode_groups: list[DecodeGroup]
-    prefills: list[PrefillSpan]
+    decode_groups: list[DecodeGroup]  # for the torch backend
+    prefills: list[PrefillSpan]  # for the torch backend
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, for the kernel backends
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    context_lens: torch.Tensor  # [num_seqs] int32
+    max_query_len: int
+    max_context_len: int
+    backend: str = "torch"
 
     @classmethod
     def build(
@@ -54,6 +60,7 @@ class AttentionMetadata:
         block_size: int,
         num_decodes: int,
         device: torch.device,
+        backend: str = "torch",
     ) -> "AttentionMetadata":
         """`context_lens[i]` counts sequence i's tokens up to and including this step's chunk."""
         width = max(len(t) for t in block_tables)
@@ -76,7 +83,10 @@ class AttentionMetadata:
                 mask = (positions[:ctx][None, :] <= positions[ctx - q : ctx, None]).to(device)
             prefills.append(PrefillSpan(start, start + q, all_slots[i, :ctx].to(device), mask))
             start += q
-        return cls(slot_mapping, num_decodes, groups, prefills)
+        starts = torch.tensor([0, *query_lens], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        return cls(slot_mapping, num_decodes, groups, prefills, tables.to(device=device, dtype=torch.int32),
+                   starts.to(device), torch.tensor(context_lens, dtype=torch.int32, device=device),
+                   max(query_lens), max(context_lens), backend)
 
 
 def _shared_prefixes(tables: list[list[int]], context_lens: list[int], block_size: int):

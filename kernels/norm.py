@@ -14,6 +14,10 @@ def rms_norm(
     With a residual, returns `(normed, new_residual)` where `new_residual` is
     `x + residual`, the input of the next block's residual connection.
     """
+    if x.is_cuda:
+        from kernels.triton.elementwise import rms_norm as triton_rms_norm
+
+        return triton_rms_norm(x, weight, eps, residual)
     dtype = x.dtype
     if residual is not None:
         x = x + residual

@@ -7,6 +7,10 @@ def apply_rotary(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate `q` [T, Hq, D] and `k` [T, Hk, D] by per-token `cos`/`sin` [T, D/2]."""
+    if q.is_cuda:
+        from kernels.triton.elementwise import apply_rotary as triton_rotary
+
+        return triton_rotary(q, k, cos, sin)
     cos = cos.unsqueeze(1)
     sin = sin.unsqueeze(1)
     return _rotate(q, cos, sin), _rotate(k, cos, sin)

@@ -6,6 +6,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
+from kernels import choose_attention_backend
 from runtime.errors import InvalidInputError, require
 from runtime.model_files import resolve_model_path
 
@@ -34,11 +35,12 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
     seed: int = 0
-    attention_backend: str = "auto"
+    attention_backend: str = "auto"  # torch | triton | flash; auto: flash, else triton on GPU, torch on CPU
 
     hf_config: PretrainedConfig = field(init=False, repr=False)
     model_path: Path = field(init=False)
     torch_dtype: torch.dtype = field(init=False)
+    resolved_attention_backend: str = field(init=False)  # what "auto" chose: torch, triton or flash
 
     def __post_init__(self) -> None:
         self.model_path = resolve_model_path(self.model)
@@ -62,8 +64,10 @@ class EngineConfig:
         require(self.block_size >= 1, "block_size", "must be at least 1")
         require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]")
         require(self.kv_cache_bytes is None or self.kv_cache_bytes > 0, "kv_cache_bytes", "must be positive")
-        require(self.attention_backend in ("auto", "torch"), "attention_backend",
-               f"unknown backend {self.attention_backend!r}; available: auto, torch")
+        try:
+            self.resolved_attention_backend = choose_attention_backend(self.attention_backend, self.device)
+        except ValueError as e:
+            raise InvalidInputError("attention_backend", str(e).split(": ", 1)[1]) from None
 
     def _resolve_dtype(self) -> torch.dtype:
         if self.dtype == "auto":

@@ -139,7 +139,8 @@ class ModelRunner:
     def execute(self, inputs: StepInputs) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The forward pass and the logits rank 0 needs (the LM head is a collective, so all ranks run it)."""
         meta = AttentionMetadata.build(inputs.query_lens, inputs.context_lens, inputs.block_tables,
-                                       self.config.block_size, inputs.num_decodes, self.device)
+                                       self.config.block_size, inputs.num_decodes, self.device,
+                                       self.config.resolved_attention_backend)
         ids = torch.tensor(inputs.input_ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(inputs.positions, dtype=torch.long, device=self.device)
         hidden = self.model(ids, pos, meta)

@@ -1,4 +1,10 @@
+import os
+
 import pytest
+import torch
+
+if not torch.cuda.is_available():  # Triton kernels run in its interpreter on CPU (set before triton is imported)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from tests.model_factory import build_model_dir
 

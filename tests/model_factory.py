@@ -98,11 +98,20 @@ def build_model_dir(
     tie_word_embeddings: bool = False,
     init_std: float = 0.2,
     seed: int = 0,
+    tokenizer_vocab: int | None = None,
+    dtype: torch.dtype = torch.float32,
+    rope_theta: float | None = None,
 ) -> Path:
-    """Write a random-weight checkpoint of `arch` to `path` and return it."""
+    """Write a random-weight checkpoint of `arch` to `path` and return it.
+
+    `tokenizer_vocab` caps the tokenizer below the model's vocabulary (for big benchmark shapes, where
+    only token ids matter).
+    """
     path = Path(path)
-    tokenizer = build_tokenizer(vocab_size)
+    tokenizer = build_tokenizer(tokenizer_vocab or vocab_size)
     extra = {"head_dim": head_dim} if head_dim else {}
+    if rope_theta:
+        extra["rope_theta"] = rope_theta
     config = ARCHITECTURES[arch](
         vocab_size=max(vocab_size, len(tokenizer)),
         hidden_size=hidden_size,
@@ -118,7 +127,7 @@ def build_model_dir(
         **extra,
     )
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]

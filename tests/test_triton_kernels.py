@@ -1,0 +1,69 @@
+"""Each Triton kernel equals its torch reference: on the GPU when there is one, else in Triton's
+interpreter on CPU (TRITON_INTERPRET=1, set by conftest), at small shapes."""
+
+import pytest
+import torch
+
+from kernels.attention import paged_attention as reference_attention
+from kernels.attention import store_kv_cache as reference_store
+from kernels.attention_metadata import AttentionMetadata
+from kernels.norm import rms_norm as reference_rms_norm
+from kernels.rotary import apply_rotary as reference_rotary
+from kernels.triton import attention as triton_attention
+from kernels.triton import elementwise
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_with_and_without_residual(dtype):
+    torch.manual_seed(0)
+    x, residual = torch.randn(7, 96, dtype=dtype), torch.randn(7, 96, dtype=dtype)
+    weight = torch.randn(96, dtype=dtype)
+    expected = reference_rms_norm(x, weight, 1e-6)
+    got = elementwise.rms_norm(x.to(DEVICE), weight.to(DEVICE), 1e-6).cpu()
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
+    expected, expected_residual = reference_rms_norm(x, weight, 1e-6, residual)
+    got, got_residual = elementwise.rms_norm(x.to(DEVICE), weight.to(DEVICE), 1e-6, residual.to(DEVICE))
+    torch.testing.assert_close(got.cpu(), expected, atol=tol, rtol=tol)
+    torch.testing.assert_close(got_residual.cpu(), expected_residual, atol=tol, rtol=tol)
+
+
+def test_rotary():
+    torch.manual_seed(1)
+    q, k = torch.randn(9, 4, 32), torch.randn(9, 2, 32)
+    angles = torch.rand(9, 16) * 6
+    expected = reference_rotary(q, k, angles.cos(), angles.sin())
+    got = elementwise.apply_rotary(q.to(DEVICE), k.to(DEVICE), angles.cos().to(DEVICE), angles.sin().to(DEVICE))
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g.cpu(), e, atol=1e-5, rtol=1e-5)
+
+
+def test_store_kv_cache():
+    torch.manual_seed(2)
+    k, v = torch.randn(6, 2, 8), torch.randn(6, 2, 8)
+    slots = torch.tensor([3, 17, 4, 30, 0, 9])
+    expected_k, expected_v = torch.zeros(8, 4, 2, 8), torch.zeros(8, 4, 2, 8)
+    reference_store(k, v, expected_k, expected_v, slots)
+    got_k, got_v = torch.zeros(8, 4, 2, 8, device=DEVICE), torch.zeros(8, 4, 2, 8, device=DEVICE)
+    elementwise.store_kv_cache(k.to(DEVICE), v.to(DEVICE), got_k, got_v, slots.to(DEVICE))
+    assert torch.equal(got_k.cpu(), expected_k) and torch.equal(got_v.cpu(), expected_v)
+
+
+def test_paged_attention_on_a_mixed_batch():
+    """Decodes (some sharing prefix blocks), a fresh prefill and a chunk after a cached prefix."""
+    torch.manual_seed(3)
+    block, heads, kv_heads, dim = 4, 4, 2, 16
+    k_cache, v_cache = torch.randn(48, block, kv_heads, dim), torch.randn(48, block, kv_heads, dim)
+    shared = [1, 2, 3]
+    seqs = [(shared + [10, 11], 18, 1), (shared + [12], 13, 1), ([20, 21], 6, 1),
+            ([30, 31, 32, 33, 34], 19, 19), (shared + [40, 41], 19, 7)]
+    tables, contexts, queries = [t for t, _, _ in seqs], [c for _, c, _ in seqs], [n for _, _, n in seqs]
+    meta = AttentionMetadata.build(queries, contexts, tables, block, num_decodes=3, device=torch.device("cpu"))
+    q = torch.randn(sum(queries), heads, dim)
+    expected = reference_attention(q, k_cache, v_cache, meta, scale=dim**-0.5)
+    got = triton_attention.paged_attention(
+        q.to(DEVICE), k_cache.to(DEVICE), v_cache.to(DEVICE), meta.block_tables.to(DEVICE),
+        meta.query_start_loc.to(DEVICE), meta.context_lens.to(DEVICE), meta.max_query_len, dim**-0.5)
+    torch.testing.assert_close(got.cpu(), expected, atol=2e-5, rtol=2e-5)
