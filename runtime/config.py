@@ -31,7 +31,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 8192
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
-    kv_cache_bytes: int | None = None  # KV budget; default 2 GiB on CPU, from utilization on GPU
+    kv_cache_bytes: int | None = None  # KV budget; default on CPU: max_num_seqs full-length sequences,
+    # at most 2 GiB; on GPU: what gpu_memory_utilization leaves free
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
     seed: int = 0

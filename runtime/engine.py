@@ -8,7 +8,7 @@ from transformers import PreTrainedTokenizerBase
 
 from runtime.config import EngineConfig
 from runtime.detokenizer import IncrementalDetokenizer
-from runtime.distributed import free_address
+from runtime.distributed import destroy_tp_group, free_address
 from runtime.errors import InvalidInputError, require
 from runtime.grammar import Constraint, Grammar, GrammarCompiler
 from runtime.kv_cache import BlockManager
@@ -33,7 +33,13 @@ class LLMEngine:
 
             address = free_address()
             self.workers = TPWorkers(config, self.eos_token_ids, address)
-        self.runner = ModelRunner(config, self.eos_token_ids, 0, address)
+        try:
+            self.runner = ModelRunner(config, self.eos_token_ids, 0, address)
+        except BaseException:
+            if self.workers is not None:  # leave no worker or process group behind
+                self.workers.shutdown(wait=False)
+                destroy_tp_group()
+            raise
         if self.workers is not None:
             self.workers.start()
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)

@@ -77,8 +77,9 @@ class ModelRunner:
             if self.device.type == "cuda":
                 free, total = torch.cuda.mem_get_info(self.device)
                 budget = int(free - total * (1 - cfg.gpu_memory_utilization))
-            else:
-                budget = _CPU_KV_BYTES
+            else:  # enough for every sequence at full length, within a fixed cap
+                tokens = cfg.max_num_seqs * cfg.max_model_len
+                budget = min(_CPU_KV_BYTES, -(-tokens // cfg.block_size) * bytes_per_block)
         num_blocks = all_reduce_min(budget // bytes_per_block)  # every rank must agree on the pool
         if num_blocks * cfg.block_size < cfg.max_model_len:
             raise InvalidInputError(
@@ -129,9 +130,14 @@ class ModelRunner:
         return inputs, prompt_seqs
 
     def shutdown(self) -> None:
+        """Release the workers and leave the process group, even when a worker is already gone."""
         if self.config.tensor_parallel_size > 1:
-            broadcast_from_rank0(None)
-            destroy_tp_group()
+            try:
+                broadcast_from_rank0(None)
+            except Exception:  # a dead worker cannot be told; leaving the group is what matters
+                pass
+            finally:
+                destroy_tp_group()
 
     # --- every rank ------------------------------------------------------------
 

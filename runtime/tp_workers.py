@@ -70,11 +70,12 @@ class TPWorkers:
         ready, _ = ray.wait(self._loops, timeout=0, num_returns=len(self._loops))
         return not ready  # a loop that returned means its worker left the group
 
-    def shutdown(self) -> None:
-        try:
-            ray.get(self._loops, timeout=30)
-        except Exception:
-            pass
+    def shutdown(self, wait: bool = True) -> None:
+        if wait:
+            try:
+                ray.get(self._loops, timeout=30)
+            except Exception:  # a worker that died mid-step has nothing left to finish
+                pass
         for worker in self.workers:
             ray.kill(worker)
         if self._own_group is not None:
