@@ -176,7 +176,7 @@ def test_expired_batch_keeps_partial_results(client):
     (b"", "batch", 400, "empty"),
     (jsonl([chat_line(f"r{i}", "x") for i in range(6001)]), "batch", 400, "line limit"),
     (jsonl([chat_line("r", "x")]), "fine-tune", 400, "purpose"),
-])
+], ids=["empty", "over-line-limit", "wrong-purpose"])
 def test_bad_uploads_are_refused(client, content, purpose, status, text):
     with pytest.raises(openai.APIStatusError) as e:
         client.files.create(file=("f.jsonl", content), purpose=purpose)
