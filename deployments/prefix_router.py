@@ -61,12 +61,16 @@ def prefix_hashes(pending_request: PendingRequest) -> list[int]:
 
 
 def _prompt_text(request) -> str:
+    """The text that decides the route: the first prompt of the request ("" when there is none)."""
     if isinstance(request, ChatCompletionRequest):
         return "".join(f"<{m.role}>{m.template_dict()['content']}" for m in request.messages)
     if isinstance(request, CompletionRequest):
-        prompt = request.prompts()[0]
+        prompts = request.prompts()
     elif isinstance(request, GenerateRequest):
-        prompt = request.prompts()[0][0]
+        prompts = request.prompts()[0]
     else:
         return ""
+    if not prompts:
+        return ""
+    prompt = prompts[0]
     return prompt if isinstance(prompt, str) else ",".join(map(str, prompt))

@@ -323,6 +323,8 @@ class GenerateRequest(_Strict):
     def _one_prompt_field(self):
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("give exactly one of text or input_ids")
+        if isinstance(self.text, list) and not self.text or self.input_ids == []:
+            raise ValueError("the prompt list must not be empty")
         return self
 
     def prompts(self) -> tuple[list[str | list[int]], bool]:

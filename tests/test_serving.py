@@ -164,3 +164,10 @@ def test_too_long_prompt_message_has_the_token_counts(server):
     response = requests.post(f"{server.base_url}/v1/completions", json={"prompt": LONG})
     message = response.json()["error"]["message"]
     assert "512" in message and "prompt has" in message
+
+
+@pytest.mark.parametrize("body", [{"text": []}, {"input_ids": []}, {"input_ids": [[]]}, {"text": [""]}])
+def test_empty_generate_prompts_are_400(server, body):
+    """Found by the fuzz suite: an empty prompt list once crashed the router with a 500."""
+    r = requests.post(f"{server.base_url}/generate", json=body)
+    assert r.status_code == 400 and r.json()["error"]["message"]

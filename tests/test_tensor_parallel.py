@@ -6,6 +6,7 @@ import ray
 import requests
 from ray import serve
 
+from deployments import build_openai_app
 from runtime import LLM, InvalidInputError, SamplingParams
 from runtime.tp_workers import WORKER_PREFIX
 from tests.conftest import ENGINE_KWARGS, MODEL_ID, app_args
@@ -56,17 +57,32 @@ def tp_app(server):
     args = app_args(server.model_dir, "file:///tmp/rayllm-tp-test")
     args["llm_configs"][0]["engine_kwargs"] = {**ENGINE_KWARGS, "tensor_parallel_size": 2}
     args["llm_configs"][0]["deployment_config"] = {"health_check_period_s": 1, "health_check_timeout_s": 10}
-    serve.run(__import__("deployments").build_openai_app(args), name="tp", route_prefix="/tp")
+    serve.run(build_openai_app(args), name="tp", route_prefix="/tp")
     yield f"{server.base_url}/tp/v1"
     serve.delete("tp")
 
 
-def test_served_tp2_matches_offline_tp1(tp_app, server):
-    client = openai.Client(base_url=tp_app, api_key="None")
-    messages = [{"role": "user", "content": "List 3 countries and their capitals."}]
-    served = client.chat.completions.create(model=MODEL_ID, messages=messages, temperature=0, max_tokens=24)
-    offline = LLM(str(server.model_dir), **ENGINE_KWARGS).chat(messages, SamplingParams(temperature=0, max_tokens=24))
-    assert served.choices[0].message.content == offline[0].outputs[0].text
+def test_served_tp2_matches_offline_tp1(server, any_model):
+    _served_tp2_matches_offline_tp1(server, any_model)
+
+
+def test_served_tp2_with_one_kv_head(server, one_kv_head_model):
+    _served_tp2_matches_offline_tp1(server, one_kv_head_model)
+
+
+def _served_tp2_matches_offline_tp1(server, model_dir):
+    """The model through `serve.run` at TP=2 against the offline engine at TP=1."""
+    args = app_args(model_dir, "file:///tmp/rayllm-tp-parity")
+    args["llm_configs"][0]["engine_kwargs"] = {**ENGINE_KWARGS, "tensor_parallel_size": 2}
+    serve.run(build_openai_app(args), name="tp-parity", route_prefix="/tp-parity")
+    try:
+        client = openai.Client(base_url=f"{server.base_url}/tp-parity/v1", api_key="None")
+        messages = [{"role": "user", "content": "List 3 countries and their capitals."}]
+        served = client.chat.completions.create(model=MODEL_ID, messages=messages, temperature=0, max_tokens=24)
+        offline = LLM(str(model_dir), **ENGINE_KWARGS).chat(messages, SamplingParams(temperature=0, max_tokens=24))
+        assert served.choices[0].message.content == offline[0].outputs[0].text
+    finally:
+        serve.delete("tp-parity")
 
 
 def test_killed_tp_worker_fails_requests_fast_then_serve_recovers(tp_app):
