@@ -24,13 +24,18 @@ class GenerateHandler:
         request_ids = [base if len(ids) == 1 else f"{base}-{i}" for i in range(len(ids))]
         return params, ids, batched, request_ids
 
-    async def complete(self, req: GenerateRequest, priority: int = 0) -> dict | list[dict]:
-        params, prompts, batched, request_ids = self._prepare(req)
-        start = time.perf_counter()
+    def _run(self, params, prompts, request_ids, priority: int = 0):
+        """Accumulators for every prompt, and the merged stream of their (prompt index, delta)."""
         results = [RequestOutput(rid, None, p, outputs=[CompletionOutput(j) for j in range(params.n)])
                    for rid, p in zip(request_ids, prompts)]
         streams = [self.engine.generate(p, params, rid, priority) for rid, p in zip(request_ids, prompts)]
-        async for i, delta in merge(streams):
+        return results, merge(streams)
+
+    async def complete(self, req: GenerateRequest, priority: int = 0) -> dict | list[dict]:
+        params, prompts, batched, request_ids = self._prepare(req)
+        start = time.perf_counter()
+        results, deltas = self._run(params, prompts, request_ids, priority)
+        async for i, delta in deltas:
             results[i].add(delta)
         latency = time.perf_counter() - start
         items = [self._item(r, c, params.max_tokens, latency) for r in results for c in r.outputs]
@@ -55,10 +60,8 @@ class GenerateHandler:
 
     async def _chunks(self, params, prompts, request_ids) -> AsyncIterator[str]:
         start = time.perf_counter()
-        results = [RequestOutput(rid, None, p, outputs=[CompletionOutput(j) for j in range(params.n)])
-                   for rid, p in zip(request_ids, prompts)]
-        streams = [self.engine.generate(p, params, rid) for rid, p in zip(request_ids, prompts)]
-        async for i, delta in merge(streams):
+        results, deltas = self._run(params, prompts, request_ids)
+        async for i, delta in deltas:
             results[i].add(delta)
             for s in delta.seqs:
                 c = results[i].outputs[s.index]

@@ -70,23 +70,31 @@ class AttentionMetadata:
         all_slots = tables[:, positions // block_size] * block_size + positions % block_size
         new_slots = [all_slots[i, ctx - q : ctx] for i, (q, ctx) in enumerate(zip(query_lens, context_lens))]
         slot_mapping = torch.cat(new_slots).to(device)
-        groups = [
-            _decode_group(rows, prefix_blocks * block_size, all_slots, context_lens, device)
-            for rows, prefix_blocks in _shared_prefixes(block_tables[:num_decodes], context_lens, block_size)
-        ]
-        prefills = []
-        start = num_decodes
-        for i in range(num_decodes, len(query_lens)):
-            q, ctx = query_lens[i], context_lens[i]
-            mask = None
-            if ctx != q:  # a cached prefix precedes the chunk: causal with an offset
-                mask = (positions[:ctx][None, :] <= positions[ctx - q : ctx, None]).to(device)
-            prefills.append(PrefillSpan(start, start + q, all_slots[i, :ctx].to(device), mask))
-            start += q
+        groups, prefills = [], []
+        if backend == "torch":  # the kernel backends read the block tables directly
+            groups = [
+                _decode_group(rows, prefix_blocks * block_size, all_slots, context_lens, device)
+                for rows, prefix_blocks in _shared_prefixes(block_tables[:num_decodes], context_lens, block_size)
+            ]
+            prefills = _prefill_spans(query_lens, context_lens, num_decodes, all_slots, device)
         starts = torch.tensor([0, *query_lens], dtype=torch.int32).cumsum(0, dtype=torch.int32)
         return cls(slot_mapping, num_decodes, groups, prefills, tables.to(device=device, dtype=torch.int32),
                    starts.to(device), torch.tensor(context_lens, dtype=torch.int32, device=device),
                    max(query_lens), max(context_lens), backend)
+
+
+def _prefill_spans(query_lens, context_lens, num_decodes: int, all_slots: torch.Tensor,
+                   device: torch.device) -> list[PrefillSpan]:
+    positions = torch.arange(all_slots.shape[1])
+    spans, start = [], num_decodes
+    for i in range(num_decodes, len(query_lens)):
+        q, ctx = query_lens[i], context_lens[i]
+        mask = None
+        if ctx != q:  # a cached prefix precedes the chunk: causal with an offset
+            mask = (positions[:ctx][None, :] <= positions[ctx - q : ctx, None]).to(device)
+        spans.append(PrefillSpan(start, start + q, all_slots[i, :ctx].to(device), mask))
+        start += q
+    return spans
 
 
 def _shared_prefixes(tables: list[list[int]], context_lens: list[int], block_size: int):

@@ -156,3 +156,11 @@ def test_bad_tool_requests_are_400(client):
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "x"}],
                                        tool_choice="required")
+
+
+@pytest.mark.parametrize("cut", range(0, 8))
+def test_text_without_a_reasoning_block_is_content_untouched(cut):
+    text = "  plain answer\n"
+    parser = ReasoningParser(starts_in_reasoning=False)
+    parts = [parser.feed(c) for c in _chunks(text, cut)] + [parser.finish()]
+    assert "".join(r for r, _ in parts) == "" and "".join(c for _, c in parts) == text

@@ -25,18 +25,21 @@ class ReasoningParser:
         self._pending += text
         reasoning, content = "", ""
         while self._pending:
-            if self._state in ("start", "reasoning_start", "content_start"):
-                stripped = self._pending.lstrip()  # whitespace around the tags is not content
+            if self._state == "start":  # an opening tag, possibly after whitespace, or plain content
+                stripped = self._pending.lstrip()
+                if not stripped or (START.startswith(stripped) and stripped != START):
+                    break  # could still become the opening tag
+                if stripped.startswith(START):
+                    self._pending, self._state = stripped[len(START) :], "reasoning_start"
+                else:
+                    self._state = "content"  # no reasoning block: the text is content, untouched
+            elif self._state in ("reasoning_start", "content_start"):
+                stripped = self._pending.lstrip()  # the newlines around the tags are not part of either
                 if not stripped:
                     self._pending = ""
                     break
-                if self._state == "start" and START.startswith(stripped) and stripped != START:
-                    break  # could still become the opening tag
-                if self._state == "start" and stripped.startswith(START):
-                    self._pending, self._state = stripped[len(START) :], "reasoning_start"
-                else:
-                    self._pending = stripped
-                    self._state = "reasoning" if self._state == "reasoning_start" else "content"
+                self._pending = stripped
+                self._state = "reasoning" if self._state == "reasoning_start" else "content"
             elif self._state == "reasoning":
                 before, after, held = split_at(self._pending, END)
                 reasoning += before
@@ -54,7 +57,7 @@ class ReasoningParser:
         pending, self._pending = self._pending, ""
         if self.in_reasoning:
             return pending, ""
-        return "", pending.lstrip() if self._state == "start" else pending
+        return "", pending
 
 
 REASONING_PARSERS = {
