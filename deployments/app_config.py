@@ -15,6 +15,13 @@ _DEPLOYMENT_OPTIONS = {
 }
 
 
+def _only_known(options: dict, known: set[str], kind: str) -> dict:
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"unknown {kind} option(s) {unknown}; known: {sorted(known)}")
+    return options
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -39,17 +46,12 @@ class LLMConfig(_Strict):
     @field_validator("engine_kwargs")
     @classmethod
     def _known_engine_options(cls, v: dict) -> dict:
-        unknown = sorted(set(v) - _ENGINE_OPTIONS)
-        if unknown:
-            raise ValueError(f"unknown engine option(s) {unknown}; known: {sorted(_ENGINE_OPTIONS)}")
-        return v
+        return _only_known(v, _ENGINE_OPTIONS, "engine")
 
     @field_validator("deployment_config")
     @classmethod
     def _known_deployment_options(cls, v: dict) -> dict:
-        unknown = sorted(set(v) - _DEPLOYMENT_OPTIONS)
-        if unknown:
-            raise ValueError(f"unknown deployment option(s) {unknown}; known: {sorted(_DEPLOYMENT_OPTIONS)}")
+        _only_known(v, _DEPLOYMENT_OPTIONS, "deployment")
         if "num_replicas" in v and "autoscaling_config" in v:
             raise ValueError("give num_replicas or autoscaling_config, not both")
         return v

@@ -43,9 +43,6 @@ class Scheduler:
         self.num_waiting = 0  # sequences in the heap still waiting (aborted ones leave lazily)
         self.num_preemptions = 0
 
-    def has_work(self) -> bool:
-        return bool(self.running) or self.num_waiting > 0
-
     def add(self, request: Request) -> None:
         for seq in request.seqs:
             self._push_waiting(seq)

@@ -78,10 +78,6 @@ class BatchManager:
 
     # --- the API ---------------------------------------------------------------
 
-    async def ready(self) -> bool:
-        await self._resume()
-        return True
-
     async def create(self, input_file_id: str, endpoint: str, completion_window: str, metadata: dict | None,
                      owner: str | None = None) -> dict:
         await self._resume()
