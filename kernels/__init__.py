@@ -1,5 +1,5 @@
 """Pure compute used by the engine's models: attention over the paged KV cache,
-KV-cache writes, RMSNorm and rotary embeddings.
+KV-cache writes, projections against packed weights, RMSNorm and rotary embeddings.
 
 Each operation has one interface here; the implementation behind it is chosen
 per device (the torch reference runs everywhere and is the oracle for faster
@@ -9,12 +9,15 @@ backends).
 from kernels.attention import paged_attention, store_kv_cache
 from kernels.attention_metadata import AttentionMetadata
 from kernels.backends import choose_attention_backend
+from kernels.linear import linear, pack_weight
 from kernels.norm import rms_norm
 from kernels.rotary import apply_rotary
 
 __all__ = [
     "AttentionMetadata",
     "choose_attention_backend",
+    "linear",
+    "pack_weight",
     "paged_attention",
     "store_kv_cache",
     "rms_norm",

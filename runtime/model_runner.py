@@ -13,7 +13,7 @@ from kernels import AttentionMetadata
 from runtime.config import EngineConfig
 from runtime.distributed import all_reduce_min, broadcast_from_rank0, destroy_tp_group, init_tp_group
 from runtime.errors import InvalidInputError
-from runtime.models import CausalLM, load_weights
+from runtime.models import CausalLM, load_weights, pack_linear_weights
 from runtime.models.decoder import head_dim_of
 from runtime.outputs import TokenLogprob
 from runtime.sampler import Sampler, token_logprob
@@ -62,6 +62,7 @@ class ModelRunner:
             self.model = CausalLM(hf, config.max_model_len)
         torch.set_default_dtype(default_dtype)
         load_weights(self.model, config.model_path)
+        pack_linear_weights(self.model)
         self.model.eval()
         self.sampler = Sampler(eos_token_ids, self.device)
         self.num_blocks = self._allocate_kv_cache()

@@ -33,6 +33,8 @@ def test_greedy_matches_transformers_with_chunking_and_preemption(any_model):
         max_model_len=256,
         kv_cache_bytes=kv_cache_bytes(any_model, num_blocks=24),  # far fewer than 10 sequences need
     )
+    model = llm.engine.runner.model
+    assert model.lm_head.packed is not None and model.model.layers[0].mlp.down_proj.weight is None  # oneDNN path
     prompts = _prompts(llm.tokenizer, 10)
     assert len({len(p) for p in prompts}) == 10 and max(len(p) for p in prompts) > 100
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=40))
@@ -46,7 +48,7 @@ def test_greedy_matches_transformers_with_chunking_and_preemption(any_model):
 def test_fp16_and_bf16_load_and_generate(qwen2_model):
     for dtype in ("bfloat16", "float16"):
         llm = LLM(str(qwen2_model), dtype=dtype, max_model_len=128, kv_cache_bytes=1 << 20)
-        assert llm.engine.runner.model.lm_head.weight.dtype == getattr(torch, dtype)
+        assert llm.engine.runner.model.lm_head.weight.dtype == getattr(torch, dtype)  # unpacked: plain F.linear
         out = llm.generate(["hello"], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
         assert len(out[0].outputs[0].token_ids) == 5
 

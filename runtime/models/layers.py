@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import rms_norm
+from kernels import linear, pack_weight, rms_norm
 from runtime.distributed import all_gather_last_dim, all_reduce, tp_rank, tp_size
 
 
@@ -23,7 +23,21 @@ def _shard(loaded: torch.Tensor, dim: int, size: int, rank: int) -> torch.Tensor
     return loaded.narrow(dim, rank * size, size)
 
 
+def pack_linear_weights(model: nn.Module) -> None:
+    """After loading: give every projection the device's packed weight layout, where it has one.
+
+    The packed copy replaces the plain weight (a tied embedding keeps its own reference).
+    """
+    for module in model.modules():
+        if isinstance(module, (_Linear, ParallelLMHead)):
+            module.packed = pack_weight(module.weight)
+            if module.packed is not None:
+                module.weight = None
+
+
 class _Linear(nn.Module):
+    packed: torch.Tensor | None = None
+
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
@@ -34,7 +48,7 @@ class _Linear(nn.Module):
             self.bias.weight_loader = self.weight_loader
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.packed)
 
 
 class ColumnParallelLinear(_Linear):
@@ -118,8 +132,10 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
+    packed: torch.Tensor | None = None
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = all_gather_last_dim(F.linear(hidden, self.weight))
+        logits = all_gather_last_dim(linear(hidden, self.weight, packed=self.packed))
         return logits[..., : self.vocab_size]
 
 

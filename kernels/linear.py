@@ -1,0 +1,29 @@
+"""Matmul against a fixed weight, `y = x @ weight.T + bias`.
+
+On CPU the weight is packed once, after loading, into oneDNN's blocked layout.
+oneDNN's packed sgemm uses the full AVX-512 width on the AMD machines we
+measure on and runs about 2.3x the MKL path behind `F.linear` there
+(`python -m benchmarks.offline_throughput` reports both). Elsewhere the plain
+weight goes to `F.linear`.
+"""
+
+import torch
+import torch.nn.functional as F
+
+_PACKED_DTYPES = (torch.float32,)
+_BATCH_HINT = 64  # rows oneDNN tunes its blocking for; measured insensitive from 16 to 2048
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """A oneDNN-packed copy of an `[out, in]` weight, or None where packing does not apply."""
+    if weight.device.type != "cpu" or weight.dtype not in _PACKED_DTYPES or not torch.backends.mkldnn.is_available():
+        return None
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _BATCH_HINT)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None = None,
+           packed: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear`, through the packed weight when there is one (then `weight` may be None)."""
+    if packed is None:
+        return F.linear(x, weight, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
