@@ -51,13 +51,15 @@ def paged_attention(
     for group in meta.decode_groups:
         decodes[group.rows] = _decode_group(q[group.rows], k_flat, v_flat, group, scale)
     for span in meta.prefills:
-        qp = q[span.start : span.end].transpose(0, 1)  # [Hq, Lq, D]
-        kp = k_flat.index_select(0, span.slots).transpose(0, 1)  # [Hkv, Lk, D]
-        vp = v_flat.index_select(0, span.slots).transpose(0, 1)
+        # 4-d [1, H, L, D]: with a batch dimension torch's CPU flash kernel takes masks and GQA (3-d falls back
+        # to the slower math path)
+        qp = q[span.start : span.end].transpose(0, 1)[None]
+        kp = k_flat.index_select(0, span.slots).transpose(0, 1)[None]
+        vp = v_flat.index_select(0, span.slots).transpose(0, 1)[None]
         o = F.scaled_dot_product_attention(
             qp, kp, vp, attn_mask=span.mask, is_causal=span.mask is None, scale=scale, enable_gqa=True
         )
-        out[span.start : span.end] = o.transpose(0, 1)
+        out[span.start : span.end] = o[0].transpose(0, 1)
     return out
 
 

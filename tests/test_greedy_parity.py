@@ -61,3 +61,14 @@ def test_greedy_matches_transformers_with_a_shared_system_prompt(qwen2_model):
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24))
     assert all(o.num_cached_tokens >= 48 for o in outputs[1:])
     assert [o.outputs[0].token_ids for o in outputs] == _reference(qwen2_model, prompts, 24)
+
+
+def test_greedy_matches_transformers_when_one_step_prefills_more_rows_than_the_cpu_mlp_block(qwen2_model):
+    """Over 512 new tokens in one step: the MLP runs in row blocks on CPU; tokens must not change."""
+    from runtime.models.decoder import _CPU_MLP_ROWS
+
+    llm = LLM(str(qwen2_model), max_model_len=256, enable_prefix_caching=False)
+    prompts = _prompts(llm.tokenizer, 10)
+    assert sum(len(p) for p in prompts) > _CPU_MLP_ROWS
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8))
+    assert [o.outputs[0].token_ids for o in outputs] == _reference(qwen2_model, prompts, 8)
