@@ -18,7 +18,10 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
     """A oneDNN-packed copy of an `[out, in]` weight, or None where packing does not apply."""
     if weight.device.type != "cpu" or weight.dtype not in _PACKED_DTYPES or not torch.backends.mkldnn.is_available():
         return None
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _BATCH_HINT)
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _BATCH_HINT)
+    except RuntimeError:  # a oneDNN build without this CPU's packed sgemm: stay on F.linear
+        return None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None = None,
