@@ -8,12 +8,14 @@ from ray import serve
 
 from deployments import build_openai_app
 from runtime import LLM, InvalidInputError, SamplingParams
+from runtime.models.decoder import _CPU_MLP_ROWS
 from runtime.tp_workers import WORKER_PREFIX
 from tests.conftest import ENGINE_KWARGS, MODEL_ID, app_args
 from tests.model_factory import build_model_dir
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-PROMPTS = [[5, 6, 7, 8], list(range(3, 70)), [9] * 20]
+# the last three make one prefill step longer than the CPU MLP's row block (blocks reduced across ranks at once)
+PROMPTS = [[5, 6, 7, 8], list(range(3, 70)), [9] * 20, *(list(range(10 + i, 210 + i)) for i in range(3))]
 
 
 def _tokens(llm: LLM) -> list[list[int]]:
@@ -26,6 +28,7 @@ def one_kv_head_model(tmp_path_factory):
 
 
 def test_tp2_matches_tp1(ray_cluster, any_model):
+    assert sum(map(len, PROMPTS)) > _CPU_MLP_ROWS
     expected = _tokens(LLM(str(any_model), max_model_len=256))
     llm = LLM(str(any_model), max_model_len=256, tensor_parallel_size=2)
     try:

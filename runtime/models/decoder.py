@@ -11,6 +11,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from kernels import AttentionMetadata, apply_rotary, paged_attention, store_kv_cache
+from runtime.distributed import all_reduce
 from runtime.models.layers import (
     MergedColumnParallelLinear,
     ParallelLMHead,
@@ -81,12 +82,13 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda or x.shape[0] <= _CPU_MLP_ROWS:
-            return self._forward(x)
-        return torch.cat([self._forward(rows) for rows in x.split(_CPU_MLP_ROWS)])
+            return self.down_proj(self._gated(x))
+        blocks = [self.down_proj(self._gated(rows), reduce=False) for rows in x.split(_CPU_MLP_ROWS)]
+        return all_reduce(torch.cat(blocks))  # one collective for the whole step, not one per block
 
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _gated(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return F.silu(gate) * up
 
 
 class DecoderLayer(nn.Module):

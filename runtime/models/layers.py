@@ -105,8 +105,10 @@ class RowParallelLinear(_Linear):
         else:
             param.data.copy_(_shard(loaded, 1, param.shape[1], tp_rank()))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_reduce(super().forward(x))
+    def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
+        """This rank's partial sum, all-reduced unless the caller reduces several blocks at once."""
+        partial = super().forward(x)
+        return all_reduce(partial) if reduce else partial
 
 
 class VocabParallelEmbedding(nn.Module):
