@@ -79,6 +79,17 @@ def _order(order: str) -> str:
     return order
 
 
+async def _health_problem(handle: DeploymentHandle) -> str | None:
+    """Why a model's replicas are not serving, or None when one answers healthy within 5 s."""
+    try:
+        healthy = await asyncio.wait_for(handle.healthy.remote(), timeout=5)
+    except TimeoutError:
+        return "loading (no replica answered yet)"
+    except Exception as e:  # a replica that cannot answer is not healthy
+        return repr(e)
+    return None if healthy else "engine stopped"
+
+
 async def _relay_stream(first: str, rest):
     yield first
     async for chunk in rest:
@@ -126,17 +137,11 @@ class OpenAIIngress:
 
     @app.get("/health")
     async def health(self):
-        for model_id, handle in self.replicas.items():
-            try:
-                healthy = await asyncio.wait_for(handle.healthy.remote(), timeout=5)
-            except TimeoutError:
-                healthy, reason = False, "loading (no replica answered yet)"
-            except Exception as e:  # a replica that cannot answer is not healthy
-                healthy, reason = False, repr(e)
-            else:
-                reason = "engine stopped"
-            if not healthy:
-                return JSONResponse(error_body(503, f"model {model_id}: {reason}"), status_code=503)
+        """Every model asked at once (one 5 s budget in all); the first unhealthy one, in config order, is named."""
+        problems = await asyncio.gather(*(_health_problem(handle) for handle in self.replicas.values()))
+        for model_id, problem in zip(self.replicas, problems):
+            if problem is not None:
+                return JSONResponse(error_body(503, f"model {model_id}: {problem}"), status_code=503)
         return {"status": "ok"}
 
     # --- generation ------------------------------------------------------------
