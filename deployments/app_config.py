@@ -3,8 +3,10 @@
 import dataclasses
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from deployments.errors import field_path
+from deployments.protocol import StrictModel
 from runtime import EngineConfig
 
 _ENGINE_OPTIONS = {f.name for f in dataclasses.fields(EngineConfig) if f.init} - {"model"}
@@ -22,11 +24,7 @@ def _only_known(options: dict, known: set[str], kind: str) -> dict:
     return options
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ModelLoadingConfig(_Strict):
+class ModelLoadingConfig(StrictModel):
     model_id: str = Field(min_length=1)  # the name clients send as `model`
     model_source: str | None = None  # a Hub id or a local directory; default: model_id
 
@@ -35,7 +33,7 @@ class ModelLoadingConfig(_Strict):
         return self.model_source or self.model_id
 
 
-class LLMConfig(_Strict):
+class LLMConfig(StrictModel):
     model_loading_config: ModelLoadingConfig
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
     deployment_config: dict[str, Any] = Field(default_factory=dict)
@@ -61,7 +59,7 @@ class LLMConfig(_Strict):
         return self.model_loading_config.model_id
 
 
-class AppConfig(_Strict):
+class AppConfig(StrictModel):
     llm_configs: list[LLMConfig] = Field(min_length=1)
     storage_uri: str = "file://./rayllm-storage"
     api_key: str | list[str] | None = None  # when set, every route but /health needs one of these keys
@@ -100,5 +98,5 @@ def parse_app_config(args: dict) -> AppConfig:
     try:
         return AppConfig.model_validate(args)
     except ValidationError as e:
-        problems = [f"{'.'.join(str(p) for p in err['loc']) or 'args'}: {err['msg']}" for err in e.errors()]
+        problems = [f"{field_path(err['loc']) or 'args'}: {err['msg']}" for err in e.errors()]
         raise ValueError("invalid build_openai_app args: " + "; ".join(problems)) from None

@@ -36,12 +36,17 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+def field_path(loc: tuple) -> str:
+    """A pydantic error location as a dotted field path (`messages.0.role`)."""
+    return ".".join(str(p) for p in loc)
+
+
 def from_validation_error(e: ValidationError) -> OpenAIError:
     """A 400 naming the first offending field, with every problem in the message."""
+    errors = e.errors()
     problems = []
-    for err in e.errors():
-        loc = ".".join(str(p) for p in err["loc"])
+    for err in errors:
+        loc = field_path(err["loc"])
         problems.append(f"{loc}: {err['msg']}" if loc else err["msg"])
-    first = e.errors()[0]["loc"] if e.errors() else ()
-    param = ".".join(str(p) for p in first) or None
-    return OpenAIError(400, "; ".join(problems), param=param)
+    param = field_path(errors[0]["loc"]) if errors else ""
+    return OpenAIError(400, "; ".join(problems), param=param or None)

@@ -13,41 +13,43 @@ from runtime import InvalidInputError, SamplingParams
 from runtime.grammar import Constraint
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
+    """Rejects unknown fields: a typo must not be silently ignored."""
+
     model_config = ConfigDict(extra="forbid")
 
 
-class StreamOptions(_Strict):
+class StreamOptions(StrictModel):
     include_usage: bool = False
 
 
-class ContentPart(_Strict):
+class ContentPart(StrictModel):
     type: Literal["text"]
     text: str
 
 
-class FunctionDefinition(_Strict):
+class FunctionDefinition(StrictModel):
     name: str = Field(min_length=1, max_length=64)
     description: str | None = None
     parameters: dict | None = None
     strict: bool | None = None
 
 
-class Tool(_Strict):
+class Tool(StrictModel):
     type: Literal["function"] = "function"
     function: FunctionDefinition
 
 
-class FunctionName(_Strict):
+class FunctionName(StrictModel):
     name: str
 
 
-class NamedToolChoice(_Strict):
+class NamedToolChoice(StrictModel):
     type: Literal["function"] = "function"
     function: FunctionName
 
 
-class ChatMessage(_Strict):
+class ChatMessage(StrictModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -63,7 +65,7 @@ class ChatMessage(_Strict):
         return out
 
 
-class JsonSchemaFormat(_Strict):
+class JsonSchemaFormat(StrictModel):
     name: str = "response"
     schema_: dict = Field(default_factory=dict, alias="schema")
     description: str | None = None
@@ -72,7 +74,7 @@ class JsonSchemaFormat(_Strict):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
-class ResponseFormat(_Strict):
+class ResponseFormat(StrictModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
@@ -83,7 +85,7 @@ class ResponseFormat(_Strict):
         return self
 
 
-class _SamplingFields(_Strict):
+class _SamplingFields(StrictModel):
     """Sampling options shared by chat and completions."""
 
     model: str | None = None
@@ -142,8 +144,8 @@ class _SamplingFields(_Strict):
             raise InvalidInputError(found[1].param, "give at most one of response_format, regex and ebnf")
         return found[0] if found else None
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None, **extra: Any) -> SamplingParams:
-        extra.setdefault("structured_output", self.constraint())
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None, structured_output: Constraint | None,
+                        **extra: Any) -> SamplingParams:
         temperature = 1.0 if self.temperature is None else self.temperature
         return SamplingParams(
             n=self.n,
@@ -163,6 +165,7 @@ class _SamplingFields(_Strict):
             ignore_eos=self.ignore_eos,
             skip_special_tokens=self.skip_special_tokens,
             logprobs=logprobs,
+            structured_output=structured_output,
             **extra,
         )
 
@@ -222,7 +225,7 @@ class ChatCompletionRequest(_SamplingFields):
             raise InvalidInputError("tool_choice", "a required or named tool_choice cannot be combined with "
                                                    "response_format, regex or ebnf")
         return self.sampling_params(self.max_completion_tokens or self.max_tokens, top if self.logprobs else None,
-                                    structured_output=constraint or tool)
+                                    constraint or tool)
 
 
 class CompletionRequest(_SamplingFields):
@@ -262,10 +265,10 @@ class CompletionRequest(_SamplingFields):
 
     def to_sampling_params(self) -> SamplingParams:
         prompt_logprobs = self.logprobs if self.echo and self.logprobs is not None else None
-        return self.sampling_params(self.max_tokens, self.logprobs, prompt_logprobs=prompt_logprobs)
+        return self.sampling_params(self.max_tokens, self.logprobs, self.constraint(), prompt_logprobs=prompt_logprobs)
 
 
-class GenerateSamplingParams(_Strict):
+class GenerateSamplingParams(StrictModel):
     """SGLang's `sampling_params` for /generate."""
 
     max_new_tokens: int = Field(128, ge=1)
@@ -309,7 +312,7 @@ class GenerateSamplingParams(_Strict):
         )
 
 
-class GenerateRequest(_Strict):
+class GenerateRequest(StrictModel):
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
     sampling_params: GenerateSamplingParams = Field(default_factory=GenerateSamplingParams)
@@ -337,7 +340,7 @@ class GenerateRequest(_Strict):
         return [ids], False
 
 
-class BatchCreateRequest(_Strict):
+class BatchCreateRequest(StrictModel):
     input_file_id: str = Field(min_length=1)  # a file id, or an s3://bucket/key URI staged by the user
     endpoint: str
     completion_window: str = "24h"

@@ -9,11 +9,11 @@ BACKENDS = ("torch", "triton", "flash")
 def choose_attention_backend(requested: str, device: str) -> str:
     if requested != "auto":
         if requested not in BACKENDS:
-            raise ValueError(f"attention_backend: unknown {requested!r}; available: auto, {', '.join(BACKENDS)}")
+            raise ValueError(f"unknown {requested!r}; available: auto, {', '.join(BACKENDS)}")
         if requested != "torch" and device != "cuda":
-            raise ValueError(f"attention_backend: {requested!r} needs a CUDA device")
+            raise ValueError(f"{requested!r} needs a CUDA device")
         if requested == "flash" and not flash.available():
-            raise ValueError("attention_backend: 'flash' needs vllm-flash-attn built for the installed torch")
+            raise ValueError("'flash' needs vllm-flash-attn built for the installed torch")
         return requested
     if device != "cuda":
         return "torch"

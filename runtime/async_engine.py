@@ -85,7 +85,7 @@ class AsyncLLMEngine:
         finally:
             self._streams.pop(request_id, None)
             if not finished:
-                self._send(("abort", request_id))
+                self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
         self._send(("abort", request_id))

@@ -68,7 +68,7 @@ class EngineConfig:
         try:
             self.resolved_attention_backend = choose_attention_backend(self.attention_backend, self.device)
         except ValueError as e:
-            raise InvalidInputError("attention_backend", str(e).split(": ", 1)[1]) from None
+            raise InvalidInputError("attention_backend", str(e)) from None
 
     def _resolve_dtype(self) -> torch.dtype:
         if self.dtype == "auto":

@@ -69,6 +69,8 @@ class RequestOutput:
             out.token_ids.extend(d.token_ids)
             out.text += d.text
             if d.logprobs is not None:
-                out.logprobs = (out.logprobs or []) + d.logprobs
+                if out.logprobs is None:
+                    out.logprobs = []
+                out.logprobs.extend(d.logprobs)
             out.finish_reason = d.finish_reason
             out.matched_stop = d.matched_stop
