@@ -31,6 +31,15 @@ def test_round_trip_list_and_delete(store):
     assert store.uri_of("x/y") == f"{store.uri}/x/y"
 
 
+def test_lines_spanning_read_chunks_come_back_whole(store):
+    long_line = b"x" * (3 << 20)  # three 1 MiB read chunks
+    lines = [b"a", long_line, b"", b"b" * ((1 << 20) - 2), b"c" * (1 << 20), b"end"]
+    store.put("lines.jsonl", b"\n".join(lines))
+    assert list(store.iter_lines("lines.jsonl")) == lines
+    store.put("trailing.jsonl", b"one\ntwo\n")
+    assert list(store.iter_lines("trailing.jsonl")) == [b"one", b"two"]
+
+
 def test_large_streamed_write_is_byte_exact(store):
     chunk = bytes(range(256)) * 4096  # 1 MiB
     chunks = [chunk] * 17 + [b"tail"]  # over two 8 MiB parts on S3

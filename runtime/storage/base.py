@@ -48,14 +48,19 @@ class ObjectStore(ABC):
         return self.size(key) is not None
 
     def iter_lines(self, key: str) -> Iterator[bytes]:
-        """Stream an object line by line (without the newline), in bounded memory."""
-        pending = b""
+        """Stream an object line by line (without the newline); each chunk is scanned once, so a line
+        spanning many chunks costs its length, not its length squared."""
+        head: list[bytes] = []  # pieces of the line that the next newline ends
         for chunk in self.iter_chunks(key):
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            yield from lines
-        if pending:
-            yield pending
+            *complete, rest = chunk.split(b"\n")
+            if complete:
+                yield b"".join([*head, complete[0]])
+                yield from complete[1:]
+                head = []
+            head.append(rest)
+        last = b"".join(head)
+        if last:
+            yield last
 
     def put_json(self, key: str, value) -> None:
         """Atomically replace a small JSON object."""
