@@ -10,6 +10,8 @@ until it is resolved.
 
 from transformers import PreTrainedTokenizerBase
 
+from runtime.parsers.tag_stream import partial_tag_len
+
 _PROMPT_CONTEXT = 5  # prompt tokens decoded with the first outputs, for correct spacing
 
 
@@ -68,13 +70,7 @@ class IncrementalDetokenizer:
         return out
 
     def _holdback(self) -> int:
-        longest = 0
-        for s in self.stop:
-            for k in range(min(len(s) - 1, len(self.text)), longest, -1):
-                if self.text.endswith(s[:k]):
-                    longest = k
-                    break
-        return longest
+        return max((partial_tag_len(self.text, s) for s in self.stop), default=0)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)

@@ -1,4 +1,4 @@
-"""Streaming text split at a tag, holding back any tail that could be the start of the tag."""
+"""Streaming text split at a tag (or a stop string), holding back any tail that could be its start."""
 
 
 def split_at(buffer: str, tag: str) -> tuple[str, str | None, str]:
@@ -12,7 +12,13 @@ def split_at(buffer: str, tag: str) -> tuple[str, str | None, str]:
     pos = buffer.find(tag)
     if pos != -1:
         return buffer[:pos], buffer[pos + len(tag) :], ""
-    for k in range(min(len(tag) - 1, len(buffer)), 0, -1):
-        if buffer.endswith(tag[:k]):
-            return buffer[:-k], None, buffer[-k:]
-    return buffer, None, ""
+    k = partial_tag_len(buffer, tag)
+    return buffer[: len(buffer) - k], None, buffer[len(buffer) - k :]
+
+
+def partial_tag_len(text: str, tag: str) -> int:
+    """Length of the longest proper prefix of `tag` that `text` ends with (0 if none)."""
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:k]):
+            return k
+    return 0
