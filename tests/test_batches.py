@@ -85,8 +85,17 @@ def test_twenty_requests_are_counted_live_and_complete(client):
     uploaded = client.files.create(file=("batch_requests.jsonl", jsonl(requests)), purpose="batch")
     batch_job = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
                                       completion_window="24h")
+    totals, completed = [], []
+
+    def done():
+        b = client.batches.retrieve(batch_job.id)
+        totals.append(b.request_counts.total)
+        completed.append(b.request_counts.completed)
+        return b.status in ("completed", "failed", "cancelled", "expired") and b
+
+    wait_until(done, every=0.05)
+    assert completed == sorted(completed) and set(totals) <= {0, 20}  # counted up as requests finish
     seen = []
-    details = finished(client, batch_job.id)
     for _ in range(5):
         details = client.batches.retrieve(batch_id=batch_job.id)
         seen.append((details.status, details.request_counts.total, details.request_counts.completed,
