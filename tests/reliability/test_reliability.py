@@ -106,6 +106,8 @@ def test_object_store_outage_during_a_batch(server, s3_server):
         batch = client.batches.create(input_file_id="s3://outage/in.jsonl", endpoint="/v1/chat/completions",
                                       completion_window="24h")
         wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed > 0)
+        before = client.batches.retrieve(batch.id)
+        assert before.status == "in_progress" and before.request_counts.completed < total  # the outage hits a run
         s3_server.stop()
         outage_started = time.monotonic()
         time.sleep(10)  # the outage itself: the store is unreachable for 10 seconds
