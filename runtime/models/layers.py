@@ -29,15 +29,22 @@ def pack_linear_weights(model: nn.Module) -> None:
     The packed copy replaces the plain weight (a tied embedding keeps its own reference).
     """
     for module in model.modules():
-        if isinstance(module, (_Linear, ParallelLMHead)):
+        if isinstance(module, _Projection):
             module.packed = pack_weight(module.weight)
             if module.packed is not None:
                 module.weight = None
 
 
-class _Linear(nn.Module):
+class _Projection:
+    """A module whose `weight` multiplies its input: through the packed copy once there is one."""
+
     packed: torch.Tensor | None = None
 
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias, self.packed)
+
+
+class _Linear(_Projection, nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
@@ -48,7 +55,7 @@ class _Linear(nn.Module):
             self.bias.weight_loader = self.weight_loader
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.packed)
+        return self.project(x)
 
 
 class ColumnParallelLinear(_Linear):
@@ -133,11 +140,11 @@ class VocabParallelEmbedding(nn.Module):
         return all_reduce(out)
 
 
-class ParallelLMHead(VocabParallelEmbedding):
-    packed: torch.Tensor | None = None
+class ParallelLMHead(_Projection, VocabParallelEmbedding):
+    bias = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = all_gather_last_dim(linear(hidden, self.weight, packed=self.packed))
+        logits = all_gather_last_dim(self.project(hidden))
         return logits[..., : self.vocab_size]
 
 
