@@ -65,13 +65,16 @@ class AttentionMetadata:
         """`context_lens[i]` counts sequence i's tokens up to and including this step's chunk."""
         width = max(len(t) for t in block_tables)
         tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.long)
-        positions = torch.arange(max(context_lens))
-        # every sequence's slots for positions [0, max_ctx); rows are valid up to their context length
-        all_slots = tables[:, positions // block_size] * block_size + positions % block_size
-        new_slots = [all_slots[i, ctx - q : ctx] for i, (q, ctx) in enumerate(zip(query_lens, context_lens))]
-        slot_mapping = torch.cat(new_slots).to(device)
+        lens = torch.tensor(query_lens)
+        row = torch.repeat_interleave(torch.arange(len(query_lens)), lens)  # each new token's sequence
+        first = torch.tensor(context_lens) - lens  # each sequence's first new position
+        new_positions = first[row] + torch.arange(len(row)) - (lens.cumsum(0) - lens)[row]
+        slot_mapping = (tables[row, new_positions // block_size] * block_size + new_positions % block_size).to(device)
         groups, prefills = [], []
         if backend == "torch":  # the kernel backends read the block tables directly
+            positions = torch.arange(max(context_lens))
+            # every sequence's slots for positions [0, max_ctx); rows are valid up to their context length
+            all_slots = tables[:, positions // block_size] * block_size + positions % block_size
             groups = [
                 _decode_group(rows, prefix_blocks * block_size, all_slots, context_lens, device)
                 for rows, prefix_blocks in _shared_prefixes(block_tables[:num_decodes], context_lens, block_size)
