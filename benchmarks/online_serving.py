@@ -17,7 +17,6 @@ Run: python -m benchmarks.online_serving
 import asyncio
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import requests
 
 from benchmarks.common import build_cpu_model, report
 from runtime import LLM, SamplingParams
+from tests.helpers import free_port, wait_until
 
 NUM_REQUESTS, CONCURRENCY, OUTPUT = 128, 32, 64
 MODEL_ID = "bench-model"
@@ -76,22 +76,11 @@ async def drive(base_url: str, model: str, conversations, extra_body: dict) -> d
             "itl_p50_ms": round(1000 * statistics.median(gaps), 2), "seconds": round(elapsed, 2)}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(url, timeout=2).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(1)
-    raise TimeoutError(url)
+def healthy(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
 
 
 def ours(path, conversations, throughput_optimized: bool) -> dict:
@@ -121,7 +110,7 @@ def peer(path, conversations) -> dict:
                "--continuous-batching", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_healthy(f"http://127.0.0.1:{port}/health")
+        wait_until(lambda: healthy(f"http://127.0.0.1:{port}/health"), timeout=300, every=1)
         asyncio.run(drive(f"http://127.0.0.1:{port}/v1", str(path), conversations[:4], {}))
         return asyncio.run(drive(f"http://127.0.0.1:{port}/v1", str(path), conversations, {}))
     finally:

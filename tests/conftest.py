@@ -6,6 +6,7 @@ import torch
 if not torch.cuda.is_available():  # Triton kernels run in its interpreter on CPU (set before triton is imported)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from tests.helpers import free_port
 from tests.model_factory import build_model_dir
 
 # Qwen3 with a head_dim that differs from hidden/heads, as real Qwen3 checkpoints have
@@ -68,14 +69,6 @@ class S3Server:
     def start(self) -> None:  # moto keeps its buckets in memory across a restart
         self._server = self._make()
         self._server.start()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

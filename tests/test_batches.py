@@ -2,13 +2,13 @@
 
 import io
 import json
-import time
 
 import openai
 import pytest
 import ray
 
 from tests.conftest import MODEL_ID
+from tests.helpers import wait_until
 
 
 def chat_line(custom_id: str, content: str, max_tokens: int = 16, **extra) -> dict:
@@ -27,17 +27,6 @@ def story_line(i: int, max_tokens: int) -> dict:
 
 def jsonl(lines) -> bytes:
     return "".join((json.dumps(line) if isinstance(line, dict) else line) + "\n" for line in lines).encode()
-
-
-def wait_until(predicate, timeout: float = 180.0, every: float = 0.2):
-    """Poll `predicate` until it returns a truthy value; fail the test at the deadline."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"condition not met within {timeout} s")
 
 
 def finished(client, batch_id, statuses=("completed", "failed", "cancelled", "expired")):

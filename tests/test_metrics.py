@@ -6,7 +6,7 @@ import openai
 import requests
 
 from tests.conftest import MODEL_ID
-from tests.test_batches import wait_until
+from tests.helpers import wait_until
 
 
 def _samples(base_url: str) -> dict[str, float]:

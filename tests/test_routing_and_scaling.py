@@ -11,7 +11,7 @@ from ray import serve
 from deployments import build_openai_app
 from deployments.app_config import replica_name
 from tests.conftest import MODEL_ID, app_args
-from tests.test_batches import wait_until
+from tests.helpers import wait_until
 
 WORDS = "alpha beta gamma delta river stone cloud ember frost grove harbor island jungle".split()
 GROUPS = 20

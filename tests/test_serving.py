@@ -1,7 +1,6 @@
 """The served app against the offline engine, under concurrency, disconnects and bad input."""
 
 import asyncio
-import time
 
 import openai
 import pytest
@@ -9,6 +8,7 @@ import requests
 
 from runtime import LLM, SamplingParams
 from tests.conftest import MODEL_ID
+from tests.helpers import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -88,15 +88,6 @@ def test_64_concurrent_streams_complete(server):
     assert asyncio.run(main()) == ["length"] * 64
 
 
-def _wait_for(condition, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_disconnected_stream_is_aborted_and_frees_its_blocks(server):
     body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "Tell me a long story"}], "stream": True,
             "max_tokens": 400, "ignore_eos": True}
@@ -106,7 +97,7 @@ def test_disconnected_stream_is_aborted_and_frees_its_blocks(server):
         next(lines)
     assert server.engine_stats()["num_requests"] == 1
     response.close()
-    assert _wait_for(lambda: server.engine_stats()["num_requests"] == 0)
+    wait_until(lambda: server.engine_stats()["num_requests"] == 0, timeout=30, every=0.05)
     stats = server.engine_stats()
     assert stats["num_free_blocks"] == stats["num_blocks"]
 

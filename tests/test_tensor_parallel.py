@@ -89,7 +89,7 @@ def _served_tp2_matches_offline_tp1(server, model_dir):
 
 
 def test_killed_tp_worker_fails_requests_fast_then_serve_recovers(tp_app):
-    from tests.test_batches import wait_until
+    from tests.helpers import wait_until
 
     (worker,) = _workers()
     body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "long story"}], "max_tokens": 400,

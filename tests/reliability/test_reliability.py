@@ -18,7 +18,8 @@ from ray import serve
 
 from deployments import build_openai_app
 from tests.conftest import MODEL_ID, app_args
-from tests.test_batches import chat_line, finished, jsonl, read_jsonl, wait_until
+from tests.helpers import wait_until
+from tests.test_batches import chat_line, finished, jsonl, read_jsonl
 
 pytestmark = pytest.mark.reliability
 STREAMS = int(os.environ.get("RELIABILITY_STREAMS", 200))
