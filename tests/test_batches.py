@@ -1,5 +1,6 @@
 """The Files and Batches APIs through the openai SDK: the seed documents' flows, faults and bad input."""
 
+import asyncio
 import io
 import json
 
@@ -253,3 +254,32 @@ def test_s3_staged_batch_writes_results_to_s3(ray_cluster, s3_endpoint, tmp_path
         assert s3.head_object(Bucket="results", Key=f"rayllm/files/{uploaded.id}.jsonl")["ContentLength"] > 0
     finally:
         serve.delete("s3")
+
+
+def test_calls_during_the_resume_load_wait_for_it(server, tmp_path_factory):
+    """A manager starting over a store of earlier batches answers every concurrent call from the full set."""
+    from ray import serve
+
+    from deployments import build_openai_app
+    from deployments.batch.job import new_batch
+    from runtime.storage import open_store
+    from tests.conftest import app_args
+
+    root = tmp_path_factory.mktemp("resume-storage")
+    store = open_store(f"file://{root}")
+    ids = []
+    for _ in range(200):  # finished batches of an earlier manager: loading them takes a while
+        batch = {**new_batch("file-x", "/v1/chat/completions", 3600, "1h", None, "files/x", None),
+                 "status": "completed"}
+        store.put_json(f"batches/{batch['id']}/state.json", batch)
+        ids.append(batch["id"])
+    serve.run(build_openai_app(app_args(server.model_dir, f"file://{root}")), name="resume", route_prefix="/resume")
+    try:
+        client = openai.AsyncClient(base_url=f"{server.base_url}/resume/v1", api_key="None", max_retries=0)
+
+        async def retrieve_all():
+            return await asyncio.gather(*(client.batches.retrieve(i) for i in ids[::10]))
+
+        assert [b.status for b in asyncio.run(retrieve_all())] == ["completed"] * 20
+    finally:
+        serve.delete("resume")

@@ -38,17 +38,31 @@ class BatchManager:
         self.limits = limits
         self.jobs: dict[str, BatchJob] = {}
         self.tasks: dict[str, asyncio.Task] = {}
-        self._resumed = False
+        self._loading: asyncio.Task | None = None
 
     async def _resume(self) -> None:
-        """Load every batch from the store and restart the unfinished ones (once per actor life)."""
-        if self._resumed:
-            return
-        self._resumed = True
+        """Load every batch from the store and restart the unfinished ones, once per actor life.
+
+        Calls that arrive while the load runs wait for it rather than answer from a partial set; a load
+        that failed (storage unreachable) is tried again by the next call.
+        """
+        if self._loading is None:
+            self._loading = asyncio.get_running_loop().create_task(self._load())
+        loading = self._loading
+        try:
+            await asyncio.shield(loading)
+        except StoreError:
+            if self._loading is loading:
+                self._loading = None
+            raise
+
+    async def _load(self) -> None:
         keys = await asyncio.to_thread(self.store.list, "batches/")
         for key in keys:
             if key.endswith("/state.json"):
                 batch = await asyncio.to_thread(self.store.get_json, key)
+                if batch["id"] in self.jobs:  # loaded by an earlier, interrupted attempt
+                    continue
                 job = self._job(batch)
                 if batch["status"] not in TERMINAL:
                     self._start(job)
