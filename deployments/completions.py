@@ -34,8 +34,9 @@ class CompletionHandler:
             results[i].add(delta)
         choices = []
         for i, result in enumerate(results):
+            prompt_text = self.engine.tokenizer.decode(result.prompt_token_ids) if req.echo else ""
             for c in result.outputs:
-                choices.append(self._choice(req, i * params.n + c.index, result, c))
+                choices.append(self._choice(req, i * params.n + c.index, result, c, prompt_text))
         completion_tokens = sum(len(c.token_ids) for r in results for c in r.outputs)
         return {
             "id": request_id,
@@ -46,16 +47,17 @@ class CompletionHandler:
             "usage": usage(sum(len(p) for p in prompts), completion_tokens, sum(r.num_cached_tokens for r in results)),
         }
 
-    def _choice(self, req: CompletionRequest, index: int, result: RequestOutput, c: CompletionOutput) -> dict:
-        text, logprobs = c.text, None
-        prompt_text = self.engine.tokenizer.decode(result.prompt_token_ids) if req.echo else ""
+    def _choice(self, req: CompletionRequest, index: int, result: RequestOutput, c: CompletionOutput,
+                prompt_text: str) -> dict:
+        """One choice; `prompt_text` is the decoded prompt with `echo`, else empty."""
+        logprobs = None
         if req.logprobs is not None:
-            entries, ids = list(c.logprobs or []), list(c.token_ids)
+            entries, ids = c.logprobs or [], c.token_ids
             if req.echo:
-                entries = list(result.prompt_logprobs or [None] * len(ids)) + entries
-                ids = list(result.prompt_token_ids) + ids
+                entries = (result.prompt_logprobs or [None] * len(result.prompt_token_ids)) + entries
+                ids = result.prompt_token_ids + ids
             logprobs = completion_logprobs(entries, ids, self.texts)
-        return {"index": index, "text": prompt_text + text, "logprobs": logprobs,
+        return {"index": index, "text": prompt_text + c.text, "logprobs": logprobs,
                 "finish_reason": c.finish_reason, "matched_stop": c.matched_stop}
 
     async def stream(self, req: CompletionRequest, request_id: str) -> AsyncIterator[str]:
@@ -71,9 +73,10 @@ class CompletionHandler:
 
         if req.echo:
             for i, ids in enumerate(prompts):
+                prompt_text = self.engine.tokenizer.decode(ids)
                 for j in range(params.n):
-                    yield chunk([{"index": i * params.n + j, "text": self.engine.tokenizer.decode(ids),
-                                  "logprobs": None, "finish_reason": None}])
+                    yield chunk([{"index": i * params.n + j, "text": prompt_text, "logprobs": None,
+                                  "finish_reason": None}])
         completion_tokens, cached = 0, [0] * len(prompts)
         offsets = {}
         async for i, delta in merge(self._streams(prompts, params, request_id, 0)):
