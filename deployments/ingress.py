@@ -201,9 +201,8 @@ class OpenAIIngress:
 
     @app.get("/v1/files/{file_id}/content")
     async def file_content(self, file_id: str, request: Request):
-        owner = self.auth.owner(request)
-        await self.batches.get_file(file_id, owner)
-        return StreamingResponse(self.batches.file_content(file_id, owner), media_type="application/octet-stream")
+        content = await self.batches.file_content(file_id, self.auth.owner(request))
+        return StreamingResponse(content, media_type="application/octet-stream")
 
     @app.delete("/v1/files/{file_id}")
     async def delete_file(self, file_id: str, request: Request):

@@ -46,9 +46,14 @@ class BatchAPI:
         return await asyncio.to_thread(self.files.delete, file_id, owner)
 
     async def file_content(self, file_id: str, owner: str | None) -> AsyncIterator[bytes]:
+        """The file's bytes as a stream; a missing or foreign file raises its 404 here, before streaming."""
         chunks = await asyncio.to_thread(self.files.content, file_id, owner)
-        while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
-            yield chunk
+
+        async def stream() -> AsyncIterator[bytes]:
+            while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
+                yield chunk
+
+        return stream()
 
     # --- batches ---------------------------------------------------------------
 
