@@ -26,7 +26,22 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
 
 def linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None = None,
            packed: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear`, through the packed weight when there is one (then `weight` may be None)."""
+    """`F.linear`, through the packed weight when there is one (then `weight` may be None, and `x` is 2-d)."""
     if packed is None:
         return F.linear(x, weight, bias)
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    rows = x.shape[0]
+    padded = _padded_rows(rows)
+    if padded != rows:
+        x = F.pad(x, (0, 0, 0, padded - rows))
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")[:rows]
+
+
+def _padded_rows(rows: int) -> int:
+    """`rows` rounded up to one of eight sizes per power of two (so at most 1/8 more rows).
+
+    oneDNN builds a kernel for every input shape it sees, and the memory that
+    takes is not given back. A step's token count takes thousands of values, so
+    unpadded shapes grew a server's memory without bound.
+    """
+    step = 1 << max(0, rows.bit_length() - 4)
+    return -(-rows // step) * step
