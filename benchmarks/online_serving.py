@@ -7,9 +7,16 @@ latency p50 for each server, and our online throughput against our offline
 engine on the same prompts, both with all 128 requests at once and at the
 server's concurrency (max_num_seqs=32), which isolates what Ray Serve costs.
 
-Our server runs twice: with Ray Serve's defaults, and with Serve's own
-throughput switch RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (direct ingress, user code
-on the replica's event loop; see the README). The ratios use the better run.
+Every figure is the median of PASSES passes, each with fresh questions after
+one warm-up (so the shared system prompt is cached, as in a live server): on
+two cores one pass varies by ±15%.
+
+Our server runs twice: with Ray Serve's defaults (the Python HTTP proxy), and
+in Ray Serve's high-throughput mode (RAY_SERVE_THROUGHPUT_OPTIMIZED=1 with
+RAY_SERVE_ENABLE_HA_PROXY=1: HAProxy in front, gRPC between replicas; see the
+README). The ratios use the better run. The replica reserves every core of the
+machine (`ray_actor_options.num_cpus`), which sets its engine's thread count,
+as the offline engine uses them all.
 
 Run: python -m benchmarks.online_serving
 """
@@ -29,19 +36,29 @@ from benchmarks.common import build_cpu_model, report
 from runtime import LLM, SamplingParams
 from tests.helpers import free_port, wait_until
 
-NUM_REQUESTS, CONCURRENCY, OUTPUT = 128, 32, 64
+NUM_REQUESTS, CONCURRENCY, OUTPUT, PASSES = 128, 32, 64, 3
 MODEL_ID = "bench-model"
 WORDS = ("the river runs north past old stone towns where people trade grain salt and wool "
          "while the mountains hold snow through summer and the sea brings storms in autumn").split()
 
 
-def workload(tokenizer) -> list[list[dict]]:
-    rng = random.Random(0)
-    system = " ".join(rng.choice(WORDS) for _ in range(400))
+def workload(tokenizer, seed: int) -> list[list[dict]]:
+    """The shared system prompt (always the same) with NUM_REQUESTS questions drawn from `seed`."""
+    words = random.Random(0)
+    system = " ".join(words.choice(WORDS) for _ in range(400))
     while len(tokenizer.encode(system)) > 250:
         system = system.rsplit(" ", 1)[0]
+    rng = random.Random(seed)
     questions = [" ".join(rng.choice(WORDS) for _ in range(18)) + "?" for _ in range(NUM_REQUESTS)]
     return [[{"role": "system", "content": system}, {"role": "user", "content": q}] for q in questions]
+
+
+def median_pass(run_pass, tokenizer) -> dict:
+    """Warm up on a few requests, then the median of PASSES passes on fresh questions (seeds 1..PASSES)."""
+    run_pass(workload(tokenizer, 0)[:4])
+    results = sorted((run_pass(workload(tokenizer, seed)) for seed in range(1, PASSES + 1)),
+                     key=lambda r: r["output_tok_s"])
+    return {**results[PASSES // 2], "passes_tok_s": [r["output_tok_s"] for r in results]}
 
 
 async def drive(base_url: str, model: str, conversations, extra_body: dict) -> dict:
@@ -83,64 +100,69 @@ def healthy(url: str) -> bool:
         return False
 
 
-def ours(path, conversations, throughput_optimized: bool) -> dict:
+def ours(path, tokenizer, high_throughput: bool) -> dict:
     import ray
     from ray import serve
 
     from deployments import build_openai_app
 
-    os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = str(int(throughput_optimized))  # inherited by Ray's processes
+    for flag in ("RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_ENABLE_HA_PROXY"):  # inherited by Ray's processes
+        os.environ[flag] = str(int(high_throughput))
     ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_openai_app({"llm_configs": [{
         "model_loading_config": {"model_id": MODEL_ID, "model_source": str(path)},
-        "engine_kwargs": {"max_model_len": 1024}}]}), route_prefix="/")
-    base = f"http://127.0.0.1:{port}"
-    asyncio.run(drive(f"{base}/v1", MODEL_ID, conversations[:4], {"ignore_eos": True}))  # warm-up
-    result = asyncio.run(drive(f"{base}/v1", MODEL_ID, conversations, {"ignore_eos": True}))
+        "engine_kwargs": {"max_model_len": 1024},
+        "deployment_config": {"ray_actor_options": {"num_cpus": os.cpu_count()}}}]}), route_prefix="/")
+    url = f"http://127.0.0.1:{port}/v1"
+    result = median_pass(lambda c: asyncio.run(drive(url, MODEL_ID, c, {"ignore_eos": True})), tokenizer)
     serve.shutdown()
     ray.shutdown()
     return result
 
 
-def peer(path, conversations) -> dict:
+def peer(path, tokenizer) -> dict:
     port = free_port()
     command = [sys.executable, "-c", "from transformers.cli.transformers import main; main()", "serve", str(path),
                "--continuous-batching", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_until(lambda: healthy(f"http://127.0.0.1:{port}/health"), timeout=300, every=1)
-        asyncio.run(drive(f"http://127.0.0.1:{port}/v1", str(path), conversations[:4], {}))
-        return asyncio.run(drive(f"http://127.0.0.1:{port}/v1", str(path), conversations, {}))
+        url = f"http://127.0.0.1:{port}/v1"
+        return median_pass(lambda c: asyncio.run(drive(url, str(path), c, {})), tokenizer)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
 
 
-def offline(path, conversations, **engine_kwargs) -> float:
+def offline(path, tokenizer, **engine_kwargs) -> dict:
     llm = LLM(str(path), max_model_len=1024, **engine_kwargs)
-    llm.chat(conversations[:2], SamplingParams(temperature=0, max_tokens=2))
-    start = time.perf_counter()
-    llm.chat(conversations, SamplingParams(temperature=0, max_tokens=OUTPUT, ignore_eos=True))
-    return NUM_REQUESTS * OUTPUT / (time.perf_counter() - start)
+    params = SamplingParams(temperature=0, max_tokens=OUTPUT, ignore_eos=True)
+
+    def run_pass(conversations):
+        start = time.perf_counter()
+        llm.chat(conversations, params)
+        return {"output_tok_s": round(len(conversations) * OUTPUT / (time.perf_counter() - start), 1)}
+
+    return median_pass(run_pass, tokenizer)
 
 
 def main() -> None:
     path = build_cpu_model()
     from transformers import AutoTokenizer
 
-    conversations = workload(AutoTokenizer.from_pretrained(path))
-    offline_tps = offline(path, conversations)
-    offline_same_concurrency_tps = offline(path, conversations, max_num_seqs=CONCURRENCY)
-    default_serve = ours(path, conversations, throughput_optimized=False)
-    optimized_serve = ours(path, conversations, throughput_optimized=True)
-    mine = max(default_serve, optimized_serve, key=lambda r: r["output_tok_s"])
-    theirs = peer(path, conversations)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    offline_tps = offline(path, tokenizer)["output_tok_s"]
+    offline_same_concurrency_tps = offline(path, tokenizer, max_num_seqs=CONCURRENCY)["output_tok_s"]
+    default_serve = ours(path, tokenizer, high_throughput=False)
+    high_throughput_serve = ours(path, tokenizer, high_throughput=True)
+    mine = max(default_serve, high_throughput_serve, key=lambda r: r["output_tok_s"])
+    theirs = peer(path, tokenizer)
     report("online_serving", requests=NUM_REQUESTS, concurrency=CONCURRENCY, ours=default_serve,
-           ours_serve_throughput_optimized=optimized_serve,
-           transformers_serve_cb=theirs, offline_engine_tok_s=round(offline_tps, 1),
-           offline_engine_at_concurrency_tok_s=round(offline_same_concurrency_tps, 1),
+           ours_serve_high_throughput=high_throughput_serve,
+           transformers_serve_cb=theirs, offline_engine_tok_s=offline_tps,
+           offline_engine_at_concurrency_tok_s=offline_same_concurrency_tps,
            throughput_ratio=round(mine["output_tok_s"] / theirs["output_tok_s"], 2),
            ttft_p50_ratio=round(mine["ttft_p50_ms"] / theirs["ttft_p50_ms"], 3),
            online_over_offline=round(mine["output_tok_s"] / offline_tps, 3),

@@ -33,8 +33,14 @@ class ModelLoadingConfig(StrictModel):
         return self.model_source or self.model_id
 
 
+class ExperimentalConfigs(StrictModel):
+    # Join a stream's chunks so at most one crosses Serve per interval (0: every token at once).
+    stream_batching_interval_ms: float = Field(default=50, ge=0)
+
+
 class LLMConfig(StrictModel):
     model_loading_config: ModelLoadingConfig
+    experimental_configs: ExperimentalConfigs = Field(default_factory=ExperimentalConfigs)
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
     deployment_config: dict[str, Any] = Field(default_factory=dict)
     accelerator_type: str | None = None

@@ -23,18 +23,11 @@ from deployments.batch.api import BatchAPI
 from deployments.batch.files import FileLimits
 from deployments.batch.job import BatchLimits
 from deployments.errors import OpenAIError, error_body, from_validation_error
-from deployments.metrics import count_request, node_metrics_text
+from deployments.metrics import RequestCounter, node_metrics_text
 from deployments.protocol import BatchCreateRequest, ChatCompletionRequest, CompletionRequest, GenerateRequest
 
 app = FastAPI(title="rayllm-engine OpenAI-compatible API")
-
-
-@app.middleware("http")
-async def _count_requests(request: Request, call_next):
-    response = await call_next(request)
-    route = request.scope.get("route")
-    count_request(getattr(route, "path", "unmatched"), response.status_code)
-    return response
+app.add_middleware(RequestCounter)
 
 
 @app.exception_handler(OpenAIError)
@@ -96,7 +89,8 @@ async def _relay_stream(first: str, rest):
         yield chunk
 
 
-@serve.deployment(max_ongoing_requests=1000)
+# No CPU reserved: like Serve's proxy, the ingress only routes; the cores go to the engines.
+@serve.deployment(max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0})
 @serve.ingress(app)
 class OpenAIIngress:
     def __init__(self, config: AppConfig, replicas: dict[str, DeploymentHandle]):

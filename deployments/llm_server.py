@@ -15,7 +15,7 @@ from deployments.generate import GenerateHandler
 from deployments.metrics import MeteredEngine
 from deployments.openai_format import TokenTexts
 from deployments.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
-from deployments.streams import SSE_DONE, new_id, sse
+from deployments.streams import SSE_DONE, batched, new_id, sse
 from runtime import AsyncLLMEngine, EngineDeadError, InvalidInputError
 
 logger = logging.getLogger("ray.serve")
@@ -33,6 +33,7 @@ class LLMServer:
                                         config.tool_call_parser)
         self.completion_handler = CompletionHandler(metered, self.model_id, texts)
         self.generate_handler = GenerateHandler(metered)
+        self.stream_interval_s = config.experimental_configs.stream_batching_interval_ms / 1000
         threading.Thread(target=self._report_gauges, args=(metered,), name="gauges", daemon=True).start()
 
     def _report_gauges(self, metered: MeteredEngine) -> None:
@@ -54,16 +55,31 @@ class LLMServer:
     # --- streaming: an error dict before the stream starts, else SSE strings ---
 
     async def chat_stream(self, req: ChatCompletionRequest) -> AsyncIterator[str | dict]:
-        async for item in _stream(self.chat_handler.stream(req, new_id("chatcmpl-"))):
+        async for item in self._stream(self.chat_handler.stream(req, new_id("chatcmpl-"))):
             yield item
 
     async def completions_stream(self, req: CompletionRequest) -> AsyncIterator[str | dict]:
-        async for item in _stream(self.completion_handler.stream(req, new_id("cmpl-"))):
+        async for item in self._stream(self.completion_handler.stream(req, new_id("cmpl-"))):
             yield item
 
     async def generate_stream(self, req: GenerateRequest) -> AsyncIterator[str | dict]:
-        async for item in _stream(self.generate_handler.stream(req)):
+        async for item in self._stream(self.generate_handler.stream(req)):
             yield item
+
+    async def _stream(self, prepare) -> AsyncIterator[str | dict]:
+        try:
+            chunks = await prepare
+        except Exception as e:
+            err = _to_openai(e)
+            yield {"status": err.status, "body": err.body()}
+            return
+        try:
+            async for chunk in batched(chunks, self.stream_interval_s):
+                yield chunk
+        except Exception as e:  # the stream already started: report in-band, then end it
+            err = _to_openai(e)
+            yield sse(error_body(err.status, err.message, err.param))
+            yield SSE_DONE
 
     # --- operations ------------------------------------------------------------
 
@@ -101,19 +117,3 @@ async def _reply(work) -> Reply:
     except Exception as e:
         err = _to_openai(e)
         return err.status, err.body()
-
-
-async def _stream(prepare) -> AsyncIterator[str | dict]:
-    try:
-        chunks = await prepare
-    except Exception as e:
-        err = _to_openai(e)
-        yield {"status": err.status, "body": err.body()}
-        return
-    try:
-        async for chunk in chunks:
-            yield chunk
-    except Exception as e:  # the stream already started: report in-band, then end it
-        err = _to_openai(e)
-        yield sse(error_body(err.status, err.message, err.param))
-        yield SSE_DONE

@@ -25,9 +25,28 @@ def _metric(kind, name: str, description: str, tags: tuple[str, ...], **kw):
     return _metrics[name]
 
 
-def count_request(route: str, status: int) -> None:
-    _metric(Counter, "rayllm_requests", "HTTP requests by route and status", ("route", "status")).inc(
-        1, tags={"route": route, "status": str(status)})
+class RequestCounter:
+    """ASGI middleware counting HTTP requests by route and status when the response starts.
+
+    Plain ASGI on purpose: Starlette's `@app.middleware("http")` relays every
+    streamed chunk through an extra task and memory stream.
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def counting_send(message):
+            if message["type"] == "http.response.start":
+                route = getattr(scope.get("route"), "path", "unmatched")
+                _metric(Counter, "rayllm_requests", "HTTP requests by route and status", ("route", "status")).inc(
+                    1, tags={"route": route, "status": str(message["status"])})
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
 
 
 def count_batch(kind: str, outcome: str) -> None:

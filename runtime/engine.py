@@ -40,8 +40,6 @@ class LLMEngine:
                 self.workers.shutdown(wait=False)
                 destroy_tp_group()
             raise
-        if self.workers is not None:
-            self.workers.start()
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
         self.requests: dict[str, Request] = {}

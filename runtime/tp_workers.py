@@ -4,7 +4,8 @@ Inside a Serve replica the group is the replica's own (reserved through Serve's
 placement-group options, bundle 0 holding the replica, which is rank 0); an
 offline `LLM` creates one. Each worker builds its shard, joins the
 torch.distributed group, then loops on the steps rank 0 broadcasts: no Ray
-call per step.
+call per step. Building and stepping happen in one call, so on one thread
+(see `async_engine` for why that matters on CPU).
 """
 
 import uuid
@@ -20,13 +21,10 @@ WORKER_PREFIX = "tp-worker-"
 
 @ray.remote(max_concurrency=2)  # `ping` answers while `serve` runs
 class TPWorker:
-    def __init__(self, config: EngineConfig, eos_token_ids: set[int], rank: int, address: str):
+    def serve(self, config: EngineConfig, eos_token_ids: set[int], rank: int, address: str) -> None:
         from runtime.model_runner import ModelRunner
 
-        self.runner = ModelRunner(config, eos_token_ids, rank, address)
-
-    def serve(self) -> None:
-        self.runner.serve_rank0()
+        ModelRunner(config, eos_token_ids, rank, address).serve_rank0()
 
     def ping(self) -> bool:
         return True
@@ -53,14 +51,11 @@ class TPWorkers:
                 name=f"{WORKER_PREFIX}{tag}-rank{rank}",  # named, so operators (and tests) can find them
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
                 **resources,
-            ).remote(config, eos_token_ids, rank, address)
+            ).remote()
             for rank in range(1, config.tensor_parallel_size)
         ]
-        self._loops = []
-
-    def start(self) -> None:
-        """Begin the workers' step loops (after every rank has joined the group)."""
-        self._loops = [w.serve.remote() for w in self.workers]
+        self._loops = [w.serve.remote(config, eos_token_ids, rank, address)
+                       for rank, w in enumerate(self.workers, start=1)]
 
     def alive(self, timeout_s: float = 5.0) -> bool:
         try:

@@ -1,11 +1,13 @@
 """AsyncLLMEngine: streamed deltas add up to the offline result; leaving early aborts."""
 
 import asyncio
+import threading
 from contextlib import aclosing
 
 import pytest
 
 from runtime import LLM, AsyncLLMEngine, InvalidInputError, SamplingParams
+from runtime.engine import LLMEngine
 
 
 @pytest.fixture(scope="module")
@@ -79,3 +81,20 @@ def test_bad_request_raises_before_streaming(async_engine):
 
     asyncio.run(main())
     assert async_engine.healthy
+
+
+def test_the_engine_is_built_on_its_loop_thread_and_a_failed_build_raises(qwen2_model):
+    """Building on the loop's thread keeps every torch op on one thread (one OpenMP team on CPU)."""
+    built_on = []
+
+    def build():
+        built_on.append(threading.current_thread())
+        return LLMEngine.from_options(str(qwen2_model), max_model_len=256)
+
+    engine = AsyncLLMEngine(build)
+    try:
+        assert built_on == [engine._thread]
+    finally:
+        engine.shutdown()
+    with pytest.raises(InvalidInputError, match="model"):
+        AsyncLLMEngine.from_options("/nonexistent/model/dir")
