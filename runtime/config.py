@@ -34,7 +34,6 @@ class EngineConfig:
     kv_cache_bytes: int | None = None  # KV budget; default on CPU: max_num_seqs full-length sequences,
     # at most 2 GiB; on GPU: what gpu_memory_utilization leaves free
     enable_prefix_caching: bool = True
-    enforce_eager: bool = False
     seed: int = 0
     attention_backend: str = "auto"  # torch | triton | flash; auto: flash, else triton on GPU, torch on CPU
 

@@ -1,5 +1,6 @@
 import os
 
+import openai
 import pytest
 import torch
 
@@ -111,6 +112,12 @@ def server(ray_cluster, tmp_path_factory):
               name="default", route_prefix="/")
     yield Server(f"http://127.0.0.1:{port}", model_dir, ENGINE_KWARGS)
     serve.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """The `openai` SDK pointed at the shared server."""
+    return openai.Client(base_url=server.openai_url, api_key="None")
 
 
 ENGINE_KWARGS = {"max_model_len": 512, "kv_cache_bytes": 64 << 20}

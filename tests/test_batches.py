@@ -39,11 +39,6 @@ def read_jsonl(client, file_id) -> list[dict]:
     return [json.loads(line) for line in content.split("\n") if line.strip()]
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.Client(base_url=server.openai_url, api_key="None")
-
-
 def test_two_request_batch_completes_and_its_output_reads_back(client):
     requests = [chat_line("request-1", "Tell me a joke about programming", 50),
                 chat_line("request-2", "What is Python?", 50)]

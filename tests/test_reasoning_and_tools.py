@@ -55,11 +55,6 @@ def test_deepseek_r1_starts_inside_reasoning_and_truncation_is_all_reasoning():
     assert parser.finish() == ("", "")
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.Client(base_url=server.openai_url, api_key="None")
-
-
 def test_reasoning_is_separated(client):
     messages = [{"role": "user", "content": "2 + 2?"}]
     r = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=200,

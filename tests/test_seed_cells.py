@@ -3,16 +3,10 @@
 import json
 import subprocess
 
-import openai
 import pytest
 import requests
 
 from tests.conftest import MODEL_ID
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.Client(base_url=server.openai_url, api_key="None")
 
 
 @pytest.fixture(scope="module")

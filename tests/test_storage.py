@@ -3,7 +3,7 @@
 import boto3
 import pytest
 
-from runtime.storage import StoreError, open_store
+from runtime.storage import MissingObjectError, open_store
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -26,7 +26,7 @@ def test_round_trip_list_and_delete(store):
     store.delete("a/one.json")
     store.delete("a/one.json")  # deleting twice is fine
     assert store.list("a/") == ["a/two.json"]
-    with pytest.raises(StoreError):
+    with pytest.raises(MissingObjectError):  # missing, not unreachable: callers answer 404 for it
         store.get("a/one.json")
     assert store.uri_of("x/y") == f"{store.uri}/x/y"
 

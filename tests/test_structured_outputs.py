@@ -34,11 +34,6 @@ term ::= num | "(" expr ")"
 num ::= [1-9] [0-9]?"""
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.Client(base_url=server.openai_url, api_key="None")
-
-
 def test_fifty_seeded_json_schema_samples_all_validate(server):
     client = openai.AsyncClient(base_url=server.openai_url, api_key="None")
 

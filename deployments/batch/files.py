@@ -4,12 +4,13 @@ Uploads stream into the store while their size and line count are checked,
 so a file over the limits is refused without ever being held in memory.
 """
 
+import contextlib
 import time
 import uuid
 from collections.abc import Iterable, Iterator
 
 from deployments.errors import OpenAIError
-from runtime.storage import ObjectStore
+from runtime.storage import MissingObjectError, ObjectStore
 
 PURPOSES = {"batch", "batch_output"}
 
@@ -57,8 +58,9 @@ class FileStore:
     def get(self, file_id: str, owner: str | None = None) -> dict:
         """The file object; another owner's file is as missing as a file that never was."""
         meta = None
-        if "/" not in file_id and self.store.exists(self._meta_key(file_id)):
-            meta = self.store.get_json(self._meta_key(file_id))
+        if "/" not in file_id:
+            with contextlib.suppress(MissingObjectError):
+                meta = self.store.get_json(self._meta_key(file_id))
         if meta is None or meta.get("_owner") != owner:
             raise OpenAIError(404, f"No file with id {file_id!r}", "file_id", "file_not_found")
         return public(meta)

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from deployments.batch.files import FileStore
 from deployments.batch.input_line import BatchRequest, LineError, parse_line, peek_custom_id
 from deployments.metrics import count_batch
-from runtime.storage import ObjectStore, StoreError, open_store
+from runtime.storage import ObjectStore, StoreError, open_s3_object
 
 logger = logging.getLogger(__name__)
 
@@ -105,8 +105,7 @@ class BatchJob:
     def _input(self) -> tuple[ObjectStore, str]:
         uri = self.batch["_input_uri"]
         if uri.startswith("s3://"):
-            bucket, _, key = uri[len("s3://") :].partition("/")
-            return open_store(f"s3://{bucket}"), key
+            return open_s3_object(uri)
         return self.store, uri
 
     async def _validate(self) -> None:

@@ -18,7 +18,7 @@ from deployments.batch.files import FileLimits, FileStore, paginate, public
 from deployments.batch.input_line import ENDPOINTS, BatchRequest
 from deployments.batch.job import TERMINAL, BatchJob, BatchLimits, new_batch
 from deployments.errors import OpenAIError
-from runtime.storage import StoreError, open_store
+from runtime.storage import StoreError, open_s3_object, open_store
 
 logger = logging.getLogger(__name__)
 
@@ -113,9 +113,9 @@ class BatchManager:
 
     def _input_uri(self, input_file_id: str, owner: str | None) -> str:
         if input_file_id.startswith("s3://"):
-            bucket, _, key = input_file_id[len("s3://") :].partition("/")
+            store, key = open_s3_object(input_file_id)
             try:
-                size = open_store(f"s3://{bucket}").size(key) if key else None
+                size = store.size(key) if key else None
             except StoreError as e:
                 raise OpenAIError(400, f"input_file_id: cannot read {input_file_id}: {e}", "input_file_id") from e
             if size is None:

@@ -3,7 +3,7 @@
 Locations are URIs: `file:///path` (or `file://./relative`) and `s3://bucket/prefix`.
 """
 
-from runtime.storage.base import ObjectStore, StoreError
+from runtime.storage.base import MissingObjectError, ObjectStore, StoreError
 from runtime.storage.local import LocalStore
 from runtime.storage.s3 import S3Store
 
@@ -12,9 +12,20 @@ def open_store(uri: str) -> ObjectStore:
     if uri.startswith("file://"):
         return LocalStore(uri[len("file://") :])
     if uri.startswith("s3://"):
-        bucket, _, prefix = uri[len("s3://") :].partition("/")
-        return S3Store(bucket, prefix)
+        return S3Store(*split_s3_uri(uri))
     raise ValueError(f"storage_uri: unsupported scheme in {uri!r}; use file:// or s3://")
 
 
-__all__ = ["LocalStore", "ObjectStore", "S3Store", "StoreError", "open_store"]
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """`s3://bucket/some/key` → ("bucket", "some/key")."""
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return bucket, key
+
+
+def open_s3_object(uri: str) -> tuple[S3Store, str]:
+    """The store of an `s3://bucket/key` URI's bucket, and the key in it."""
+    bucket, key = split_s3_uri(uri)
+    return S3Store(bucket), key
+
+
+__all__ = ["LocalStore", "MissingObjectError", "ObjectStore", "S3Store", "StoreError", "open_s3_object", "open_store"]

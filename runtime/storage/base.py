@@ -9,6 +9,10 @@ class StoreError(IOError):
     """A storage operation failed (missing object, unreachable service)."""
 
 
+class MissingObjectError(StoreError):
+    """The object does not exist (as opposed to a store that cannot be reached)."""
+
+
 class ObjectStore(ABC):
     uri: str  # where keys live, e.g. "s3://bucket/prefix"
 
@@ -21,7 +25,7 @@ class ObjectStore(ABC):
 
     @abstractmethod
     def iter_chunks(self, key: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
-        """Stream an object's bytes; raises StoreError if it does not exist."""
+        """Stream an object's bytes; raises MissingObjectError if it does not exist."""
 
     @abstractmethod
     def size(self, key: str) -> int | None:
@@ -43,9 +47,6 @@ class ObjectStore(ABC):
 
     def get(self, key: str) -> bytes:
         return b"".join(self.iter_chunks(key))
-
-    def exists(self, key: str) -> bool:
-        return self.size(key) is not None
 
     def iter_lines(self, key: str) -> Iterator[bytes]:
         """Stream an object line by line (without the newline); each chunk is scanned once, so a line

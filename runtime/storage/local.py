@@ -5,7 +5,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from runtime.storage.base import ObjectStore, StoreError
+from runtime.storage.base import MissingObjectError, ObjectStore, StoreError
 
 
 class LocalStore(ObjectStore):
@@ -42,7 +42,7 @@ class LocalStore(ObjectStore):
         try:
             f = open(self._path(key), "rb")
         except FileNotFoundError:
-            raise StoreError(f"no object {key!r} in {self.uri}") from None
+            raise MissingObjectError(f"no object {key!r} in {self.uri}") from None
         with f:
             while chunk := f.read(chunk_size):
                 yield chunk

@@ -5,15 +5,51 @@ or the `AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL` environment variables, so
 MinIO and friends work. Objects over one part are written by multipart upload.
 """
 
+import functools
+import os
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from runtime.storage.base import ObjectStore, StoreError
+from runtime.storage.base import MissingObjectError, ObjectStore, StoreError
 
 PART_SIZE = 8 << 20  # S3's minimum part is 5 MiB
+
+
+def _client(endpoint_url: str | None):
+    """A client shared by the process's stores with the same settings (clients are thread-safe; building one
+    costs ~100 ms). The environment that configures boto3 is part of the key, so a changed one takes effect."""
+    return _cached_client(endpoint_url, *(os.environ.get(name) for name in _ENVIRONMENT))
+
+
+_ENVIRONMENT = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_PROFILE")
+
+
+@functools.cache
+def _cached_client(endpoint_url: str | None, *_environment: str | None):
+    # fail fast on an unreachable store: callers (the batch manager) retry with their own backoff
+    config = Config(connect_timeout=5, read_timeout=60, retries={"max_attempts": 3, "mode": "standard"})
+    return boto3.client("s3", endpoint_url=endpoint_url, config=config)
+
+
+@contextmanager
+def _as_store_error(action: str, uri: str):
+    try:
+        yield
+    except ClientError as e:
+        if _missing(e):
+            raise MissingObjectError(f"{action} {uri}: no such object") from e
+        raise StoreError(f"{action} {uri}: {e}") from e
+    except BotoCoreError as e:
+        raise StoreError(f"{action} {uri}: {e}") from e
+
+
+def _missing(e: ClientError) -> bool:
+    return e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound")
 
 
 class S3Store(ObjectStore):
@@ -21,9 +57,7 @@ class S3Store(ObjectStore):
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.uri = f"s3://{bucket}/{self.prefix}".rstrip("/")
-        # fail fast on an unreachable store: callers (the batch manager) retry with their own backoff
-        config = Config(connect_timeout=5, read_timeout=60, retries={"max_attempts": 3, "mode": "standard"})
-        self.client = boto3.client("s3", endpoint_url=endpoint_url, config=config)
+        self.client = _client(endpoint_url)
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
@@ -68,35 +102,28 @@ class S3Store(ObjectStore):
             pass  # the bucket's lifecycle rules clean up what we cannot
 
     def iter_chunks(self, key: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
-        try:
+        with _as_store_error("reading", self.uri_of(key)):
             body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
             yield from body.iter_chunks(chunk_size)
-        except (BotoCoreError, ClientError) as e:
-            raise StoreError(f"reading {self.uri_of(key)}: {e}") from e
 
     def size(self, key: str) -> int | None:
-        try:
-            return self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"]
-        except ClientError as e:
-            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return None
-            raise StoreError(f"checking {self.uri_of(key)}: {e}") from e
-        except BotoCoreError as e:
-            raise StoreError(f"checking {self.uri_of(key)}: {e}") from e
+        with _as_store_error("checking", self.uri_of(key)):
+            try:
+                return self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"]
+            except ClientError as e:
+                if _missing(e):
+                    return None
+                raise
 
     def list(self, prefix: str) -> list[str]:
         keys = []
         strip = len(self.prefix) + 1 if self.prefix else 0
-        try:
+        with _as_store_error("listing", self.uri_of(prefix)):
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
                                                                               Prefix=self._key(prefix)):
                 keys += [obj["Key"][strip:] for obj in page.get("Contents", [])]
-        except (BotoCoreError, ClientError) as e:
-            raise StoreError(f"listing {self.uri_of(prefix)}: {e}") from e
         return sorted(keys)
 
     def delete(self, key: str) -> None:
-        try:
+        with _as_store_error("deleting", self.uri_of(key)):
             self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
-        except (BotoCoreError, ClientError) as e:
-            raise StoreError(f"deleting {self.uri_of(key)}: {e}") from e
