@@ -72,6 +72,10 @@ def test_config_errors_name_the_field():
                                            "engine_kwargs": {"max_num_seqz": 4}}]})
     with pytest.raises(ValueError, match="storage_uri"):
         parse_app_config({"llm_configs": [{"model_loading_config": {"model_id": "m"}}], "storage_uri": "ftp://x"})
+    for experimental in ({"stream_batching_interval_ms": -1}, {"stream_batching_interval": 10}):
+        with pytest.raises(ValueError, match=r"llm_configs\.0\.experimental_configs\.stream_batching_interval"):
+            parse_app_config({"llm_configs": [{"model_loading_config": {"model_id": "m"},
+                                               "experimental_configs": experimental}]})
 
 
 def test_grafana_dashboard_queries_only_metrics_we_export():
