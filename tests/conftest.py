@@ -1,4 +1,6 @@
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import openai
 import pytest
@@ -112,6 +114,20 @@ def server(ray_cluster, tmp_path_factory):
               name="default", route_prefix="/")
     yield Server(f"http://127.0.0.1:{port}", model_dir, ENGINE_KWARGS)
     serve.shutdown()
+
+
+@contextmanager
+def another_app(server, name: str, args: dict) -> Iterator[str]:
+    """`serve.run` a second app beside the shared one, at /{name}; yields its base URL, deletes it after."""
+    from ray import serve
+
+    from deployments import build_openai_app
+
+    serve.run(build_openai_app(args), name=name, route_prefix=f"/{name}")
+    try:
+        yield f"{server.base_url}/{name}"
+    finally:
+        serve.delete(name)
 
 
 @pytest.fixture(scope="module")

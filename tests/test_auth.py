@@ -5,21 +5,18 @@ import json
 import openai
 import pytest
 import requests
-from ray import serve
 
-from deployments import build_openai_app
-from tests.conftest import MODEL_ID, app_args
+from tests.conftest import MODEL_ID, another_app, app_args
 
 KEYS = ["key-alice", "key-bob"]
 
 
 @pytest.fixture(scope="module")
-def secure(server):
-    args = app_args(server.model_dir, "file:///tmp/rayllm-secure")
+def secure(server, tmp_path_factory):
+    args = app_args(server.model_dir, f"file://{tmp_path_factory.mktemp('secure')}")
     args["api_key"] = KEYS
-    serve.run(build_openai_app(args), name="secure", route_prefix="/secure")
-    yield f"{server.base_url}/secure"
-    serve.delete("secure")
+    with another_app(server, "secure", args) as url:
+        yield url
 
 
 @pytest.mark.parametrize("method, path", [

@@ -8,7 +8,7 @@ import openai
 import pytest
 import ray
 
-from tests.conftest import MODEL_ID
+from tests.conftest import MODEL_ID, another_app, app_args
 from tests.helpers import wait_until
 
 
@@ -217,10 +217,6 @@ def test_files_and_batches_paginate(client):
 
 def test_s3_staged_batch_writes_results_to_s3(ray_cluster, s3_endpoint, tmp_path_factory, server):
     import boto3
-    from ray import serve
-
-    from deployments import build_openai_app
-    from tests.conftest import app_args
 
     s3 = boto3.client("s3")
     s3.create_bucket(Bucket="staging")
@@ -228,9 +224,8 @@ def test_s3_staged_batch_writes_results_to_s3(ray_cluster, s3_endpoint, tmp_path
     lines = [chat_line(f"s3-{i}", f"question {i}") for i in range(5)]
     s3.put_object(Bucket="staging", Key="jobs/input.jsonl", Body=jsonl(lines))
     s3.put_object(Bucket="staging", Key="jobs/empty.jsonl", Body=b"")
-    serve.run(build_openai_app(app_args(server.model_dir, "s3://results/rayllm")), name="s3", route_prefix="/s3")
-    try:
-        s3_client = openai.Client(base_url=f"{server.base_url}/s3/v1", api_key="None")
+    with another_app(server, "s3", app_args(server.model_dir, "s3://results/rayllm")) as url:
+        s3_client = openai.Client(base_url=f"{url}/v1", api_key="None")
         batch = s3_client.batches.create(input_file_id="s3://staging/jobs/input.jsonl",
                                          endpoint="/v1/chat/completions", completion_window="24h")
         assert batch.input_file_id == "s3://staging/jobs/input.jsonl"
@@ -247,18 +242,12 @@ def test_s3_staged_batch_writes_results_to_s3(ray_cluster, s3_endpoint, tmp_path
         big = io.BytesIO(jsonl([chat_line(f"m{i}", "y" * 200) for i in range(2)]))
         uploaded = s3_client.files.create(file=("up.jsonl", big), purpose="batch")
         assert s3.head_object(Bucket="results", Key=f"rayllm/files/{uploaded.id}.jsonl")["ContentLength"] > 0
-    finally:
-        serve.delete("s3")
 
 
 def test_calls_during_the_resume_load_wait_for_it(server, tmp_path_factory):
     """A manager starting over a store of earlier batches answers every concurrent call from the full set."""
-    from ray import serve
-
-    from deployments import build_openai_app
     from deployments.batch.job import new_batch
     from runtime.storage import open_store
-    from tests.conftest import app_args
 
     root = tmp_path_factory.mktemp("resume-storage")
     store = open_store(f"file://{root}")
@@ -268,13 +257,10 @@ def test_calls_during_the_resume_load_wait_for_it(server, tmp_path_factory):
                  "status": "completed"}
         store.put_json(f"batches/{batch['id']}/state.json", batch)
         ids.append(batch["id"])
-    serve.run(build_openai_app(app_args(server.model_dir, f"file://{root}")), name="resume", route_prefix="/resume")
-    try:
-        client = openai.AsyncClient(base_url=f"{server.base_url}/resume/v1", api_key="None", max_retries=0)
+    with another_app(server, "resume", app_args(server.model_dir, f"file://{root}")) as url:
+        client = openai.AsyncClient(base_url=f"{url}/v1", api_key="None", max_retries=0)
 
         async def retrieve_all():
             return await asyncio.gather(*(client.batches.retrieve(i) for i in ids[::10]))
 
         assert [b.status for b in asyncio.run(retrieve_all())] == ["completed"] * 20
-    finally:
-        serve.delete("resume")

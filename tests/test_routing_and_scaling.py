@@ -8,9 +8,8 @@ import time
 import openai
 from ray import serve
 
-from deployments import build_openai_app
 from deployments.app_config import replica_name
-from tests.conftest import MODEL_ID, app_args
+from tests.conftest import MODEL_ID, another_app, app_args
 from tests.helpers import wait_until
 
 WORDS = "alpha beta gamma delta river stone cloud ember frost grove harbor island jungle".split()
@@ -31,24 +30,20 @@ def _cached_tokens(base_url: str) -> int:
                .usage.prompt_tokens_details.cached_tokens for m in _conversations())
 
 
-def _deploy(server, name: str, deployment_config: dict) -> str:
-    args = app_args(server.model_dir, f"file:///tmp/rayllm-{name}")
+def _app_args(server, storage, deployment_config: dict) -> dict:
+    args = app_args(server.model_dir, f"file://{storage}")
     args["llm_configs"][0]["deployment_config"] = deployment_config
-    serve.run(build_openai_app(args), name=name, route_prefix=f"/{name}")
-    return f"{server.base_url}/{name}/v1"
+    return args
 
 
-def test_prefix_aware_routing_reaches_the_single_replica_hit_rate(server):
+def test_prefix_aware_routing_reaches_the_single_replica_hit_rate(server, tmp_path):
     ideal = _cached_tokens(server.openai_url)  # one replica: every second request finds its prefix
     assert ideal > 0
     fleet = {}
     for name, router in [("prefix", {}), ("random", {"request_router_config": {
             "request_router_class": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"}})]:
-        url = _deploy(server, name, {"num_replicas": 2, **router})
-        try:
-            fleet[name] = _cached_tokens(url)
-        finally:
-            serve.delete(name)
+        with another_app(server, name, _app_args(server, tmp_path / name, {"num_replicas": 2, **router})) as url:
+            fleet[name] = _cached_tokens(f"{url}/v1")
     print(f"cached tokens: ideal {ideal}, prefix-aware {fleet['prefix']}, random {fleet['random']}")
     assert fleet["prefix"] >= 0.9 * ideal
     assert fleet["random"] < 0.85 * ideal  # about half: each group's two requests meet by chance
@@ -59,52 +54,52 @@ def _running_replicas(app: str) -> int:
     return status.replica_states.get("RUNNING", 0)
 
 
-def test_autoscaling_up_and_down_under_load_fails_nothing(server):
-    url = _deploy(server, "scaled", {
+def test_autoscaling_up_and_down_under_load_fails_nothing(server, tmp_path):
+    args = _app_args(server, tmp_path, {
         "autoscaling_config": {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 2,
                                "upscale_delay_s": 1, "downscale_delay_s": 3, "metrics_interval_s": 0.5,
                                "look_back_period_s": 2},
         "max_ongoing_requests": 16, "graceful_shutdown_timeout_s": 60})
-    client = openai.AsyncClient(base_url=url, api_key="None", max_retries=0)
-    outcomes = []
+    with another_app(server, "scaled", args) as base:
+        url = f"{base}/v1"
+        client = openai.AsyncClient(base_url=url, api_key="None", max_retries=0)
+        outcomes = []
 
-    async def stream(i: int):
-        chunks = await client.chat.completions.create(
-            model=MODEL_ID, messages=[{"role": "user", "content": f"story {i}"}], max_tokens=48, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
-        async for chunk in chunks:
-            if chunk.usage is not None:
-                outcomes.append(chunk.usage.completion_tokens)
+        async def stream(i: int):
+            chunks = await client.chat.completions.create(
+                model=MODEL_ID, messages=[{"role": "user", "content": f"story {i}"}], max_tokens=48, stream=True,
+                stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+            async for chunk in chunks:
+                if chunk.usage is not None:
+                    outcomes.append(chunk.usage.completion_tokens)
 
-    async def load(width: int, until):
-        i = 0
-        while not until():
-            await asyncio.gather(*(stream(i + k) for k in range(width)))
-            i += width
+        async def load(width: int, until):
+            i = 0
+            while not until():
+                await asyncio.gather(*(stream(i + k) for k in range(width)))
+                i += width
 
-    async def scale_up_then_down() -> int:
-        await load(12, lambda: _running_replicas("scaled") == 2)
-        assert _running_replicas("scaled") == 2
-        before = len(outcomes)
-        # a light load keeps streams in flight while the fleet shrinks back to one replica
-        await asyncio.wait_for(load(2, lambda: _running_replicas("scaled") == 1), timeout=120)
-        return len(outcomes) - before
+        async def scale_up_then_down() -> int:
+            await load(12, lambda: _running_replicas("scaled") == 2)
+            assert _running_replicas("scaled") == 2
+            before = len(outcomes)
+            # a light load keeps streams in flight while the fleet shrinks back to one replica
+            await asyncio.wait_for(load(2, lambda: _running_replicas("scaled") == 1), timeout=120)
+            return len(outcomes) - before
 
-    try:
         assert _running_replicas("scaled") == 1
         during_scale_down = asyncio.run(scale_up_then_down())
         assert during_scale_down > 0
         assert len(outcomes) >= 48 and set(outcomes) == {48}  # every stream ran to the end
-    finally:
-        serve.delete("scaled")
 
 
-def test_killed_replica_fails_in_flight_fast_and_is_replaced(server):
+def test_killed_replica_fails_in_flight_fast_and_is_replaced(server, tmp_path):
     import ray
     import requests
 
-    url = _deploy(server, "victim", {"num_replicas": 1, "health_check_period_s": 1})
-    try:
+    args = _app_args(server, tmp_path, {"num_replicas": 1, "health_check_period_s": 1})
+    with another_app(server, "victim", args) as base:
+        url = f"{base}/v1"
         body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "long story"}], "max_tokens": 400,
                 "ignore_eos": True, "stream": True}
         started = time.monotonic()
@@ -130,5 +125,3 @@ def test_killed_replica_fails_in_flight_fast_and_is_replaced(server):
                 return False
 
         wait_until(answers, timeout=180, every=1)
-    finally:
-        serve.delete("victim")

@@ -4,13 +4,11 @@ import openai
 import pytest
 import ray
 import requests
-from ray import serve
 
-from deployments import build_openai_app
 from runtime import LLM, InvalidInputError, SamplingParams
 from runtime.models.decoder import _CPU_MLP_ROWS
 from runtime.tp_workers import WORKER_PREFIX
-from tests.conftest import ENGINE_KWARGS, MODEL_ID, app_args
+from tests.conftest import ENGINE_KWARGS, MODEL_ID, another_app, app_args
 from tests.model_factory import build_model_dir
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
@@ -55,37 +53,33 @@ def test_impossible_split_is_refused_at_start(qwen2_model):
 
 
 @pytest.fixture(scope="module")
-def tp_app(server):
+def tp_app(server, tmp_path_factory):
     """A second app whose replica is a TP=2 engine (its worker in the replica's placement group)."""
-    args = app_args(server.model_dir, "file:///tmp/rayllm-tp-test")
+    args = app_args(server.model_dir, f"file://{tmp_path_factory.mktemp('tp')}")
     args["llm_configs"][0]["engine_kwargs"] = {**ENGINE_KWARGS, "tensor_parallel_size": 2}
     args["llm_configs"][0]["deployment_config"] = {"health_check_period_s": 1, "health_check_timeout_s": 10}
-    serve.run(build_openai_app(args), name="tp", route_prefix="/tp")
-    yield f"{server.base_url}/tp/v1"
-    serve.delete("tp")
+    with another_app(server, "tp", args) as url:
+        yield f"{url}/v1"
 
 
-def test_served_tp2_matches_offline_tp1(server, any_model):
-    _served_tp2_matches_offline_tp1(server, any_model)
+def test_served_tp2_matches_offline_tp1(server, any_model, tmp_path):
+    _served_tp2_matches_offline_tp1(server, any_model, tmp_path)
 
 
-def test_served_tp2_with_one_kv_head(server, one_kv_head_model):
-    _served_tp2_matches_offline_tp1(server, one_kv_head_model)
+def test_served_tp2_with_one_kv_head(server, one_kv_head_model, tmp_path):
+    _served_tp2_matches_offline_tp1(server, one_kv_head_model, tmp_path)
 
 
-def _served_tp2_matches_offline_tp1(server, model_dir):
+def _served_tp2_matches_offline_tp1(server, model_dir, storage):
     """The model through `serve.run` at TP=2 against the offline engine at TP=1."""
-    args = app_args(model_dir, "file:///tmp/rayllm-tp-parity")
+    args = app_args(model_dir, f"file://{storage}")
     args["llm_configs"][0]["engine_kwargs"] = {**ENGINE_KWARGS, "tensor_parallel_size": 2}
-    serve.run(build_openai_app(args), name="tp-parity", route_prefix="/tp-parity")
-    try:
-        client = openai.Client(base_url=f"{server.base_url}/tp-parity/v1", api_key="None")
+    with another_app(server, "tp-parity", args) as url:
+        client = openai.Client(base_url=f"{url}/v1", api_key="None")
         messages = [{"role": "user", "content": "List 3 countries and their capitals."}]
         served = client.chat.completions.create(model=MODEL_ID, messages=messages, temperature=0, max_tokens=24)
         offline = LLM(str(model_dir), **ENGINE_KWARGS).chat(messages, SamplingParams(temperature=0, max_tokens=24))
         assert served.choices[0].message.content == offline[0].outputs[0].text
-    finally:
-        serve.delete("tp-parity")
 
 
 def test_killed_tp_worker_fails_requests_fast_then_serve_recovers(tp_app):

@@ -14,10 +14,8 @@ import boto3
 import openai
 import pytest
 import schemathesis
-from ray import serve
 
-from deployments import build_openai_app
-from tests.conftest import MODEL_ID, app_args
+from tests.conftest import MODEL_ID, another_app, app_args
 from tests.helpers import wait_until
 from tests.test_batches import chat_line, finished, jsonl, read_jsonl
 
@@ -100,10 +98,8 @@ def test_object_store_outage_during_a_batch(server, s3_server):
     total = 300
     lines = [chat_line(f"o-{i}", f"q {i}", 16) for i in range(total)]
     s3.put_object(Bucket="outage", Key="in.jsonl", Body=jsonl(lines))
-    serve.run(build_openai_app(app_args(server.model_dir, "s3://outage/state")), name="outage",
-              route_prefix="/outage")
-    try:
-        client = openai.Client(base_url=f"{server.base_url}/outage/v1", api_key="None")
+    with another_app(server, "outage", app_args(server.model_dir, "s3://outage/state")) as url:
+        client = openai.Client(base_url=f"{url}/v1", api_key="None")
         batch = client.batches.create(input_file_id="s3://outage/in.jsonl", endpoint="/v1/chat/completions",
                                       completion_window="24h")
         wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed > 0)
@@ -119,5 +115,3 @@ def test_object_store_outage_during_a_batch(server, s3_server):
                           "requests": total, "completed": batch.request_counts.completed,
                           "output_lines": len(ids), "unique": len(set(ids))}))
         assert batch.status == "completed" and sorted(ids) == sorted(f"o-{i}" for i in range(total))
-    finally:
-        serve.delete("outage")
