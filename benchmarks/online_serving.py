@@ -2,8 +2,8 @@
 
 Streaming chat completions through the `openai` SDK, 128 requests at
 concurrency 32, each a shared ~250-token system prompt plus a unique question,
-64 output tokens. Reports output tokens/s, TTFT p50/p99 and inter-token
-latency p50 for each server, and our online throughput against our offline
+64 output tokens. Reports output tokens/s, TTFT p50/p99 and time per output
+token after the first (TPOT) p50 for each server, and our online throughput against our offline
 engine on the same prompts, both with all 128 requests at once and at the
 server's concurrency (max_num_seqs=32), which isolates what Ray Serve costs.
 
@@ -11,10 +11,11 @@ Every figure is the median of PASSES passes, each with fresh questions after
 one warm-up (so the shared system prompt is cached, as in a live server): on
 two cores one pass varies by ±15%.
 
-Our server runs twice: with Ray Serve's defaults (the Python HTTP proxy), and
+Our server runs three times: with Ray Serve's defaults (the Python HTTP proxy), and
 in Ray Serve's high-throughput mode (RAY_SERVE_THROUGHPUT_OPTIMIZED=1 with
 RAY_SERVE_ENABLE_HA_PROXY=1: HAProxy in front, gRPC between replicas; see the
-README). The ratios use the better run. The replica reserves every core of the
+README), and in that mode with direct streaming (the model's replica answers
+HTTP itself, without the ingress hop). The ratios use the best run. The replica reserves every core of the
 machine (`ray_actor_options.num_cpus`), which sets its engine's thread count,
 as the offline engine uses them all.
 
@@ -62,35 +63,41 @@ def median_pass(run_pass, tokenizer) -> dict:
 
 
 async def drive(base_url: str, model: str, conversations, extra_body: dict) -> dict:
-    client = openai.AsyncClient(base_url=base_url, api_key="none", max_retries=0, timeout=600)
+    """Stream every conversation, CONCURRENCY at a time. Tokens are counted from each stream's usage chunk
+    where the server sends one (a chunk may carry several tokens), else as one per content chunk."""
     limit = asyncio.Semaphore(CONCURRENCY)
-    ttfts, gaps, tokens = [], [], 0
+    ttfts, per_token, tokens, chunks = [], [], 0, 0
 
-    async def one(messages):
-        nonlocal tokens
+    async def one(client, messages):
+        nonlocal tokens, chunks
         async with limit:
             start = time.perf_counter()
-            last = None
-            stream = await client.chat.completions.create(model=model, messages=messages, max_tokens=OUTPUT,
-                                                          temperature=0, stream=True, extra_body=extra_body)
+            first = last = None
+            content_chunks, usage = 0, None
+            stream = await client.chat.completions.create(
+                model=model, messages=messages, max_tokens=OUTPUT, temperature=0, stream=True,
+                stream_options={"include_usage": True}, extra_body=extra_body)
             async for chunk in stream:
+                usage = chunk.usage or usage
                 if chunk.choices and chunk.choices[0].delta.content:
-                    now = time.perf_counter()
-                    if last is None:
-                        ttfts.append(now - start)
-                    else:
-                        gaps.append(now - last)
-                    last = now
-                    tokens += 1
+                    last = time.perf_counter()
+                    first = first or last
+                    content_chunks += 1
+            generated = usage.completion_tokens if usage else content_chunks
+            ttfts.append(first - start)
+            per_token.append((last - first) / (generated - 1))
+            tokens += generated
+            chunks += content_chunks
 
-    start = time.perf_counter()
-    await asyncio.gather(*(one(m) for m in conversations))
-    elapsed = time.perf_counter() - start
+    async with openai.AsyncClient(base_url=base_url, api_key="none", max_retries=0, timeout=600) as client:
+        start = time.perf_counter()
+        await asyncio.gather(*(one(client, m) for m in conversations))
+        elapsed = time.perf_counter() - start
     ttfts.sort()
-    return {"output_tok_s": round(tokens / elapsed, 1), "streamed_chunks": tokens,
+    return {"output_tok_s": round(tokens / elapsed, 1), "output_tokens": tokens, "content_chunks": chunks,
             "ttft_p50_ms": round(1000 * statistics.median(ttfts), 1),
             "ttft_p99_ms": round(1000 * ttfts[int(0.99 * (len(ttfts) - 1))], 1),
-            "itl_p50_ms": round(1000 * statistics.median(gaps), 2), "seconds": round(elapsed, 2)}
+            "tpot_p50_ms": round(1000 * statistics.median(per_token), 2), "seconds": round(elapsed, 2)}
 
 
 def healthy(url: str) -> bool:
@@ -100,7 +107,7 @@ def healthy(url: str) -> bool:
         return False
 
 
-def ours(path, tokenizer, high_throughput: bool) -> dict:
+def ours(path, tokenizer, high_throughput: bool, direct_streaming: bool = False) -> dict:
     import ray
     from ray import serve
 
@@ -114,7 +121,8 @@ def ours(path, tokenizer, high_throughput: bool) -> dict:
     serve.run(build_openai_app({"llm_configs": [{
         "model_loading_config": {"model_id": MODEL_ID, "model_source": str(path)},
         "engine_kwargs": {"max_model_len": 1024},
-        "deployment_config": {"ray_actor_options": {"num_cpus": os.cpu_count()}}}]}), route_prefix="/")
+        "deployment_config": {"ray_actor_options": {"num_cpus": os.cpu_count()}}}],
+        "direct_streaming": direct_streaming}), route_prefix="/")
     url = f"http://127.0.0.1:{port}/v1"
     result = median_pass(lambda c: asyncio.run(drive(url, MODEL_ID, c, {"ignore_eos": True})), tokenizer)
     serve.shutdown()
@@ -157,10 +165,11 @@ def main() -> None:
     offline_same_concurrency_tps = offline(path, tokenizer, max_num_seqs=CONCURRENCY)["output_tok_s"]
     default_serve = ours(path, tokenizer, high_throughput=False)
     high_throughput_serve = ours(path, tokenizer, high_throughput=True)
-    mine = max(default_serve, high_throughput_serve, key=lambda r: r["output_tok_s"])
+    direct_serve = ours(path, tokenizer, high_throughput=True, direct_streaming=True)
+    mine = max(default_serve, high_throughput_serve, direct_serve, key=lambda r: r["output_tok_s"])
     theirs = peer(path, tokenizer)
     report("online_serving", requests=NUM_REQUESTS, concurrency=CONCURRENCY, ours=default_serve,
-           ours_serve_high_throughput=high_throughput_serve,
+           ours_serve_high_throughput=high_throughput_serve, ours_direct_streaming=direct_serve,
            transformers_serve_cb=theirs, offline_engine_tok_s=offline_tps,
            offline_engine_at_concurrency_tok_s=offline_same_concurrency_tps,
            throughput_ratio=round(mine["output_tok_s"] / theirs["output_tok_s"], 2),

@@ -1,6 +1,7 @@
 """The `args` of `deployments:build_openai_app`, in Ray Serve LLM's `llm_configs` shape, validated at build time."""
 
 import dataclasses
+import os
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -9,6 +10,7 @@ from deployments.errors import field_path
 from deployments.protocol import StrictModel
 from runtime import EngineConfig
 
+DIRECT_STREAMING_ENV = "RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING"
 _ENGINE_OPTIONS = {f.name for f in dataclasses.fields(EngineConfig) if f.init} - {"model"}
 _DEPLOYMENT_OPTIONS = {
     "num_replicas", "autoscaling_config", "max_ongoing_requests", "max_queued_requests", "ray_actor_options",
@@ -34,7 +36,8 @@ class ModelLoadingConfig(StrictModel):
 
 
 class ExperimentalConfigs(StrictModel):
-    # Join a stream's chunks so at most one crosses Serve per interval (0: every token at once).
+    # A request's new tokens reach the server at most once per interval, merged (0: every step's at once);
+    # its first and last tokens are never held.
     stream_batching_interval_ms: float = Field(default=50, ge=0)
 
 
@@ -74,12 +77,21 @@ class AppConfig(StrictModel):
     max_file_lines: int = Field(50_000, gt=0)
     max_batch_line_bytes: int = Field(1024 * 1024, gt=0)
     batch_concurrency: int = Field(64, gt=0)
+    # The model's replicas serve HTTP themselves, with no ingress hop (one model only; see direct_server.py).
+    # Default: Ray Serve LLM's switch, the environment variable RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING=1.
+    direct_streaming: bool = Field(default_factory=lambda: os.environ.get(DIRECT_STREAMING_ENV) == "1")
 
     @model_validator(mode="after")
     def _unique_model_ids(self):
         ids = [c.model_id for c in self.llm_configs]
         if len(ids) != len(set(ids)):
             raise ValueError(f"model ids must be unique, got {ids}")
+        return self
+
+    @model_validator(mode="after")
+    def _direct_streaming_serves_one_model(self):
+        if self.direct_streaming and len(self.llm_configs) > 1:
+            raise ValueError(f"direct_streaming serves one model per app, got {len(self.llm_configs)} llm_configs")
         return self
 
     @property

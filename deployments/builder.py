@@ -2,22 +2,28 @@
 
 import ray
 from ray import serve
-from ray.serve import Application
+from ray.serve import Application, Deployment
 
 from deployments.app_config import LLMConfig, parse_app_config, replica_name
+from deployments.direct_server import DirectLLMServer
 from deployments.ingress import OpenAIIngress
 from deployments.llm_server import LLMServer
 from deployments.prefix_router import PrefixAwareRouter
 
 
 def build_openai_app(args: dict) -> Application:
-    """One replica deployment per model behind one OpenAI ingress."""
+    """One replica deployment per model behind one OpenAI ingress; in direct streaming, the model's
+    replica deployment is the ingress."""
     config = parse_app_config(args)
-    replicas = {c.model_id: _replica(c) for c in config.llm_configs}
+    if config.direct_streaming:
+        return _replica(config.llm_configs[0], serve.ingress()(DirectLLMServer)).bind(config)
+    replicas = {c.model_id: _replica(c, LLMServer).bind(c) for c in config.llm_configs}
     return OpenAIIngress.bind(config, replicas)
 
 
-def _replica(config: LLMConfig):
+def _replica(config: LLMConfig, server_class: type) -> Deployment:
+    """The model's replica deployment, with its Serve options and resources (a GPU when wanted, a bundle
+    per tensor-parallel rank)."""
     options = {"name": replica_name(config.model_id), **config.deployment_config}
     options.setdefault("max_ongoing_requests", 256)
     options.setdefault("request_router_config", {"request_router_class": PrefixAwareRouter})
@@ -34,7 +40,7 @@ def _replica(config: LLMConfig):
             rank_bundle["GPU"] = actor_options["num_gpus"]
         options.setdefault("placement_group_bundles", [rank_bundle] * tp)
         options.setdefault("placement_group_strategy", "STRICT_PACK")
-    return serve.deployment(LLMServer).options(ray_actor_options=actor_options, **options).bind(config)
+    return serve.deployment(server_class).options(ray_actor_options=actor_options, **options)
 
 
 def _wants_gpu(config: LLMConfig) -> bool:

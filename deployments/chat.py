@@ -43,7 +43,7 @@ class ChatHandler:
 
     def _parser(self, req: ChatCompletionRequest) -> ChoiceParser:
         return ChoiceParser(self.reasoning_parser if req.separate_reasoning else None,
-                            self.tool_call_parser if req.uses_tools else None)
+                            self.tool_call_parser if req.uses_tools else None, self.engine.tokenizer)
 
     async def complete(self, req: ChatCompletionRequest, request_id: str, priority: int = 0) -> dict:
         params, prompt = self._prepare(req)
@@ -55,7 +55,7 @@ class ChatHandler:
             cached = delta.num_cached_tokens
             for s in delta.seqs:
                 choice = choices[s.index]
-                parsed = parsers[s.index].feed(s.text, len(s.token_ids), s.finish_reason is not None)
+                parsed = parsers[s.index].feed(s.text, s.token_ids, s.finish_reason is not None)
                 choice["reasoning"] += parsed.reasoning
                 choice["content"] += parsed.content
                 choice["tool_calls"] += parsed.tool_calls
@@ -113,7 +113,7 @@ class ChatHandler:
             cached = delta.num_cached_tokens
             for s in delta.seqs:
                 parser = parsers[s.index]
-                parsed = parser.feed(s.text, len(s.token_ids), s.finish_reason is not None)
+                parsed = parser.feed(s.text, s.token_ids, s.finish_reason is not None)
                 logprobs = chat_logprobs(s.logprobs, self.texts) if req.logprobs and s.logprobs else None
                 if parsed or logprobs:
                     message = {}

@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 
 from runtime.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, ToolCall
+from runtime.parsers.reasoning import END
 
 
 @dataclass
@@ -16,25 +17,26 @@ class ChoiceDelta:
 
 
 class ChoiceParser:
-    """Feed each step's text; the parsers hold back partial tags until they resolve."""
+    """Feed each delta's text; the parsers hold back partial tags until they resolve."""
 
-    def __init__(self, reasoning_parser: str | None, tool_call_parser: str | None):
+    def __init__(self, reasoning_parser: str | None, tool_call_parser: str | None, tokenizer):
         self.reasoning = REASONING_PARSERS[reasoning_parser]() if reasoning_parser else None
         self.tools = TOOL_CALL_PARSERS[tool_call_parser]() if tool_call_parser else None
-        self.reasoning_tokens = 0
+        self.tokenizer = tokenizer
+        self.token_ids: list[int] = []
+        self.reasoning_tokens = 0  # known after the final feed
 
-    def feed(self, text: str, num_tokens: int, final: bool) -> ChoiceDelta:
-        """`num_tokens` generated tokens produced `text`; on the last call, everything held is released."""
+    def feed(self, text: str, token_ids: list[int], final: bool) -> ChoiceDelta:
+        """`token_ids` produced `text`; on the last call, everything held is released."""
         delta = ChoiceDelta()
         if self.reasoning is not None:
-            was_reasoning = self.reasoning.in_reasoning
+            self.token_ids += token_ids
             delta.reasoning, delta.content = self.reasoning.feed(text)
-            if was_reasoning or self.reasoning.in_reasoning:  # the tag tokens count as reasoning
-                self.reasoning_tokens += num_tokens
             if final:
                 reasoning, content = self.reasoning.finish()
                 delta.reasoning += reasoning
                 delta.content += content
+                self.reasoning_tokens = self._count_reasoning_tokens()
         else:
             delta.content = text
         if self.tools is not None:
@@ -42,6 +44,23 @@ class ChoiceParser:
             if final:
                 delta.content += self.tools.finish()
         return delta
+
+    def _count_reasoning_tokens(self) -> int:
+        """The output tokens up to the one that closed the reasoning block, tags included (all of them when the
+        output ended inside the block). Found on the token ids, so it does not depend on how the text was split
+        into deltas: the shortest prefix whose text holds the closing tag."""
+        if not self.reasoning.had_block:
+            return 0
+        if self.reasoning.in_reasoning:
+            return len(self.token_ids)
+        low, high = 1, len(self.token_ids)
+        while low < high:
+            middle = (low + high) // 2
+            if END in self.tokenizer.decode(self.token_ids[:middle], skip_special_tokens=False):
+                high = middle
+            else:
+                low = middle + 1
+        return low
 
     @property
     def made_tool_calls(self) -> bool:

@@ -15,7 +15,7 @@ from deployments.generate import GenerateHandler
 from deployments.metrics import MeteredEngine
 from deployments.openai_format import TokenTexts
 from deployments.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
-from deployments.streams import SSE_DONE, batched, new_id, sse
+from deployments.streams import SSE_DONE, new_id, sse
 from runtime import AsyncLLMEngine, EngineDeadError, InvalidInputError
 
 logger = logging.getLogger("ray.serve")
@@ -26,14 +26,16 @@ Reply = tuple[int, dict | list]  # (HTTP status, JSON body)
 class LLMServer:
     def __init__(self, config: LLMConfig):
         self.model_id = config.model_id
-        self.engine = AsyncLLMEngine.from_options(config.model_loading_config.source, **config.engine_kwargs)
+        # new tokens reach this process at most once per interval: fewer wake-ups, SSE events and hops per token
+        interval_s = config.experimental_configs.stream_batching_interval_ms / 1000
+        self.engine = AsyncLLMEngine.from_options(config.model_loading_config.source, interval_s,
+                                                  **config.engine_kwargs)
         metered = MeteredEngine(self.engine, self.model_id)
         texts = TokenTexts(self.engine.tokenizer)
         self.chat_handler = ChatHandler(metered, self.model_id, texts, config.reasoning_parser,
                                         config.tool_call_parser)
         self.completion_handler = CompletionHandler(metered, self.model_id, texts)
         self.generate_handler = GenerateHandler(metered)
-        self.stream_interval_s = config.experimental_configs.stream_batching_interval_ms / 1000
         threading.Thread(target=self._report_gauges, args=(metered,), name="gauges", daemon=True).start()
 
     def _report_gauges(self, metered: MeteredEngine) -> None:
@@ -74,7 +76,7 @@ class LLMServer:
             yield {"status": err.status, "body": err.body()}
             return
         try:
-            async for chunk in batched(chunks, self.stream_interval_s):
+            async for chunk in chunks:
                 yield chunk
         except Exception as e:  # the stream already started: report in-band, then end it
             err = _to_openai(e)

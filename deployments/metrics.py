@@ -84,9 +84,12 @@ class MeteredEngine:
         generated, delta = 0, None
         async for delta in self.engine.generate(prompt_token_ids, params, request_id, priority):
             now = time.perf_counter()
-            (self._ttft if generated == 0 else self._itl).observe(now - last if generated else now - start,
-                                                                 tags=self.tags)
-            generated += sum(len(s.token_ids) for s in delta.seqs)
+            tokens = sum(len(s.token_ids) for s in delta.seqs)
+            if generated == 0:
+                self._ttft.observe(now - start, tags=self.tags)
+            elif tokens:  # a delta may carry several steps' tokens: their mean gap
+                self._itl.observe((now - last) / tokens, tags=self.tags)
+            generated += tokens
             last = now
             yield delta
         self._e2e.observe(time.perf_counter() - start, tags=self.tags)

@@ -4,7 +4,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 
 
 def sse(payload: dict | str) -> str:
@@ -58,47 +58,3 @@ async def merge(streams: list[AsyncIterator]) -> AsyncIterator[tuple[int, object
     finally:
         for task in tasks:
             task.cancel()
-
-
-async def batched(chunks: AsyncGenerator[str, None], interval_s: float) -> AsyncIterator[str]:
-    """Join the SSE chunks of one stream so at most one leaves per `interval_s`.
-
-    Every chunk crossing Serve (replica → ingress → proxy) costs CPU on each
-    hop; tokens arrive once per engine step, so joining those of one interval
-    cuts that cost several-fold (Ray Serve LLM's `stream_batching_interval_ms`).
-    A chunk arriving after a quiet interval leaves at once, so the first token
-    is never held back; the end of the stream flushes what is pending.
-    """
-    if interval_s <= 0:
-        async for chunk in chunks:
-            yield chunk
-        return
-    loop = asyncio.get_running_loop()
-    pending: list[str] = []
-    sent_at = -interval_s
-    next_chunk = asyncio.ensure_future(anext(chunks))
-    try:
-        while True:
-            wait_s = sent_at + interval_s - loop.time() if pending else None
-            if wait_s is None or wait_s > 0:
-                await asyncio.wait({next_chunk}, timeout=wait_s)
-            if next_chunk.done():
-                try:
-                    pending.append(next_chunk.result())
-                except StopAsyncIteration:
-                    break
-                except Exception:  # the source failed: what it produced still goes out, then the error
-                    if pending:
-                        yield "".join(pending)
-                    raise
-                next_chunk = asyncio.ensure_future(anext(chunks))
-            if pending and loop.time() >= sent_at + interval_s:
-                sent_at = loop.time()
-                yield "".join(pending)
-                pending.clear()
-        if pending:
-            yield "".join(pending)
-    finally:  # leaving early (a client gone): stop the source, which aborts its engine request
-        next_chunk.cancel()
-        await asyncio.wait({next_chunk})
-        await chunks.aclose()

@@ -9,15 +9,20 @@ decode step took 1.6x as long when the model was loaded on another thread).
 
 Commands (add, abort) are queued to the thread and applied between steps, so
 the engine itself is only ever touched by its thread. Each request's deltas go
-to an asyncio queue on the caller's loop. Leaving the iterator early (a client
-disconnect, a cancelled task) aborts the request and frees its blocks.
+to an asyncio queue on the caller's loop, at most once per
+`delivery_interval_s` (a request's first and last deltas at once; those held
+back are merged), with one wake-up per loop per step. Leaving the iterator
+early (a client disconnect, a cancelled task) aborts the request and frees its
+blocks.
 """
 
 import asyncio
 import concurrent.futures
 import itertools
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 from runtime.engine import LLMEngine
 from runtime.outputs import RequestDelta
@@ -28,13 +33,24 @@ class EngineDeadError(RuntimeError):
     """The engine loop failed; requests in flight were failed with the cause."""
 
 
+@dataclass
+class _Stream:
+    """Where a request's deltas go, and what the engine thread holds back for it."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    held: RequestDelta | None = None
+    sent_at: float = float("-inf")
+
+
 class AsyncLLMEngine:
-    def __init__(self, build_engine: Callable[[], LLMEngine]):
+    def __init__(self, build_engine: Callable[[], LLMEngine], delivery_interval_s: float = 0.0):
         """Start the engine thread, which calls `build_engine`; raises what building raised."""
+        self.delivery_interval_s = delivery_interval_s
         self._commands: list = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._streams: dict[str, _Stream] = {}
         self._ids = itertools.count()
         self._stopped = False
         self.error: BaseException | None = None
@@ -45,8 +61,8 @@ class AsyncLLMEngine:
         built.result()  # the thread has set self.engine
 
     @classmethod
-    def from_options(cls, model: str, **engine_kwargs) -> "AsyncLLMEngine":
-        return cls(lambda: LLMEngine.from_options(model, **engine_kwargs))
+    def from_options(cls, model: str, delivery_interval_s: float = 0.0, **engine_kwargs) -> "AsyncLLMEngine":
+        return cls(lambda: LLMEngine.from_options(model, **engine_kwargs), delivery_interval_s)
 
     @property
     def tokenizer(self):
@@ -81,7 +97,7 @@ class AsyncLLMEngine:
             grammar = await asyncio.to_thread(self.engine.compile_grammar, params.structured_output)
         request_id = request_id or f"req-{next(self._ids)}"
         queue: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = (asyncio.get_running_loop(), queue)
+        self._streams[request_id] = _Stream(asyncio.get_running_loop(), queue)
         self._send(("add", request_id, prompt_token_ids, params, priority, grammar))
         finished = False
         try:
@@ -135,8 +151,7 @@ class AsyncLLMEngine:
                 self.error = e
                 self._fail_all(EngineDeadError(f"engine step failed: {e!r}"))
                 return
-            for delta in deltas:
-                self._deliver(delta.request_id, delta)
+            self._deliver_step(deltas)
 
     def _apply_commands(self) -> None:
         with self._lock:
@@ -150,12 +165,31 @@ class AsyncLLMEngine:
             except Exception as e:
                 self._deliver(request_id, e)
 
+    def _deliver_step(self, deltas: list[RequestDelta]) -> None:
+        """Queue a step's deltas whose request is due (finished, or its interval passed); hold the rest."""
+        now = time.monotonic()
+        due: dict[asyncio.AbstractEventLoop, list] = {}
+        for delta in deltas:
+            stream = self._streams.get(delta.request_id)
+            if stream is None:
+                continue
+            stream.held = delta if stream.held is None else stream.held.then(delta)
+            if delta.finished or now - stream.sent_at >= self.delivery_interval_s:
+                due.setdefault(stream.loop, []).append((stream.queue, stream.held))
+                stream.held, stream.sent_at = None, now
+        for loop, items in due.items():
+            loop.call_soon_threadsafe(_put_all, items)
+
     def _deliver(self, request_id: str, item) -> None:
         stream = self._streams.get(request_id)
         if stream is not None:
-            loop, queue = stream
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
 
     def _fail_all(self, error: BaseException) -> None:
         for request_id in list(self._streams):
             self._deliver(request_id, error)
+
+
+def _put_all(items: list[tuple[asyncio.Queue, RequestDelta]]) -> None:
+    for queue, delta in items:
+        queue.put_nowait(delta)

@@ -25,6 +25,13 @@ class SequenceDelta:
     matched_stop: int | str | None = None  # the stop token id or stop string that ended it
     num_output_tokens: int = 0  # so far, including this step's
 
+    def then(self, later: "SequenceDelta") -> "SequenceDelta":
+        """This delta followed by `later` (of the same completion), as one."""
+        logprobs = None if self.logprobs is None and later.logprobs is None else \
+            (self.logprobs or []) + (later.logprobs or [])
+        return SequenceDelta(self.index, self.token_ids + later.token_ids, self.text + later.text, logprobs,
+                             later.finish_reason, later.matched_stop, later.num_output_tokens)
+
 
 @dataclass
 class RequestDelta:
@@ -36,6 +43,15 @@ class RequestDelta:
     seqs: list[SequenceDelta]
     finished: bool
     prompt_logprobs: list[TokenLogprob | None] | None = None  # on the first delta only, when asked
+
+    def then(self, later: "RequestDelta") -> "RequestDelta":
+        """This delta followed by `later` (of the same request), as one: what a consumer that skipped
+        a step would have seen."""
+        seqs = {s.index: s for s in self.seqs}
+        for s in later.seqs:
+            seqs[s.index] = seqs[s.index].then(s) if s.index in seqs else s
+        return RequestDelta(self.request_id, later.num_prompt_tokens, later.num_cached_tokens, list(seqs.values()),
+                            later.finished, self.prompt_logprobs or later.prompt_logprobs)
 
 
 @dataclass

@@ -98,3 +98,33 @@ def test_the_engine_is_built_on_its_loop_thread_and_a_failed_build_raises(qwen2_
         engine.shutdown()
     with pytest.raises(InvalidInputError, match="model"):
         AsyncLLMEngine.from_options("/nonexistent/model/dir")
+
+
+def test_held_deltas_arrive_merged_with_the_first_and_last_at_once(qwen2_model):
+    """With an interval longer than the whole generation, a stream is its first step, then the rest as one."""
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1, n=2)
+    prompts = [[5 + i] * (4 + 9 * i) for i in range(6)]
+    engine = AsyncLLMEngine.from_options(str(qwen2_model), delivery_interval_s=60, max_model_len=256)
+
+    async def collect(prompt):
+        return [delta async for delta in engine.generate(prompt, params)]
+
+    async def main():
+        return await asyncio.gather(*(collect(p) for p in prompts))
+
+    try:
+        streams = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    offline = LLM(str(qwen2_model), max_model_len=256).generate(prompts, params)
+    for deltas, ref in zip(streams, offline):
+        first, rest = deltas  # exactly two deliveries
+        assert not first.finished and rest.finished
+        for i, expected in enumerate(ref.outputs):
+            head = next(s for s in first.seqs if s.index == i)
+            tail = next(s for s in rest.seqs if s.index == i)
+            assert len(head.token_ids) == 1 and head.num_output_tokens == 1
+            assert head.token_ids + tail.token_ids == expected.token_ids
+            assert head.text + tail.text == expected.text
+            assert len(head.logprobs) + len(tail.logprobs) == 12
+            assert (tail.finish_reason, tail.num_output_tokens) == ("length", 12)

@@ -88,18 +88,23 @@ def test_64_concurrent_streams_complete(server):
     assert asyncio.run(main()) == ["length"] * 64
 
 
-def test_disconnected_stream_is_aborted_and_frees_its_blocks(server):
+def assert_a_disconnect_frees_blocks(openai_url: str, engine_stats) -> None:
+    """A client leaving mid-stream aborts its request: the engine ends with no request and every block free."""
     body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "Tell me a long story"}], "stream": True,
             "max_tokens": 400, "ignore_eos": True}
-    response = requests.post(f"{server.openai_url}/chat/completions", json=body, stream=True)
+    response = requests.post(f"{openai_url}/chat/completions", json=body, stream=True)
     lines = response.iter_lines()
     for _ in range(3):
         next(lines)
-    assert server.engine_stats()["num_requests"] == 1
+    assert engine_stats()["num_requests"] == 1
     response.close()
-    wait_until(lambda: server.engine_stats()["num_requests"] == 0, timeout=30, every=0.05)
-    stats = server.engine_stats()
+    wait_until(lambda: engine_stats()["num_requests"] == 0, timeout=30, every=0.05)
+    stats = engine_stats()
     assert stats["num_free_blocks"] == stats["num_blocks"]
+
+
+def test_disconnected_stream_is_aborted_and_frees_its_blocks(server):
+    assert_a_disconnect_frees_blocks(server.openai_url, server.engine_stats)
 
 
 LONG = "word " * 600

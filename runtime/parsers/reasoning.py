@@ -15,6 +15,7 @@ class ReasoningParser:
     def __init__(self, starts_in_reasoning: bool):
         self._state = "reasoning_start" if starts_in_reasoning else "start"
         self._pending = ""
+        self.had_block = starts_in_reasoning  # the output opened (or starts inside) a reasoning block
 
     @property
     def in_reasoning(self) -> bool:
@@ -31,6 +32,7 @@ class ReasoningParser:
                     break  # could still become the opening tag
                 if stripped.startswith(START):
                     self._pending, self._state = stripped[len(START) :], "reasoning_start"
+                    self.had_block = True
                 else:
                     self._state = "content"  # no reasoning block: the text is content, untouched
             elif self._state in ("reasoning_start", "content_start"):

@@ -1,0 +1,22 @@
+"""Direct streaming: a model's replica that is also the app's HTTP ingress.
+
+Requests and their streamed chunks go from Serve's proxy (or HAProxy) straight
+to the replica running the engine, skipping the ingress deployment's extra hop
+and process. One model per app; across several replicas the proxy spreads
+HTTP requests by load, not by prompt prefix (batch requests, which arrive
+through handles, still route by prefix).
+"""
+
+from deployments.app_config import AppConfig
+from deployments.llm_server import LLMServer
+from deployments.model_clients import LocalModel
+from deployments.openai_api import OpenAIFront, build_app
+
+
+class DirectLLMServer(LLMServer):
+    def __init__(self, config: AppConfig):
+        super().__init__(config.llm_configs[0])
+        self.front = OpenAIFront(config, {self.model_id: LocalModel(self)})
+
+    def __serve_build_asgi_app__(self):
+        return build_app(self.front)

@@ -1,0 +1,289 @@
+"""The OpenAI-compatible HTTP API: FastAPI routes that validate, pick the model, and relay.
+
+Bodies are parsed here (so bad input never reaches an engine); streams leave
+as server-sent events; every error leaves in OpenAI's shape. The routes are
+the same whichever deployment hosts them: the ingress, which reaches each
+model's replicas through Serve handles, or a model's replica itself in direct
+streaming (see `model_clients.py`).
+"""
+
+import asyncio
+import json
+import time
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from ray import serve
+from starlette.exceptions import HTTPException
+
+from deployments.app_config import AppConfig, replica_name
+from deployments.auth import ApiKeys
+from deployments.batch.api import BatchAPI
+from deployments.batch.files import FileLimits
+from deployments.batch.job import BatchLimits
+from deployments.errors import OpenAIError, error_body, from_validation_error
+from deployments.metrics import RequestCounter, node_metrics_text
+from deployments.model_clients import ModelClient
+from deployments.protocol import BatchCreateRequest, ChatCompletionRequest, CompletionRequest, GenerateRequest
+
+
+class OpenAIFront:
+    """What the routes work with: the app's config, its API keys, its models and the batch API."""
+
+    def __init__(self, config: AppConfig, models: dict[str, ModelClient]):
+        self.config = config
+        self.models = models
+        self.sources = {c.model_id: c.model_loading_config.source for c in config.llm_configs}
+        self.created = int(time.time())
+        self.auth = ApiKeys(config.api_keys)
+        self.batches = BatchAPI(
+            config.storage_uri,
+            serve.get_replica_context().app_name,
+            {model_id: replica_name(model_id) for model_id in models},
+            FileLimits(config.max_file_bytes, config.max_file_lines),
+            BatchLimits(config.batch_concurrency, config.max_batch_line_bytes, config.max_file_lines),
+        )
+
+    def model_card(self, model_id: str) -> dict:
+        return {"id": model_id, "object": "model", "created": self.created, "owned_by": "rayllm-engine",
+                "root": self.sources[model_id]}
+
+    def model(self, model_id: str | None) -> ModelClient:
+        if model_id is None:
+            if len(self.models) == 1:
+                return next(iter(self.models.values()))
+            raise OpenAIError(400, f"model: required when serving several models: {sorted(self.models)}", "model")
+        client = self.models.get(model_id)
+        if client is None:
+            raise OpenAIError(404, f"The model `{model_id}` does not exist.", "model", "model_not_found")
+        return client
+
+    async def parse(self, request: Request, model: type[BaseModel]) -> BaseModel:
+        if "application/json" not in request.headers.get("content-type", ""):
+            raise OpenAIError(400, "expected a JSON body with Content-Type: application/json")
+        limit = self.config.max_request_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise OpenAIError(413, f"request body is over {limit} bytes")
+        raw = await request.body()
+        if len(raw) > limit:
+            raise OpenAIError(413, f"request body is over {limit} bytes")
+        try:
+            data = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise OpenAIError(400, f"the body is not valid JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise OpenAIError(400, "the body must be a JSON object")
+        try:
+            return model.model_validate(data)
+        except ValidationError as e:
+            raise from_validation_error(e) from None
+
+    async def relay(self, request: Request, model: type[BaseModel], method: str):
+        """Run a generation route on the body's model: one JSON reply, or an SSE stream."""
+        self.auth.owner(request)
+        body = await self.parse(request, model)
+        client = self.model(body.model)
+        if not body.stream:
+            status, reply = await client.call(method, body)
+            return JSONResponse(reply, status_code=status)
+        stream = client.stream(method, body)
+        first = await anext(stream)
+        if isinstance(first, dict):  # rejected before streaming
+            await stream.aclose()
+            return JSONResponse(first["body"], status_code=first["status"])
+        return StreamingResponse(_prepend(first, stream), media_type="text/event-stream")
+
+    async def health_problem(self, client: ModelClient) -> str | None:
+        """Why a model is not serving, or None when it answers healthy within 5 s."""
+        try:
+            healthy = await asyncio.wait_for(client.healthy(), timeout=5)
+        except TimeoutError:
+            return "loading (no replica answered yet)"
+        except Exception as e:  # a replica that cannot answer is not healthy
+            return repr(e)
+        return None if healthy else "engine stopped"
+
+
+def build_app(front: OpenAIFront) -> FastAPI:
+    """The ASGI app a deployment serves (Serve's `__serve_build_asgi_app__`)."""
+    app = FastAPI(title="rayllm-engine OpenAI-compatible API")
+    app.state.front = front
+    app.add_middleware(RequestCounter)
+    app.add_exception_handler(OpenAIError, _openai_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.include_router(router)
+    return app
+
+
+async def _openai_error(_: Request, e: OpenAIError):
+    return e.response()
+
+
+async def _http_error(_: Request, e: HTTPException):
+    return JSONResponse(error_body(e.status_code, str(e.detail)), status_code=e.status_code)
+
+
+async def _validation_error(_: Request, e: RequestValidationError):
+    return JSONResponse(error_body(400, str(e.errors())), status_code=400)
+
+
+def _front(request: Request) -> OpenAIFront:
+    return request.app.state.front
+
+
+async def _prepend(first: str, rest):
+    yield first
+    async for chunk in rest:
+        yield chunk
+
+
+def _json_body(model: type[BaseModel]) -> dict:
+    """The OpenAPI request body of a route that parses its JSON itself (to answer 400, never 422)."""
+    schema = model.model_json_schema()
+    definitions = schema.pop("$defs", {})
+
+    def inline(node):
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return inline(definitions[node["$ref"].rsplit("/", 1)[1]])
+            return {k: inline(v) for k, v in node.items()}
+        return [inline(v) for v in node] if isinstance(node, list) else node
+
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": inline(schema)}}}}
+
+
+def _limit(limit: int, maximum: int) -> int:
+    if not 1 <= limit <= maximum:
+        raise OpenAIError(400, f"limit: must be between 1 and {maximum}", "limit")
+    return limit
+
+
+def _order(order: str) -> str:
+    if order not in ("asc", "desc"):
+        raise OpenAIError(400, "order: must be asc or desc", "order")
+    return order
+
+
+router = APIRouter()
+Front = Depends(_front)
+
+# --- models, health, metrics ------------------------------------------------------
+
+
+@router.get("/v1/models")
+async def list_models(request: Request, front: OpenAIFront = Front):
+    front.auth.owner(request)
+    return {"object": "list", "data": [front.model_card(m) for m in front.models]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, request: Request, front: OpenAIFront = Front):
+    front.auth.owner(request)
+    front.model(model_id)
+    return front.model_card(model_id)
+
+
+@router.get("/metrics")
+async def metrics(request: Request, front: OpenAIFront = Front):
+    front.auth.owner(request)
+    return PlainTextResponse(await asyncio.to_thread(node_metrics_text), media_type="text/plain; version=0.0.4")
+
+
+@router.get("/health")
+async def health(front: OpenAIFront = Front):
+    """Every model asked at once (one 5 s budget in all); the first unhealthy one, in config order, is named."""
+    problems = await asyncio.gather(*(front.health_problem(client) for client in front.models.values()))
+    for model_id, problem in zip(front.models, problems):
+        if problem is not None:
+            return JSONResponse(error_body(503, f"model {model_id}: {problem}"), status_code=503)
+    return {"status": "ok"}
+
+
+# --- generation -------------------------------------------------------------------
+
+
+@router.post("/v1/chat/completions", openapi_extra=_json_body(ChatCompletionRequest))
+async def chat_completions(request: Request, front: OpenAIFront = Front):
+    return await front.relay(request, ChatCompletionRequest, "chat")
+
+
+@router.post("/v1/completions", openapi_extra=_json_body(CompletionRequest))
+async def completions(request: Request, front: OpenAIFront = Front):
+    return await front.relay(request, CompletionRequest, "completions")
+
+
+@router.post("/generate", openapi_extra=_json_body(GenerateRequest))
+async def generate(request: Request, front: OpenAIFront = Front):
+    return await front.relay(request, GenerateRequest, "generate")
+
+
+# --- files ------------------------------------------------------------------------
+
+
+@router.post("/v1/files", openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {
+    "schema": {"type": "object", "required": ["file", "purpose"], "properties": {
+        "file": {"type": "string", "format": "binary"}, "purpose": {"type": "string", "enum": ["batch"]}}}}}}})
+async def upload_file(request: Request, front: OpenAIFront = Front):
+    if "multipart/form-data" not in request.headers.get("content-type", ""):
+        raise OpenAIError(400, "expected a multipart/form-data upload with fields file and purpose")
+    owner = front.auth.owner(request)
+    form = await request.form(max_part_size=front.config.max_file_bytes)
+    upload, purpose = form.get("file"), form.get("purpose")
+    if upload is None or isinstance(upload, str):
+        raise OpenAIError(400, "file: a file part is required", "file")
+    if not isinstance(purpose, str):
+        raise OpenAIError(400, "purpose: required", "purpose")
+    return await front.batches.upload(upload, purpose, owner)
+
+
+@router.get("/v1/files")
+async def list_files(request: Request, purpose: str | None = None, after: str | None = None, limit: int = 10000,
+                     order: str = "desc", front: OpenAIFront = Front):
+    owner = front.auth.owner(request)
+    return await front.batches.list_files(purpose, after, _limit(limit, 10000), _order(order), owner)
+
+
+@router.get("/v1/files/{file_id}")
+async def get_file(file_id: str, request: Request, front: OpenAIFront = Front):
+    return await front.batches.get_file(file_id, front.auth.owner(request))
+
+
+@router.get("/v1/files/{file_id}/content")
+async def file_content(file_id: str, request: Request, front: OpenAIFront = Front):
+    content = await front.batches.file_content(file_id, front.auth.owner(request))
+    return StreamingResponse(content, media_type="application/octet-stream")
+
+
+@router.delete("/v1/files/{file_id}")
+async def delete_file(file_id: str, request: Request, front: OpenAIFront = Front):
+    return await front.batches.delete_file(file_id, front.auth.owner(request))
+
+
+# --- batches ----------------------------------------------------------------------
+
+
+@router.post("/v1/batches", openapi_extra=_json_body(BatchCreateRequest))
+async def create_batch(request: Request, front: OpenAIFront = Front):
+    owner = front.auth.owner(request)
+    body = await front.parse(request, BatchCreateRequest)
+    return await front.batches.call("create", body.input_file_id, body.endpoint, body.completion_window,
+                                    body.metadata, owner)
+
+
+@router.get("/v1/batches")
+async def list_batches(request: Request, after: str | None = None, limit: int = 20, front: OpenAIFront = Front):
+    return await front.batches.call("list", after, _limit(limit, 100), front.auth.owner(request))
+
+
+@router.get("/v1/batches/{batch_id}")
+async def get_batch(batch_id: str, request: Request, front: OpenAIFront = Front):
+    return await front.batches.call("retrieve", batch_id, front.auth.owner(request))
+
+
+@router.post("/v1/batches/{batch_id}/cancel")
+async def cancel_batch(batch_id: str, request: Request, front: OpenAIFront = Front):
+    return await front.batches.call("cancel", batch_id, front.auth.owner(request))
