@@ -3,21 +3,22 @@
 Streaming chat completions through the `openai` SDK, 128 requests at
 concurrency 32, each a shared ~250-token system prompt plus a unique question,
 64 output tokens. Reports output tokens/s, TTFT p50/p99 and time per output
-token after the first (TPOT) p50 for each server, and our online throughput against our offline
-engine on the same prompts, both with all 128 requests at once and at the
-server's concurrency (max_num_seqs=32), which isolates what Ray Serve costs.
+token after the first (TPOT) p50 for each server, and our online throughput
+against our offline engine on the same prompts, both with all 128 requests at
+once and at the server's concurrency (max_num_seqs=32), which isolates what Ray
+Serve costs.
 
 Every figure is the median of PASSES passes, each with fresh questions after
 one warm-up (so the shared system prompt is cached, as in a live server): on
 two cores one pass varies by ±15%.
 
-Our server runs three times: with Ray Serve's defaults (the Python HTTP proxy), and
-in Ray Serve's high-throughput mode (RAY_SERVE_THROUGHPUT_OPTIMIZED=1 with
-RAY_SERVE_ENABLE_HA_PROXY=1: HAProxy in front, gRPC between replicas; see the
-README), and in that mode with direct streaming (the model's replica answers
-HTTP itself, without the ingress hop). The ratios use the best run. The replica reserves every core of the
-machine (`ray_actor_options.num_cpus`), which sets its engine's thread count,
-as the offline engine uses them all.
+Our server runs three times: with Ray Serve's defaults (the Python HTTP
+proxy); in Ray Serve's high-throughput mode (RAY_SERVE_THROUGHPUT_OPTIMIZED=1
+with RAY_SERVE_ENABLE_HA_PROXY=1: HAProxy in front, gRPC between replicas; see
+the README); and in that mode with direct streaming (the model's replica
+answers HTTP itself, without the ingress hop). The ratios use the best run.
+The replica reserves every core of the machine (`ray_actor_options.num_cpus`),
+which sets its engine's thread count, as the offline engine uses them all.
 
 Run: python -m benchmarks.online_serving
 """
@@ -85,7 +86,8 @@ async def drive(base_url: str, model: str, conversations, extra_body: dict) -> d
                     content_chunks += 1
             generated = usage.completion_tokens if usage else content_chunks
             ttfts.append(first - start)
-            per_token.append((last - first) / (generated - 1))
+            if generated > 1:  # a peer without ignore_eos may stop after one token
+                per_token.append((last - first) / (generated - 1))
             tokens += generated
             chunks += content_chunks
 

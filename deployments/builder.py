@@ -16,7 +16,7 @@ def build_openai_app(args: dict) -> Application:
     replica deployment is the ingress."""
     config = parse_app_config(args)
     if config.direct_streaming:
-        return _replica(config.llm_configs[0], serve.ingress()(DirectLLMServer)).bind(config)
+        return _replica(config.llm_configs[0], DirectLLMServer).bind(config)
     replicas = {c.model_id: _replica(c, LLMServer).bind(c) for c in config.llm_configs}
     return OpenAIIngress.bind(config, replicas)
 

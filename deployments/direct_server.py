@@ -7,12 +7,15 @@ HTTP requests by load, not by prompt prefix (batch requests, which arrive
 through handles, still route by prefix).
 """
 
+from ray import serve
+
 from deployments.app_config import AppConfig
 from deployments.llm_server import LLMServer
 from deployments.model_clients import LocalModel
 from deployments.openai_api import OpenAIFront, build_app
 
 
+@serve.ingress()
 class DirectLLMServer(LLMServer):
     def __init__(self, config: AppConfig):
         super().__init__(config.llm_configs[0])

@@ -57,31 +57,16 @@ class LLMServer:
     # --- streaming: an error dict before the stream starts, else SSE strings ---
 
     async def chat_stream(self, req: ChatCompletionRequest) -> AsyncIterator[str | dict]:
-        async for item in self._stream(self.chat_handler.stream(req, new_id("chatcmpl-"))):
+        async for item in _stream(self.chat_handler.stream(req, new_id("chatcmpl-"))):
             yield item
 
     async def completions_stream(self, req: CompletionRequest) -> AsyncIterator[str | dict]:
-        async for item in self._stream(self.completion_handler.stream(req, new_id("cmpl-"))):
+        async for item in _stream(self.completion_handler.stream(req, new_id("cmpl-"))):
             yield item
 
     async def generate_stream(self, req: GenerateRequest) -> AsyncIterator[str | dict]:
-        async for item in self._stream(self.generate_handler.stream(req)):
+        async for item in _stream(self.generate_handler.stream(req)):
             yield item
-
-    async def _stream(self, prepare) -> AsyncIterator[str | dict]:
-        try:
-            chunks = await prepare
-        except Exception as e:
-            err = _to_openai(e)
-            yield {"status": err.status, "body": err.body()}
-            return
-        try:
-            async for chunk in chunks:
-                yield chunk
-        except Exception as e:  # the stream already started: report in-band, then end it
-            err = _to_openai(e)
-            yield sse(error_body(err.status, err.message, err.param))
-            yield SSE_DONE
 
     # --- operations ------------------------------------------------------------
 
@@ -119,3 +104,19 @@ async def _reply(work) -> Reply:
     except Exception as e:
         err = _to_openai(e)
         return err.status, err.body()
+
+
+async def _stream(prepare) -> AsyncIterator[str | dict]:
+    try:
+        chunks = await prepare
+    except Exception as e:
+        err = _to_openai(e)
+        yield {"status": err.status, "body": err.body()}
+        return
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except Exception as e:  # the stream already started: report in-band, then end it
+        err = _to_openai(e)
+        yield sse(error_body(err.status, err.message, err.param))
+        yield SSE_DONE

@@ -29,11 +29,14 @@ class RemoteModel:
 
     async def stream(self, method: str, body) -> AsyncIterator[str | dict]:
         responses = getattr(self.handle.options(stream=True), f"{method}_stream").remote(body)
+        finished = False
         try:
             async for item in responses:
                 yield item
-        finally:  # closed early (a rejection, a client gone): stop the replica's stream, aborting its request
-            responses.cancel()
+            finished = True
+        finally:
+            if not finished:  # closed early (a rejection, a client gone): stop the replica's stream and request
+                responses.cancel()
 
     async def healthy(self) -> bool:
         return await self.handle.healthy.remote()

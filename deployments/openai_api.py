@@ -96,16 +96,6 @@ class OpenAIFront:
             return JSONResponse(first["body"], status_code=first["status"])
         return StreamingResponse(_prepend(first, stream), media_type="text/event-stream")
 
-    async def health_problem(self, client: ModelClient) -> str | None:
-        """Why a model is not serving, or None when it answers healthy within 5 s."""
-        try:
-            healthy = await asyncio.wait_for(client.healthy(), timeout=5)
-        except TimeoutError:
-            return "loading (no replica answered yet)"
-        except Exception as e:  # a replica that cannot answer is not healthy
-            return repr(e)
-        return None if healthy else "engine stopped"
-
 
 def build_app(front: OpenAIFront) -> FastAPI:
     """The ASGI app a deployment serves (Serve's `__serve_build_asgi_app__`)."""
@@ -133,6 +123,17 @@ async def _validation_error(_: Request, e: RequestValidationError):
 
 def _front(request: Request) -> OpenAIFront:
     return request.app.state.front
+
+
+async def _health_problem(client: ModelClient) -> str | None:
+    """Why a model is not serving, or None when it answers healthy within 5 s."""
+    try:
+        healthy = await asyncio.wait_for(client.healthy(), timeout=5)
+    except TimeoutError:
+        return "loading (no replica answered yet)"
+    except Exception as e:  # a replica that cannot answer is not healthy
+        return repr(e)
+    return None if healthy else "engine stopped"
 
 
 async def _prepend(first: str, rest):
@@ -196,7 +197,7 @@ async def metrics(request: Request, front: OpenAIFront = Front):
 @router.get("/health")
 async def health(front: OpenAIFront = Front):
     """Every model asked at once (one 5 s budget in all); the first unhealthy one, in config order, is named."""
-    problems = await asyncio.gather(*(front.health_problem(client) for client in front.models.values()))
+    problems = await asyncio.gather(*(_health_problem(client) for client in front.models.values()))
     for model_id, problem in zip(front.models, problems):
         if problem is not None:
             return JSONResponse(error_body(503, f"model {model_id}: {problem}"), status_code=503)
