@@ -39,6 +39,10 @@ def paged_attention(
 
         return triton_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.context_lens,
                                 meta.max_query_len, scale)
+    if meta.backend == "cpu":
+        from kernels.cpu.attention import paged_attention as cpu_attention
+
+        return cpu_attention(q, k_cache, v_cache, meta, scale)
     if meta.backend == "flash":
         from kernels.flash import paged_attention as flash_attention
 

@@ -45,6 +45,8 @@ class AttentionMetadata:
     decode_groups: list[DecodeGroup]  # for the torch backend
     prefills: list[PrefillSpan]  # for the torch backend
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, for the kernel backends
+    row_seq: torch.Tensor | None  # [num_tokens] int32: each new token's sequence, for the cpu backend
+    row_len: torch.Tensor | None  # [num_tokens] int32: how many context tokens each new token attends to
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32
     context_lens: torch.Tensor  # [num_seqs] int32
     max_query_len: int
@@ -70,7 +72,9 @@ class AttentionMetadata:
         first = torch.tensor(context_lens) - lens  # each sequence's first new position
         new_positions = first[row] + torch.arange(len(row)) - (lens.cumsum(0) - lens)[row]
         slot_mapping = (tables[row, new_positions // block_size] * block_size + new_positions % block_size).to(device)
-        groups, prefills = [], []
+        groups, prefills, row_seq, row_len = [], [], None, None
+        if backend == "cpu":
+            row_seq, row_len = row.to(torch.int32), (new_positions + 1).to(torch.int32)
         if backend == "torch":  # the kernel backends read the block tables directly
             positions = torch.arange(max(context_lens))
             # every sequence's slots for positions [0, max_ctx); rows are valid up to their context length
@@ -82,7 +86,7 @@ class AttentionMetadata:
             prefills = _prefill_spans(query_lens, context_lens, num_decodes, all_slots, device)
         starts = torch.tensor([0, *query_lens], dtype=torch.int32).cumsum(0, dtype=torch.int32)
         return cls(slot_mapping, num_decodes, groups, prefills, tables.to(device=device, dtype=torch.int32),
-                   starts.to(device), torch.tensor(context_lens, dtype=torch.int32, device=device),
+                   row_seq, row_len, starts.to(device), torch.tensor(context_lens, dtype=torch.int32, device=device),
                    max(query_lens), max(context_lens), backend)
 
 

@@ -9,6 +9,7 @@ from transformers import AutoConfig, PretrainedConfig
 from kernels import choose_attention_backend
 from runtime.errors import InvalidInputError, require
 from runtime.model_files import resolve_model_path
+from runtime.models.decoder import head_dim_of
 
 _DTYPES = {
     "float32": torch.float32,
@@ -35,12 +36,13 @@ class EngineConfig:
     # at most 2 GiB; on GPU: what gpu_memory_utilization leaves free
     enable_prefix_caching: bool = True
     seed: int = 0
-    attention_backend: str = "auto"  # torch | triton | flash; auto: flash, else triton on GPU, torch on CPU
+    attention_backend: str = "auto"  # torch | cpu | triton | flash; auto: flash, else triton on GPU; cpu (the C++
+    # kernel) on CPU where it applies, else torch
 
     hf_config: PretrainedConfig = field(init=False, repr=False)
     model_path: Path = field(init=False)
     torch_dtype: torch.dtype = field(init=False)
-    resolved_attention_backend: str = field(init=False)  # what "auto" chose: torch, triton or flash
+    resolved_attention_backend: str = field(init=False)  # what "auto" chose
 
     def __post_init__(self) -> None:
         self.model_path = resolve_model_path(self.model)
@@ -65,7 +67,8 @@ class EngineConfig:
         require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]")
         require(self.kv_cache_bytes is None or self.kv_cache_bytes > 0, "kv_cache_bytes", "must be positive")
         try:
-            self.resolved_attention_backend = choose_attention_backend(self.attention_backend, self.device)
+            self.resolved_attention_backend = choose_attention_backend(
+                self.attention_backend, self.device, self.torch_dtype, head_dim_of(self.hf_config))
         except ValueError as e:
             raise InvalidInputError("attention_backend", str(e)) from None
 

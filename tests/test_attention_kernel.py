@@ -1,14 +1,24 @@
-"""The paged reference attention equals dense causal attention, for every kind of row in a mixed batch."""
+"""Paged attention (the torch reference and the C++ CPU kernel) equals dense causal attention, for
+every kind of row in a mixed batch."""
 
+from pathlib import Path
+
+import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import AttentionMetadata, paged_attention, store_kv_cache
+from kernels import AttentionMetadata, choose_attention_backend, paged_attention, store_kv_cache
+from kernels.cpu import attention as cpu_attention
+from kernels.cpu import build
 
-BLOCK, HQ, HKV, D = 4, 4, 2, 8
 
-
-def test_mixed_batch_matches_dense_attention():
+@pytest.mark.parametrize(("backend", "HQ", "HKV", "D", "BLOCK"), [
+    ("torch", 4, 2, 8, 4),
+    ("cpu", 4, 2, 16, 4),  # blocks shorter than the kernel's 16-token steps
+    ("cpu", 14, 2, 64, 16),  # Qwen2.5-0.5B's seven query heads per KV head
+    ("cpu", 8, 8, 128, 32),  # no grouping; blocks longer than 16 tokens
+])
+def test_mixed_batch_matches_dense_attention(backend, HQ, HKV, D, BLOCK):
     torch.manual_seed(0)
     num_blocks = 64
     k_cache = torch.zeros(num_blocks, BLOCK, HKV, D)
@@ -16,12 +26,12 @@ def test_mixed_batch_matches_dense_attention():
     shared = [1, 2, 3]  # three blocks of a common prefix
     # (block table, context length, new tokens this step)
     seqs = [
-        (shared + [10, 11], 18, 1),  # decodes sharing the prefix
-        (shared + [12], 13, 1),
-        (shared + [13, 14, 15], 21, 1),
-        ([20, 21], 6, 1),  # a decode alone
-        ([30, 31, 32], 11, 11),  # a fresh prefill
-        (shared + [40, 41], 19, 7),  # a prefill chunk after a cached prefix
+        (shared + [10, 11], 4 * BLOCK + 2, 1),  # decodes sharing the prefix
+        (shared + [12], 3 * BLOCK + 1, 1),
+        (shared + [13, 14, 15], 5 * BLOCK + 1, 1),
+        ([20, 21], BLOCK + 2, 1),  # a decode alone
+        ([30, 31, 32], 2 * BLOCK + 3, 2 * BLOCK + 3),  # a fresh prefill
+        (shared + [40, 41], 4 * BLOCK + 3, BLOCK + 3),  # a prefill chunk after the cached prefix
     ]
     contexts = [torch.randn(ctx, 2, HKV, D) for _, ctx, _ in seqs]  # full K/V per sequence
     # the cache already holds every token before this step's chunk (the shared prefix written once)
@@ -32,8 +42,9 @@ def test_mixed_batch_matches_dense_attention():
             k_cache[table[pos // BLOCK], pos % BLOCK] = kv[pos, 0]
             v_cache[table[pos // BLOCK], pos % BLOCK] = kv[pos, 1]
     meta = AttentionMetadata.build([n for *_, n in seqs], [c for _, c, _ in seqs], [t for t, *_ in seqs],
-                                   BLOCK, num_decodes=4, device=torch.device("cpu"))
-    assert [g.prefix_slots.numel() for g in meta.decode_groups] == [12, 0]
+                                   BLOCK, num_decodes=4, device=torch.device("cpu"), backend=backend)
+    if backend == "torch":
+        assert [g.prefix_slots.numel() for g in meta.decode_groups] == [3 * BLOCK, 0]
     new_k = torch.cat([kv[ctx - n :, 0] for (_, ctx, n), kv in zip(seqs, contexts)])
     new_v = torch.cat([kv[ctx - n :, 1] for (_, ctx, n), kv in zip(seqs, contexts)])
     store_kv_cache(new_k, new_v, k_cache, v_cache, meta.slot_mapping)
@@ -49,3 +60,33 @@ def test_mixed_batch_matches_dense_attention():
         expected = F.scaled_dot_product_attention(qs, k, v, attn_mask=allowed, scale=D**-0.5).transpose(0, 1)
         torch.testing.assert_close(out[start : start + n], expected, atol=1e-5, rtol=1e-5)
         start += n
+
+
+def test_the_cpu_kernel_is_built_once_per_source_and_compiler(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYLLM_KERNEL_CACHE", str(tmp_path / "cache"))
+    source = Path(build.__file__).with_name("attention.cpp")
+    first = build.build(source, "g++")
+    stamp = first.stat().st_mtime_ns
+    assert build.build(source, "g++") == first and first.stat().st_mtime_ns == stamp
+    edited = tmp_path / "attention.cpp"
+    edited.write_text(source.read_text() + "\n// edited\n")
+    assert build.build(edited, "g++") != first
+    assert sorted(p.suffix for p in (tmp_path / "cache").iterdir()) == [".so", ".so"]  # no partial files left
+
+
+def test_without_a_compiler_the_cpu_backend_falls_back_to_torch(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("RAYLLM_KERNEL_CACHE", str(tmp_path))
+    build.load.cache_clear()
+    cpu_attention._kernel.cache_clear()
+    try:
+        assert choose_attention_backend("auto", "cpu", torch.float32, 64) == "torch"
+        with pytest.raises(ValueError, match="C\\+\\+ compiler"):
+            choose_attention_backend("cpu", "cpu", torch.float32, 64)
+    finally:
+        monkeypatch.undo()
+        build.load.cache_clear()
+        cpu_attention._kernel.cache_clear()
+    assert choose_attention_backend("auto", "cpu", torch.float32, 64) == "cpu"
+    assert choose_attention_backend("auto", "cpu", torch.bfloat16, 64) == "torch"
+    assert choose_attention_backend("auto", "cpu", torch.float32, 8) == "torch"

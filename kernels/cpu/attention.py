@@ -1,0 +1,47 @@
+"""The `cpu` attention backend: attention.cpp over the paged cache, for float32 and head sizes
+that are multiples of 16 up to 256 (the torch reference serves the rest)."""
+
+import ctypes
+import functools
+
+import torch
+
+from kernels.attention_metadata import AttentionMetadata
+from kernels.cpu import build
+
+HEAD_DIMS = (16, 32, 48, 64, 80, 96, 128, 256)  # the instances attention.cpp compiles
+
+
+@functools.cache
+def _kernel():
+    library = build.load("attention")
+    if library is None:
+        return None
+    kernel = library.paged_attention_f32
+    pointer, integer = ctypes.c_void_p, ctypes.c_int
+    kernel.argtypes = [pointer, pointer, pointer, pointer, integer, pointer, pointer, integer, integer, integer,
+                       integer, integer, ctypes.c_float, pointer, integer]
+    kernel.restype = integer
+    return kernel
+
+
+def supports(dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether the kernel serves these shapes on this machine (building it on first call)."""
+    return dtype == torch.float32 and head_dim in HEAD_DIMS and _kernel() is not None
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                    scale: float) -> torch.Tensor:
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    num_rows, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    assert k_cache.is_contiguous() and v_cache.is_contiguous() and q.dtype == torch.float32
+    status = _kernel()(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), meta.block_tables.data_ptr(),
+        meta.block_tables.shape[1], meta.row_seq.data_ptr(), meta.row_len.data_ptr(), num_rows, num_heads,
+        num_kv_heads, head_dim, block_size, scale, out.data_ptr(), torch.get_num_threads(),
+    )
+    if status:
+        raise ValueError(f"head size {head_dim} has no CPU kernel instance (have {HEAD_DIMS})")
+    return out
