@@ -1,11 +1,13 @@
 """Pure compute used by the engine's models: attention over the paged KV cache,
-KV-cache writes, projections against packed weights, RMSNorm and rotary embeddings.
+KV-cache writes, projections against packed weights, RMSNorm, rotary embeddings and
+the MLP's activation.
 
 Each operation has one interface here; the implementation behind it is chosen
 per device (the torch reference runs everywhere and is the oracle for faster
 backends).
 """
 
+from kernels.activation import silu_and_mul
 from kernels.attention import paged_attention, store_kv_cache
 from kernels.attention_metadata import AttentionMetadata
 from kernels.backends import choose_attention_backend
@@ -22,4 +24,5 @@ __all__ = [
     "store_kv_cache",
     "rms_norm",
     "apply_rotary",
+    "silu_and_mul",
 ]

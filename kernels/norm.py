@@ -2,6 +2,8 @@
 
 import torch
 
+from kernels.cpu import elementwise as cpu_elementwise
+
 
 def rms_norm(
     x: torch.Tensor,
@@ -18,6 +20,13 @@ def rms_norm(
         from kernels.triton.elementwise import rms_norm as triton_rms_norm
 
         return triton_rms_norm(x, weight, eps, residual)
+    if cpu_elementwise.applies(x):
+        return cpu_elementwise.rms_norm(x, weight, eps, residual)
+    return rms_norm_reference(x, weight, eps, residual)
+
+
+def rms_norm_reference(x, weight, eps, residual=None):
+    """The torch version of `rms_norm`: the oracle for the kernels, and the fallback."""
     dtype = x.dtype
     if residual is not None:
         x = x + residual

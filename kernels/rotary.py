@@ -2,6 +2,8 @@
 
 import torch
 
+from kernels.cpu import elementwise as cpu_elementwise
+
 
 def apply_rotary(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -11,6 +13,13 @@ def apply_rotary(
         from kernels.triton.elementwise import apply_rotary as triton_rotary
 
         return triton_rotary(q, k, cos, sin)
+    if cpu_elementwise.applies(q) and cos.dtype == torch.float32:
+        return cpu_elementwise.apply_rotary(q, k, cos, sin)
+    return apply_rotary_reference(q, k, cos, sin)
+
+
+def apply_rotary_reference(q, k, cos, sin):
+    """The torch version of `apply_rotary`: the oracle for the kernels, and the fallback."""
     cos = cos.unsqueeze(1)
     sin = sin.unsqueeze(1)
     return _rotate(q, cos, sin), _rotate(k, cos, sin)

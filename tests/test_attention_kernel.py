@@ -1,15 +1,11 @@
 """Paged attention (the torch reference and the C++ CPU kernel) equals dense causal attention, for
 every kind of row in a mixed batch."""
 
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import AttentionMetadata, choose_attention_backend, paged_attention, store_kv_cache
-from kernels.cpu import attention as cpu_attention
-from kernels.cpu import build
+from kernels import AttentionMetadata, paged_attention, store_kv_cache
 
 
 @pytest.mark.parametrize(("backend", "HQ", "HKV", "D", "BLOCK"), [
@@ -61,32 +57,3 @@ def test_mixed_batch_matches_dense_attention(backend, HQ, HKV, D, BLOCK):
         torch.testing.assert_close(out[start : start + n], expected, atol=1e-5, rtol=1e-5)
         start += n
 
-
-def test_the_cpu_kernel_is_built_once_per_source_and_compiler(tmp_path, monkeypatch):
-    monkeypatch.setenv("RAYLLM_KERNEL_CACHE", str(tmp_path / "cache"))
-    source = Path(build.__file__).with_name("attention.cpp")
-    first = build.build(source, "g++")
-    stamp = first.stat().st_mtime_ns
-    assert build.build(source, "g++") == first and first.stat().st_mtime_ns == stamp
-    edited = tmp_path / "attention.cpp"
-    edited.write_text(source.read_text() + "\n// edited\n")
-    assert build.build(edited, "g++") != first
-    assert sorted(p.suffix for p in (tmp_path / "cache").iterdir()) == [".so", ".so"]  # no partial files left
-
-
-def test_without_a_compiler_the_cpu_backend_falls_back_to_torch(tmp_path, monkeypatch):
-    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
-    monkeypatch.setenv("RAYLLM_KERNEL_CACHE", str(tmp_path))
-    build.load.cache_clear()
-    cpu_attention._kernel.cache_clear()
-    try:
-        assert choose_attention_backend("auto", "cpu", torch.float32, 64) == "torch"
-        with pytest.raises(ValueError, match="C\\+\\+ compiler"):
-            choose_attention_backend("cpu", "cpu", torch.float32, 64)
-    finally:
-        monkeypatch.undo()
-        build.load.cache_clear()
-        cpu_attention._kernel.cache_clear()
-    assert choose_attention_backend("auto", "cpu", torch.float32, 64) == "cpu"
-    assert choose_attention_backend("auto", "cpu", torch.bfloat16, 64) == "torch"
-    assert choose_attention_backend("auto", "cpu", torch.float32, 8) == "torch"

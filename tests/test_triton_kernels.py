@@ -7,8 +7,8 @@ import torch
 from kernels.attention import paged_attention as reference_attention
 from kernels.attention import store_kv_cache as reference_store
 from kernels.attention_metadata import AttentionMetadata
-from kernels.norm import rms_norm as reference_rms_norm
-from kernels.rotary import apply_rotary as reference_rotary
+from kernels.norm import rms_norm_reference as reference_rms_norm
+from kernels.rotary import apply_rotary_reference as reference_rotary
 from kernels.triton import attention as triton_attention
 from kernels.triton import elementwise
 

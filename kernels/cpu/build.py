@@ -2,8 +2,9 @@
 
 The library is built for the CPU it runs on (`-march=native`) and kept under
 `$RAYLLM_KERNEL_CACHE` (default `~/.cache/rayllm-engine/kernels`), named by a
-hash of the source, the flags, the compiler and the CPU, so an edit, another
-compiler or another machine sharing the directory gets its own build. Builds
+hash of the source and the headers beside it, the flags, the compiler and the
+CPU, so an edit, another compiler or another machine sharing the directory
+gets its own build. Builds
 are written to a temporary name and renamed into place, so processes that
 start together (Ray replicas, test workers) never load a half-written file.
 It links OpenMP's libgomp, the one torch has already loaded, so the kernels
@@ -50,7 +51,9 @@ def load(name: str) -> ctypes.CDLL | None:
 def build(source: Path, compiler: str) -> Path:
     """The shared library for `source`, compiled unless this machine already has it."""
     version = subprocess.run([compiler, "--version"], capture_output=True, check=True, timeout=60).stdout
-    key = hashlib.sha256(b"\0".join([source.read_bytes(), " ".join(FLAGS).encode(), version, _cpu_identity()]))
+    headers = [header.read_bytes() for header in sorted(source.parent.glob("*.h"))]
+    key = hashlib.sha256(b"\0".join([source.read_bytes(), *headers, " ".join(FLAGS).encode(), version,
+                                     _cpu_identity()]))
     target = cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target

@@ -6,11 +6,10 @@ head_dim. Module names mirror transformers' so checkpoint names map directly.
 """
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
-from kernels import AttentionMetadata, apply_rotary, paged_attention, store_kv_cache
+from kernels import AttentionMetadata, apply_rotary, paged_attention, silu_and_mul, store_kv_cache
 from runtime.distributed import all_reduce
 from runtime.models.layers import (
     MergedColumnParallelLinear,
@@ -87,8 +86,7 @@ class MLP(nn.Module):
         return all_reduce(torch.cat(blocks))  # one collective for the whole step, not one per block
 
     def _gated(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return F.silu(gate) * up
+        return silu_and_mul(self.gate_up_proj(x))
 
 
 class DecoderLayer(nn.Module):

@@ -1,0 +1,19 @@
+"""The gated MLP's activation: SiLU of the first half of each row times its second half."""
+
+import torch
+import torch.nn.functional as F
+
+from kernels.cpu import elementwise as cpu_elementwise
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """`silu(gate) * up` for `gate_up` = [T, 2 * I] holding gate then up; returns [T, I]."""
+    if cpu_elementwise.applies(gate_up):
+        return cpu_elementwise.silu_and_mul(gate_up)
+    return silu_and_mul_reference(gate_up)
+
+
+def silu_and_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
+    """The torch version of `silu_and_mul`: the oracle for the kernel, and the fallback."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up

@@ -1,0 +1,81 @@
+"""The C++ CPU kernels: each equals its torch reference, and they are built once per machine, or
+replaced by the reference where no compiler works."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels import apply_rotary, choose_attention_backend, rms_norm, silu_and_mul
+from kernels.activation import silu_and_mul_reference
+from kernels.cpu import attention as cpu_attention
+from kernels.cpu import build, elementwise
+from kernels.norm import rms_norm_reference
+from kernels.rotary import apply_rotary_reference
+
+
+@pytest.mark.parametrize("rows", [3, 700])  # one thread, and spread over threads
+def test_rms_norm_with_and_without_residual(rows):
+    torch.manual_seed(0)
+    x, residual, weight = torch.randn(rows, 96), torch.randn(rows, 96), torch.randn(96)
+    assert elementwise.applies(x)
+    torch.testing.assert_close(rms_norm(x, weight, 1e-6), rms_norm_reference(x, weight, 1e-6))
+    got, got_residual = rms_norm(x, weight, 1e-6, residual)
+    expected, expected_residual = rms_norm_reference(x, weight, 1e-6, residual)
+    torch.testing.assert_close(got, expected)
+    assert torch.equal(got_residual, expected_residual)
+    per_head = torch.randn(rows, 4, 32)  # Qwen3's q/k norm: one vector per head
+    torch.testing.assert_close(rms_norm(per_head, weight[:32], 1e-6), rms_norm_reference(per_head, weight[:32], 1e-6))
+
+
+@pytest.mark.parametrize("tokens", [5, 300])
+def test_rotary_on_views_of_the_fused_projection(tokens):
+    torch.manual_seed(0)
+    qkv = torch.randn(tokens, (8 + 2 + 2) * 64)
+    q, k, _ = qkv.split([8 * 64, 2 * 64, 2 * 64], dim=-1)
+    q, k = q.view(tokens, 8, 64), k.view(tokens, 2, 64)  # rows 768 floats apart, as the model passes them
+    angles = torch.rand(tokens, 32) * 100
+    got = apply_rotary(q, k, angles.cos(), angles.sin())
+    expected = apply_rotary_reference(q, k, angles.cos(), angles.sin())
+    for g, e in zip(got, expected):
+        assert g.is_contiguous()
+        torch.testing.assert_close(g, e)
+
+
+@pytest.mark.parametrize("tokens", [2, 64])
+def test_silu_and_mul_over_the_whole_range(tokens):
+    torch.manual_seed(0)
+    gate_up = torch.randn(tokens, 2 * 1536) * 30  # far into both tails, where e^-x would overflow
+    gate_up[0, :4] = torch.tensor([0.0, -0.0, 88.0, -104.0])
+    torch.testing.assert_close(silu_and_mul(gate_up), silu_and_mul_reference(gate_up), atol=1e-5, rtol=1e-6)
+
+
+def test_the_cpu_kernel_is_built_once_per_source_and_compiler(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYLLM_KERNEL_CACHE", str(tmp_path / "cache"))
+    source = Path(build.__file__).with_name("attention.cpp")
+    first = build.build(source, "g++")
+    stamp = first.stat().st_mtime_ns
+    assert build.build(source, "g++") == first and first.stat().st_mtime_ns == stamp
+    edited = tmp_path / "attention.cpp"
+    edited.write_text(source.read_text() + "\n// edited\n")
+    (tmp_path / "vector_math.h").write_bytes(source.with_name("vector_math.h").read_bytes())
+    assert build.build(edited, "g++") != first
+    assert sorted(p.suffix for p in (tmp_path / "cache").iterdir()) == [".so", ".so"]  # no partial files left
+
+
+def test_without_a_compiler_the_cpu_backend_falls_back_to_torch(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("RAYLLM_KERNEL_CACHE", str(tmp_path))
+    build.load.cache_clear()
+    cpu_attention._kernel.cache_clear()
+    try:
+        assert choose_attention_backend("auto", "cpu", torch.float32, 64) == "torch"
+        with pytest.raises(ValueError, match="C\\+\\+ compiler"):
+            choose_attention_backend("cpu", "cpu", torch.float32, 64)
+    finally:
+        monkeypatch.undo()
+        build.load.cache_clear()
+        cpu_attention._kernel.cache_clear()
+    assert choose_attention_backend("auto", "cpu", torch.float32, 64) == "cpu"
+    assert choose_attention_backend("auto", "cpu", torch.bfloat16, 64) == "torch"
+    assert choose_attention_backend("auto", "cpu", torch.float32, 8) == "torch"
