@@ -32,6 +32,7 @@ import sys
 import time
 
 import openai
+import psutil
 import requests
 
 from benchmarks.common import build_cpu_model, report
@@ -129,6 +130,8 @@ def ours(path, tokenizer, high_throughput: bool, direct_streaming: bool = False)
     result = median_pass(lambda c: asyncio.run(drive(url, MODEL_ID, c, {"ignore_eos": True})), tokenizer)
     serve.shutdown()
     ray.shutdown()
+    # Ray's workers exit after shutdown returns; the next measurement must not share the cores with them
+    wait_until(lambda: not any(p.name().startswith("ray::") for p in psutil.process_iter()), timeout=60, every=0.5)
     return result
 
 

@@ -3,8 +3,8 @@
 // Every query row attends to the first `row_len[r]` tokens of its sequence (a decode row: its whole
 // context; a prefill row: the positions up to its own). One task is one (row, KV head). For each
 // query head under that KV head: the scores of 16 cached tokens at a time (16 vector dot products,
-// summed across lanes together), one softmax, then the V-weighted sum kept in registers. OpenMP
-// spreads tasks over the threads torch uses. Written with GCC vector extensions: 16-float vectors
+// summed across lanes together) and one softmax; then the V-weighted sums of all those heads, 16
+// tokens at a time. OpenMP spreads tasks over the threads torch uses. Written with GCC vector extensions: 16-float vectors
 // become AVX-512 registers where the CPU has them and pairs of narrower ones elsewhere.
 
 #include <algorithm>
@@ -152,7 +152,7 @@ void run(const float* q, const Cache& c, const int* block_tables, int table_widt
 
 }  // namespace
 
-// Returns 0, or -1 for a head size it has no instance for (a multiple of 16 up to 256).
+// Returns 0, or -1 for a head size it has no instance for (HEAD_DIMS in attention.py lists them).
 extern "C" int paged_attention_f32(const float* q, const float* k_cache, const float* v_cache,
                                    const int* block_tables, int table_width, const int* row_seq, const int* row_len,
                                    int num_rows, int num_heads, int num_kv_heads, int head_dim, int block_size,
