@@ -4,8 +4,9 @@
 // context; a prefill row: the positions up to its own). One task is one (row, KV head). For each
 // query head under that KV head: the scores of 16 cached tokens at a time (16 vector dot products,
 // summed across lanes together) and one softmax; then the V-weighted sums of all those heads, 16
-// tokens at a time. OpenMP spreads tasks over the threads torch uses. Written with GCC vector extensions: 16-float vectors
-// become AVX-512 registers where the CPU has them and pairs of narrower ones elsewhere.
+// tokens at a time. OpenMP spreads tasks over the threads torch uses. Written with GCC vector
+// extensions: 16-float vectors become AVX-512 registers where the CPU has them and pairs of narrower
+// ones elsewhere.
 
 #include <algorithm>
 #include <cstring>
