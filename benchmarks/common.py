@@ -51,5 +51,21 @@ def matmul_params(model: torch.nn.Module) -> int:
     return total if tied else total - embed
 
 
+def transformers_static_batches(model, prompts: list[list[int]], new_tokens: list[int], batch_size: int = 32) -> int:
+    """transformers `generate` over left-padded static batches of `batch_size` prompts, greedy, each batch
+    run to its longest `new_tokens` with EOS ignored (as a static batch must). Returns the tokens generated."""
+    tokens = 0
+    for i in range(0, len(prompts), batch_size):
+        batch = prompts[i : i + batch_size]
+        width = max(len(p) for p in batch)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device=model.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=model.device)
+        new = max(new_tokens[i : i + batch_size])
+        model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=new,
+                       min_new_tokens=new, pad_token_id=0)
+        tokens += new * len(batch)
+    return tokens
+
+
 def report(name: str, **figures) -> None:
     print(json.dumps({"benchmark": name, **figures}), flush=True)

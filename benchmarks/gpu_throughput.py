@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from benchmarks.common import report
+from benchmarks.common import report, transformers_static_batches
 from runtime import LLM, SamplingParams
 from tests.model_factory import build_model_dir
 
@@ -53,21 +53,11 @@ def ours(path: Path, requests) -> tuple[float, int]:
     return time.perf_counter() - start, sum(len(o.outputs[0].token_ids) for o in outputs)
 
 
-def transformers_generate(path: Path, requests, batch: int = 32) -> tuple[float, int]:
+def transformers_generate(path: Path, requests) -> tuple[float, int]:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()
-    tokens = 0
     torch.cuda.synchronize()
     start = time.perf_counter()
-    for i in range(0, len(requests), batch):
-        chunk = requests[i : i + batch]
-        width = max(len(p) for p, _ in chunk)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in chunk], device="cuda")
-        mask = (torch.arange(width, device="cuda")[None, :] >= torch.tensor(
-            [width - len(p) for p, _ in chunk], device="cuda")[:, None]).long()
-        new = max(out for _, out in chunk)
-        model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=new,
-                       min_new_tokens=new, pad_token_id=0)
-        tokens += new * len(chunk)
+    tokens = transformers_static_batches(model, [p for p, _ in requests], [out for _, out in requests])
     torch.cuda.synchronize()
     return time.perf_counter() - start, tokens
 

@@ -15,8 +15,14 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from benchmarks.common import build_cpu_model, matmul_flops_per_second, matmul_params, report, shared_prefix_prompts
-from kernels import AttentionMetadata
+from benchmarks.common import (
+    build_cpu_model,
+    matmul_flops_per_second,
+    matmul_params,
+    report,
+    shared_prefix_prompts,
+    transformers_static_batches,
+)
 from runtime import LLM, SamplingParams
 
 NUM_REQUESTS, PREFIX, QUESTION, OUTPUT = 64, 250, 30, 64
@@ -31,15 +37,9 @@ def ours(path, prompts, **kw) -> tuple[float, list]:
     return time.perf_counter() - start, outputs
 
 
-def hf_static(model, prompts, batch_size=32) -> float:
+def hf_static(model, prompts) -> float:
     start = time.perf_counter()
-    for i in range(0, len(prompts), batch_size):
-        batch = prompts[i : i + batch_size]
-        width = max(len(p) for p in batch)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
-        model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=OUTPUT,
-                       min_new_tokens=OUTPUT, pad_token_id=0)
+    transformers_static_batches(model, prompts, [OUTPUT] * len(prompts))
     return time.perf_counter() - start
 
 
@@ -62,12 +62,10 @@ def step_overhead(path, waiting: int) -> float:
     for _ in range(steps):
         start = time.perf_counter()
         batch = engine.scheduler.schedule()
-        seqs = batch.seqs
-        AttentionMetadata.build(batch.num_new_tokens, [s.num_computed_tokens + n for s, n in
-                                zip(seqs, batch.num_new_tokens)], [s.block_table for s in seqs],
-                                16, batch.num_decodes, torch.device("cpu"))
+        inputs, _ = engine.runner.prepare(batch)
+        engine.runner.attention_metadata(inputs)
         total += time.perf_counter() - start
-        for s, n in zip(seqs, batch.num_new_tokens):  # finish the step without the model
+        for s, n in zip(batch.seqs, batch.num_new_tokens):  # finish the step without the model
             s.num_computed_tokens += n
             if s.num_computed_tokens == s.num_tokens:
                 s.token_ids.append(5)

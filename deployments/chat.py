@@ -12,7 +12,8 @@ from deployments.errors import OpenAIError
 from deployments.metrics import MeteredEngine
 from deployments.openai_format import TokenTexts, chat_logprobs, usage
 from deployments.protocol import ChatCompletionRequest
-from deployments.streams import SSE_DONE, now, sse
+from deployments.streams import SSE_DONE, chunk_writer, now
+from runtime import CompletionOutput, RequestOutput
 from runtime.tokenizer import encode, render_chat
 
 
@@ -47,47 +48,37 @@ class ChatHandler:
 
     async def complete(self, req: ChatCompletionRequest, request_id: str, priority: int = 0) -> dict:
         params, prompt = self._prepare(req)
-        parsers = [self._parser(req) for _ in range(params.n)]
-        choices = [{"reasoning": "", "content": "", "tool_calls": [], "logprobs": [], "finish_reason": None,
-                    "matched_stop": None, "tokens": 0} for _ in range(params.n)]
-        cached = 0
+        result = RequestOutput(request_id, None, prompt, outputs=[CompletionOutput(j) for j in range(params.n)])
         async for delta in self.engine.generate(prompt, params, request_id, priority):
-            cached = delta.num_cached_tokens
-            for s in delta.seqs:
-                choice = choices[s.index]
-                parsed = parsers[s.index].feed(s.text, s.token_ids, s.finish_reason is not None)
-                choice["reasoning"] += parsed.reasoning
-                choice["content"] += parsed.content
-                choice["tool_calls"] += parsed.tool_calls
-                choice["logprobs"] += s.logprobs or []
-                choice["tokens"] = s.num_output_tokens
-                choice["finish_reason"], choice["matched_stop"] = s.finish_reason, s.matched_stop
-        completion_tokens = sum(c["tokens"] for c in choices)
+            result.add(delta)
+        parsers = [self._parser(req) for _ in result.outputs]
+        choices = [self._choice(c, parser, req) for c, parser in zip(result.outputs, parsers)]
+        completion_tokens = sum(len(c.token_ids) for c in result.outputs)
         reasoning_tokens = sum(p.reasoning_tokens for p in parsers)
         return {
             "id": request_id,
             "object": "chat.completion",
             "created": now(),
             "model": self.model_id,
-            "choices": [self._choice(i, c, parsers[i], req) for i, c in enumerate(choices)],
-            "usage": usage(len(prompt), completion_tokens, cached, reasoning_tokens),
+            "choices": choices,
+            "usage": usage(len(prompt), completion_tokens, result.num_cached_tokens, reasoning_tokens),
         }
 
-    def _choice(self, index: int, c: dict, parser: ChoiceParser, req: ChatCompletionRequest) -> dict:
-        calls = [tool_call_json(i, call) for i, call in enumerate(c["tool_calls"])]
+    def _choice(self, c: CompletionOutput, parser: ChoiceParser, req: ChatCompletionRequest) -> dict:
+        parsed = parser.feed(c.text, c.token_ids, final=True)
+        calls = [tool_call_json(i, call) for i, call in enumerate(parsed.tool_calls)]
         for call in calls:
             del call["index"]
-        content = c["content"]
+        content = parsed.content
         if calls and not content.strip():
             content = None
         return {
-            "index": index,
-            "message": {"role": "assistant", "content": content,
-                        "reasoning_content": c["reasoning"] or None,
+            "index": c.index,
+            "message": {"role": "assistant", "content": content, "reasoning_content": parsed.reasoning or None,
                         "tool_calls": calls or None},
-            "logprobs": chat_logprobs(c["logprobs"], self.texts) if req.logprobs else None,
-            "finish_reason": _finish_reason(c["finish_reason"], parser),
-            "matched_stop": c["matched_stop"],
+            "logprobs": chat_logprobs(c.logprobs or [], self.texts) if req.logprobs else None,
+            "finish_reason": _finish_reason(c.finish_reason, parser),
+            "matched_stop": c.matched_stop,
         }
 
     async def stream(self, req: ChatCompletionRequest, request_id: str) -> AsyncIterator[str]:
@@ -97,14 +88,9 @@ class ChatHandler:
         return self._chunks(req, request_id, prompt, params.n, generator)
 
     async def _chunks(self, req, request_id, prompt, n, generator) -> AsyncIterator[str]:
-        created = now()
+        chunk = chunk_writer(request_id, "chat.completion.chunk", self.model_id)
         parsers = [self._parser(req) for _ in range(n)]
         calls_sent = [0] * n
-
-        def chunk(choices: list[dict], **extra) -> str:
-            return sse({"id": request_id, "object": "chat.completion.chunk", "created": created,
-                        "model": self.model_id, "choices": choices, **extra})
-
         for i in range(n):
             yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                           "finish_reason": None}])

@@ -5,7 +5,7 @@ from collections.abc import AsyncIterator
 from deployments.metrics import MeteredEngine
 from deployments.openai_format import TokenTexts, completion_logprobs, usage
 from deployments.protocol import CompletionRequest
-from deployments.streams import SSE_DONE, merge, now, sse
+from deployments.streams import SSE_DONE, chunk_writer, merge, now
 from runtime import CompletionOutput, RequestOutput
 from runtime.tokenizer import encode
 
@@ -65,12 +65,7 @@ class CompletionHandler:
         return self._chunks(req, request_id, params, prompts)
 
     async def _chunks(self, req, request_id, params, prompts) -> AsyncIterator[str]:
-        created = now()
-
-        def chunk(choices: list[dict], **extra) -> str:
-            return sse({"id": request_id, "object": "text_completion", "created": created,
-                        "model": self.model_id, "choices": choices, **extra})
-
+        chunk = chunk_writer(request_id, "text_completion", self.model_id)
         if req.echo:
             for i, ids in enumerate(prompts):
                 prompt_text = self.engine.tokenizer.decode(ids)

@@ -22,6 +22,7 @@ class PrefixAwareRouter(RequestRouter):
         self.imbalance_tolerance = imbalance_tolerance
         self.max_prefixes = max_prefixes
         self._owners: OrderedDict[int, ReplicaID] = OrderedDict()  # prefix hash -> replica, least recent first
+        self._last: tuple[PendingRequest | None, list[int]] = (None, [])  # hashed when chosen, reused when routed
 
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
@@ -31,18 +32,23 @@ class PrefixAwareRouter(RequestRouter):
         by_id = {r.replica_id: r for r in candidate_replicas}
         load = {rid: self.replica_queue_len_cache.get(rid) or 0 for rid in by_id}
         least = min(load.values())
-        for h in reversed(prefix_hashes(pending_request)):  # the longest known prefix first
+        for h in reversed(self._hashes(pending_request)):  # the longest known prefix first
             owner = self._owners.get(h)
             if owner in by_id and load[owner] <= least + self.imbalance_tolerance:
                 return [[by_id[owner]], [r for r in candidate_replicas if r.replica_id != owner]]
         return [random.sample(candidate_replicas, 2), candidate_replicas]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: ReplicaResult) -> None:
-        for h in prefix_hashes(pending_request):
+        for h in self._hashes(pending_request):
             self._owners[h] = replica_id
             self._owners.move_to_end(h)
         while len(self._owners) > self.max_prefixes:
             self._owners.popitem(last=False)
+
+    def _hashes(self, pending_request: PendingRequest) -> list[int]:
+        if self._last[0] is not pending_request:
+            self._last = (pending_request, prefix_hashes(pending_request))
+        return self._last[1]
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)

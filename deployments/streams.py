@@ -23,6 +23,17 @@ def now() -> int:
     return int(time.time())
 
 
+def chunk_writer(request_id: str, object_type: str, model: str):
+    """`chunk(choices, **extra)`: one SSE chunk of a response; every chunk carries the same id, object,
+    creation time and model."""
+    head = {"id": request_id, "object": object_type, "created": now(), "model": model}
+
+    def chunk(choices: list[dict], **extra) -> str:
+        return sse({**head, "choices": choices, **extra})
+
+    return chunk
+
+
 async def merge(streams: list[AsyncIterator]) -> AsyncIterator[tuple[int, object]]:
     """Interleave several async iterators as items arrive, tagging each with its stream's index.
 

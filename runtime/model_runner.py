@@ -18,7 +18,7 @@ from runtime.models.decoder import head_dim_of
 from runtime.outputs import TokenLogprob
 from runtime.sampler import Sampler, token_logprob
 from runtime.scheduler import ScheduledBatch
-from runtime.sequence import Request
+from runtime.sequence import Request, Sequence
 
 _CPU_KV_BYTES = 2 << 30
 
@@ -97,7 +97,7 @@ class ModelRunner:
     # --- rank 0 --------------------------------------------------------------
 
     def run(self, batch: ScheduledBatch) -> StepResult:
-        inputs, prompt_seqs = self._prepare(batch)
+        inputs, prompt_seqs = self.prepare(batch)
         if self.config.tensor_parallel_size > 1:
             broadcast_from_rank0(inputs)
         logits, prompt_logits = self.execute(inputs)
@@ -110,7 +110,8 @@ class ModelRunner:
             prompt_logprobs[seq.request] = [token_logprob(rows[i], t, k) for i, t in enumerate(targets)]
         return StepResult(token_ids, logprobs, prompt_logprobs)
 
-    def _prepare(self, batch: ScheduledBatch):
+    def prepare(self, batch: ScheduledBatch) -> tuple[StepInputs, list[tuple[Sequence, int]]]:
+        """The step's inputs, and the sequences (with their first position) whose prompt logprobs it computes."""
         inputs = StepInputs([], [], [], [], [], batch.num_decodes, [], [])
         prompt_seqs = []
         offset = 0
@@ -145,9 +146,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, inputs: StepInputs) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The forward pass and the logits rank 0 needs (the LM head is a collective, so all ranks run it)."""
-        meta = AttentionMetadata.build(inputs.query_lens, inputs.context_lens, inputs.block_tables,
-                                       self.config.block_size, inputs.num_decodes, self.device,
-                                       self.config.resolved_attention_backend)
+        meta = self.attention_metadata(inputs)
         ids = torch.tensor(inputs.input_ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(inputs.positions, dtype=torch.long, device=self.device)
         hidden = self.model(ids, pos, meta)
@@ -155,6 +154,11 @@ class ModelRunner:
         prompt_logits = [self.model.compute_logits(hidden[first : first + count])
                          for first, count in inputs.prompt_spans]
         return logits, prompt_logits
+
+    def attention_metadata(self, inputs: StepInputs) -> AttentionMetadata:
+        return AttentionMetadata.build(inputs.query_lens, inputs.context_lens, inputs.block_tables,
+                                       self.config.block_size, inputs.num_decodes, self.device,
+                                       self.config.resolved_attention_backend)
 
     def serve_rank0(self) -> None:
         """A worker rank's loop: run every step rank 0 broadcasts, until it sends None."""
