@@ -4,17 +4,24 @@ from runtime import TokenLogprob
 
 
 class TokenTexts:
-    """Token id -> its text and UTF-8 bytes, memoised per tokenizer."""
+    """Token id -> its text and that text's UTF-8 bytes, memoised per tokenizer."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        self._cache: dict[int, str] = {}
+        self._cache: dict[int, tuple[str, list[int]]] = {}
 
     def __call__(self, token_id: int) -> str:
-        text = self._cache.get(token_id)
-        if text is None:
-            text = self._cache[token_id] = self.tokenizer.decode([token_id])
-        return text
+        return self._entry(token_id)[0]
+
+    def utf8(self, token_id: int) -> list[int]:
+        return self._entry(token_id)[1]
+
+    def _entry(self, token_id: int) -> tuple[str, list[int]]:
+        entry = self._cache.get(token_id)
+        if entry is None:
+            text = self.tokenizer.decode([token_id])
+            entry = self._cache[token_id] = (text, list(text.encode("utf-8")))
+        return entry
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, reasoning_tokens: int | None = None) -> dict:
@@ -33,8 +40,7 @@ def chat_logprobs(entries: list[TokenLogprob], texts: TokenTexts) -> dict:
     """`choices[i].logprobs` of a chat completion."""
 
     def item(token_id: int, logprob: float) -> dict:
-        text = texts(token_id)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        return {"token": texts(token_id), "logprob": logprob, "bytes": texts.utf8(token_id)}
 
     return {
         "content": [
