@@ -8,7 +8,7 @@ from kernels.cpu import elementwise as cpu_elementwise
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """`silu(gate) * up` for `gate_up` = [T, 2 * I] holding gate then up; returns [T, I]."""
-    if cpu_elementwise.applies(gate_up):
+    if cpu_elementwise.applies(gate_up) and gate_up.dim() == 2 and gate_up.shape[1] % 2 == 0:
         return cpu_elementwise.silu_and_mul(gate_up)
     return silu_and_mul_reference(gate_up)
 

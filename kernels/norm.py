@@ -20,7 +20,8 @@ def rms_norm(
         from kernels.triton.elementwise import rms_norm as triton_rms_norm
 
         return triton_rms_norm(x, weight, eps, residual)
-    if cpu_elementwise.applies(x):
+    if (cpu_elementwise.applies(x, weight, residual) and weight.shape == x.shape[-1:]
+            and (residual is None or residual.shape == x.shape)):
         return cpu_elementwise.rms_norm(x, weight, eps, residual)
     return rms_norm_reference(x, weight, eps, residual)
 

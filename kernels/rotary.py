@@ -13,7 +13,9 @@ def apply_rotary(
         from kernels.triton.elementwise import apply_rotary as triton_rotary
 
         return triton_rotary(q, k, cos, sin)
-    if cpu_elementwise.applies(q) and cos.dtype == torch.float32:
+    tokens, _, size = q.shape
+    if (cpu_elementwise.applies(q, k, cos, sin) and k.shape[0] == tokens and k.shape[2] == size
+            and cos.shape == sin.shape == (tokens, size // 2)):
         return cpu_elementwise.apply_rotary(q, k, cos, sin)
     return apply_rotary_reference(q, k, cos, sin)
 

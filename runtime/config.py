@@ -42,7 +42,6 @@ class EngineConfig:
     hf_config: PretrainedConfig = field(init=False, repr=False)
     model_path: Path = field(init=False)
     torch_dtype: torch.dtype = field(init=False)
-    resolved_attention_backend: str = field(init=False)  # what "auto" chose
 
     def __post_init__(self) -> None:
         self.model_path = resolve_model_path(self.model)
@@ -66,9 +65,8 @@ class EngineConfig:
         require(self.block_size >= 1, "block_size", "must be at least 1")
         require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]")
         require(self.kv_cache_bytes is None or self.kv_cache_bytes > 0, "kv_cache_bytes", "must be positive")
-        try:
-            self.resolved_attention_backend = choose_attention_backend(
-                self.attention_backend, self.device, self.torch_dtype, head_dim_of(self.hf_config))
+        try:  # each rank's model runner chooses again, in its own process
+            choose_attention_backend(self.attention_backend, self.device, self.torch_dtype, head_dim_of(self.hf_config))
         except ValueError as e:
             raise InvalidInputError("attention_backend", str(e)) from None
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import AttentionMetadata
+from kernels import AttentionMetadata, choose_attention_backend
 from runtime.config import EngineConfig
 from runtime.distributed import all_reduce_min, broadcast_from_rank0, destroy_tp_group, init_tp_group
 from runtime.errors import InvalidInputError
@@ -66,6 +66,9 @@ class ModelRunner:
         self.model.eval()
         self.sampler = Sampler(eos_token_ids, self.device)
         self.num_blocks = self._allocate_kv_cache()
+        # chosen here, in the rank's own process: a worker whose machine cannot build the CPU kernel runs torch's
+        self.attention_backend = choose_attention_backend(config.attention_backend, self.device.type,
+                                                          config.torch_dtype, head_dim_of(hf))
 
     def _allocate_kv_cache(self) -> int:
         cfg = self.config
@@ -158,7 +161,7 @@ class ModelRunner:
     def attention_metadata(self, inputs: StepInputs) -> AttentionMetadata:
         return AttentionMetadata.build(inputs.query_lens, inputs.context_lens, inputs.block_tables,
                                        self.config.block_size, inputs.num_decodes, self.device,
-                                       self.config.resolved_attention_backend)
+                                       self.attention_backend)
 
     def serve_rank0(self) -> None:
         """A worker rank's loop: run every step rank 0 broadcasts, until it sends None."""

@@ -13,6 +13,7 @@ from kernels import AttentionMetadata, paged_attention, store_kv_cache
     ("cpu", 4, 2, 16, 4),  # blocks shorter than the kernel's 16-token steps
     ("cpu", 14, 2, 64, 16),  # Qwen2.5-0.5B's seven query heads per KV head
     ("cpu", 8, 8, 128, 32),  # no grouping; blocks longer than 16 tokens
+    ("cpu", 10, 2, 32, 17),  # blocks that 16-token steps straddle
 ])
 def test_mixed_batch_matches_dense_attention(backend, HQ, HKV, D, BLOCK):
     torch.manual_seed(0)

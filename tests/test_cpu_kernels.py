@@ -1,6 +1,7 @@
 """The C++ CPU kernels: each equals its torch reference, and they are built once per machine, or
 replaced by the reference where no compiler works."""
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -46,21 +47,52 @@ def test_rotary_on_views_of_the_fused_projection(tokens):
 def test_silu_and_mul_over_the_whole_range(tokens):
     torch.manual_seed(0)
     gate_up = torch.randn(tokens, 2 * 1536) * 30  # far into both tails, where e^-x would overflow
-    gate_up[0, :4] = torch.tensor([0.0, -0.0, 88.0, -104.0])
-    torch.testing.assert_close(silu_and_mul(gate_up), silu_and_mul_reference(gate_up), atol=1e-5, rtol=1e-6)
+    gate_up[0, :4] = torch.tensor([0.0, -0.0, 88.0, -80.0])
+    torch.testing.assert_close(silu_and_mul(gate_up), silu_and_mul_reference(gate_up), atol=1e-30, rtol=1e-6)
+
+
+def test_arguments_the_kernels_do_not_take_go_to_the_reference():
+    """Other dtypes, broadcast shapes, strided or 3-d inputs: what torch would accept still gives its answer."""
+    torch.manual_seed(0)
+    x, weight, row, strided = torch.randn(4, 32), torch.randn(32), torch.randn(32), torch.randn(64)[::2]
+    cases = [
+        (lambda f: f(x, weight.bfloat16(), 1e-6), rms_norm, rms_norm_reference),
+        (lambda f: f(x, weight, 1e-6, row), rms_norm, rms_norm_reference),  # one residual row for every row
+        (lambda f: f(x, strided, 1e-6), rms_norm, rms_norm_reference),
+    ]
+    q, k, angles = torch.randn(3, 4, 16), torch.randn(3, 2, 16), torch.rand(1, 8)  # one position for all tokens
+    gate_up = torch.randn(2, 3, 8)
+    cases += [
+        (lambda f: f(q, k.bfloat16(), angles.cos(), angles.sin()), apply_rotary, apply_rotary_reference),
+        (lambda f: f(q, k, angles.cos(), angles.sin()), apply_rotary, apply_rotary_reference),
+        (lambda f: f(gate_up), silu_and_mul, silu_and_mul_reference),
+    ]
+    for call, kernel, reference in cases:
+        got, expected = call(kernel), call(reference)
+        for g, e in zip(*(r if isinstance(r, tuple) else (r,) for r in (got, expected)), strict=True):
+            assert g.shape == e.shape and g.dtype == e.dtype
+            torch.testing.assert_close(g, e)
 
 
 def test_the_cpu_kernel_is_built_once_per_source_and_compiler(tmp_path, monkeypatch):
     monkeypatch.setenv("RAYLLM_KERNEL_CACHE", str(tmp_path / "cache"))
     source = Path(build.__file__).with_name("attention.cpp")
-    first = build.build(source, "g++")
+    first = build.build(source, ["g++"])
     stamp = first.stat().st_mtime_ns
-    assert build.build(source, "g++") == first and first.stat().st_mtime_ns == stamp
+    assert build.build(source, ["g++"]) == first and first.stat().st_mtime_ns == stamp
     edited = tmp_path / "attention.cpp"
     edited.write_text(source.read_text() + "\n// edited\n")
     (tmp_path / "vector_math.h").write_bytes(source.with_name("vector_math.h").read_bytes())
-    assert build.build(edited, "g++") != first
+    assert build.build(edited, ["g++"]) != first
     assert sorted(p.suffix for p in (tmp_path / "cache").iterdir()) == [".so", ".so"]  # no partial files left
+
+
+def test_builds_started_together_all_succeed(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYLLM_KERNEL_CACHE", str(tmp_path))
+    source = Path(build.__file__).with_name("elementwise.cpp")
+    with ThreadPoolExecutor(4) as pool:
+        paths = set(pool.map(lambda _: build.build(source, ["g++"]), range(4)))
+    assert len(paths) == 1 and [p.name for p in tmp_path.iterdir()] == [paths.pop().name]
 
 
 def test_without_a_compiler_the_cpu_backend_falls_back_to_torch(tmp_path, monkeypatch):

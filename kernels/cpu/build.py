@@ -2,11 +2,11 @@
 
 The library is built for the CPU it runs on (`-march=native`) and kept under
 `$RAYLLM_KERNEL_CACHE` (default `~/.cache/rayllm-engine/kernels`), named by a
-hash of the source and the headers beside it, the flags, the compiler and the
-CPU, so an edit, another compiler or another machine sharing the directory
-gets its own build. Builds
-are written to a temporary name and renamed into place, so processes that
-start together (Ray replicas, test workers) never load a half-written file.
+hash of the source and the headers beside it, the compiler command, its
+version, the flags and the CPU, so an edit, another compiler or another
+machine sharing the directory gets its own build. Each build is written to a
+temporary file of its own and renamed into place, so processes or threads that
+build at once (Ray replicas, test workers) never load a half-written file.
 It links OpenMP's libgomp, the one torch has already loaded, so the kernels
 share torch's thread pool instead of starting a second one.
 """
@@ -17,8 +17,10 @@ import hashlib
 import logging
 import os
 import platform
+import shlex
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -35,7 +37,7 @@ def cache_dir() -> Path:
 @functools.cache
 def load(name: str) -> ctypes.CDLL | None:
     """The library built from `<name>.cpp`, or None (logged) when it cannot be built here."""
-    compiler = os.environ.get("CXX") or shutil.which("g++")
+    compiler = _compiler()
     if compiler is None:
         logger.warning("no C++ compiler (g++ or $CXX): the %s kernel falls back to torch", name)
         return None
@@ -48,24 +50,34 @@ def load(name: str) -> ctypes.CDLL | None:
         return None
 
 
-def build(source: Path, compiler: str) -> Path:
-    """The shared library for `source`, compiled unless this machine already has it."""
-    version = subprocess.run([compiler, "--version"], capture_output=True, check=True, timeout=60).stdout
+def build(source: Path, compiler: list[str]) -> Path:
+    """The shared library for `source`, compiled unless this machine already has it; `compiler` is the
+    command (with any arguments of its own, as `$CXX` may hold)."""
+    version = subprocess.run([*compiler, "--version"], capture_output=True, check=True, timeout=60).stdout
     headers = [header.read_bytes() for header in sorted(source.parent.glob("*.h"))]
-    key = hashlib.sha256(b"\0".join([source.read_bytes(), *headers, " ".join(FLAGS).encode(), version,
-                                     _cpu_identity()]))
+    key = hashlib.sha256(b"\0".join([source.read_bytes(), *headers, " ".join([*compiler, *FLAGS]).encode(),
+                                     version, _cpu_identity()]))
     target = cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(f".{os.getpid()}.partial")
+    handle, partial = tempfile.mkstemp(prefix=f"{target.stem}.", suffix=".partial", dir=target.parent)
+    os.close(handle)
     try:
-        subprocess.run([compiler, *FLAGS, str(source), "-o", str(partial)], capture_output=True, check=True,
+        subprocess.run([*compiler, *FLAGS, str(source), "-o", partial], capture_output=True, check=True,
                        timeout=_COMPILE_TIMEOUT_S)
         os.replace(partial, target)
     finally:
-        partial.unlink(missing_ok=True)
+        Path(partial).unlink(missing_ok=True)
     return target
+
+
+def _compiler() -> list[str] | None:
+    """`$CXX` (a command, possibly with arguments of its own), else g++ where it is installed."""
+    if os.environ.get("CXX"):
+        return shlex.split(os.environ["CXX"])
+    found = shutil.which("g++")
+    return [found] if found else None
 
 
 def _cpu_identity() -> bytes:

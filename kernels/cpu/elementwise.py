@@ -23,9 +23,11 @@ def _library():
     return library
 
 
-def applies(x: torch.Tensor) -> bool:
-    """Whether these kernels serve `x` (building them on first call)."""
-    return x.device.type == "cpu" and x.dtype == torch.float32 and _library() is not None
+def applies(*tensors: torch.Tensor | None) -> bool:
+    """Whether these kernels serve these arguments (None: an absent optional one): float32 CPU tensors, once
+    the library is built. Shapes are the caller's to check."""
+    present = [t for t in tensors if t is not None]
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in present) and _library() is not None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
@@ -34,6 +36,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     out = torch.empty_like(rows)
     new_residual = None if residual is None else torch.empty_like(rows)
     residual_rows = None if residual is None else residual.reshape(-1, shape[-1]).contiguous()
+    weight = weight.contiguous()
     _library().rms_norm_f32(
         rows.data_ptr(), 0 if residual is None else residual_rows.data_ptr(), weight.data_ptr(), out.data_ptr(),
         0 if residual is None else new_residual.data_ptr(), rows.shape[0], shape[-1], eps, torch.get_num_threads(),
