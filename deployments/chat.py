@@ -48,7 +48,7 @@ class ChatHandler:
 
     async def complete(self, req: ChatCompletionRequest, request_id: str, priority: int = 0) -> dict:
         params, prompt = self._prepare(req)
-        result = RequestOutput(request_id, None, prompt, outputs=[CompletionOutput(j) for j in range(params.n)])
+        result = RequestOutput.empty(request_id, prompt, params.n)
         async for delta in self.engine.generate(prompt, params, request_id, priority):
             result.add(delta)
         parsers = [self._parser(req) for _ in result.outputs]

@@ -28,8 +28,7 @@ class CompletionHandler:
 
     async def complete(self, req: CompletionRequest, request_id: str, priority: int = 0) -> dict:
         params, prompts = self._prepare(req)
-        results = [RequestOutput(f"{request_id}-{i}", None, ids, outputs=[CompletionOutput(j) for j in range(params.n)])
-                   for i, ids in enumerate(prompts)]
+        results = [RequestOutput.empty(f"{request_id}-{i}", ids, params.n) for i, ids in enumerate(prompts)]
         async for i, delta in merge(self._streams(prompts, params, request_id, priority)):
             results[i].add(delta)
         choices = []

@@ -26,8 +26,7 @@ class GenerateHandler:
 
     def _run(self, params, prompts, request_ids, priority: int = 0):
         """Accumulators for every prompt, and the merged stream of their (prompt index, delta)."""
-        results = [RequestOutput(rid, None, p, outputs=[CompletionOutput(j) for j in range(params.n)])
-                   for rid, p in zip(request_ids, prompts)]
+        results = [RequestOutput.empty(rid, p, params.n) for rid, p in zip(request_ids, prompts)]
         streams = [self.engine.generate(p, params, rid, priority) for rid, p in zip(request_ids, prompts)]
         return results, merge(streams)
 

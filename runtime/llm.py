@@ -3,7 +3,7 @@
 import itertools
 
 from runtime.engine import LLMEngine
-from runtime.outputs import CompletionOutput, RequestOutput
+from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
 from runtime.tokenizer import encode, render_chat
 
@@ -39,9 +39,7 @@ class LLM:
                 text, ids = (prompt, encode(self.tokenizer, prompt)) if isinstance(prompt, str) else (None, prompt)
                 request_id = f"llm-{next(self._ids)}"
                 self.engine.add_request(request_id, ids, p)
-                outputs[request_id] = RequestOutput(
-                    request_id, text, list(ids), outputs=[CompletionOutput(i) for i in range(p.n)]
-                )
+                outputs[request_id] = RequestOutput.empty(request_id, ids, p.n, text)
             while self.engine.has_unfinished_requests():
                 for delta in self.engine.step():
                     outputs[delta.request_id].add(delta)

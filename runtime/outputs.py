@@ -74,6 +74,11 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprob | None] | None = None
     finished: bool = False
 
+    @classmethod
+    def empty(cls, request_id: str, prompt_token_ids: list[int], n: int, prompt: str | None = None) -> "RequestOutput":
+        """The accumulator of a request with `n` completions, before its first delta."""
+        return cls(request_id, prompt, list(prompt_token_ids), outputs=[CompletionOutput(i) for i in range(n)])
+
     def add(self, delta: RequestDelta) -> None:
         """Fold a step's delta into the accumulated output."""
         self.num_cached_tokens = delta.num_cached_tokens
