@@ -121,7 +121,8 @@ async def _validation_error(_: Request, e: RequestValidationError):
     return JSONResponse(error_body(400, str(e.errors())), status_code=400)
 
 
-def _front(request: Request) -> OpenAIFront:
+async def _front(request: Request) -> OpenAIFront:
+    """Async so FastAPI resolves it on the event loop, not on a worker thread per request."""
     return request.app.state.front
 
 
