@@ -3,7 +3,7 @@ input and output lengths uniform in 100-1024 and ignore_eos; our output tokens/s
 on the same weights in the same run, and the bandwidth roofline (bytes read per decode step / measured
 copy bandwidth).
 
-Run on a CUDA machine: python -m benchmarks.gpu_throughput  [--hf-sequences 64]
+Run on a CUDA machine: python -m benchmarks.gpu_throughput  [--hf-sequences 64] [--enforce-eager]
 """
 
 import argparse
@@ -42,8 +42,9 @@ def copy_bandwidth(gib: int = 4) -> float:
     return 2 * 10 * src.numel() / (time.perf_counter() - start)  # read + write bytes per second
 
 
-def ours(path: Path, requests) -> tuple[float, int]:
-    llm = LLM(str(path), dtype="bfloat16", max_model_len=4096, max_num_seqs=256, max_num_batched_tokens=16384)
+def ours(path: Path, requests, enforce_eager: bool) -> tuple[float, int]:
+    llm = LLM(str(path), dtype="bfloat16", max_model_len=4096, max_num_seqs=256, max_num_batched_tokens=16384,
+              enforce_eager=enforce_eager)
     llm.generate([requests[0][0]], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     params = [SamplingParams(temperature=0, max_tokens=out, ignore_eos=True) for _, out in requests]
     torch.cuda.synchronize()
@@ -66,10 +67,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sequences", type=int, default=256)
     parser.add_argument("--hf-sequences", type=int, default=64)
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     args = parser.parse_args()
     path = build_model_dir(Path(tempfile.mkdtemp(prefix="qwen05b-")), **QWEN25_05B)
     requests = workload(args.sequences)
-    seconds, tokens = ours(path, requests)
+    seconds, tokens = ours(path, requests, args.enforce_eager)
     hf_seconds, hf_tokens = transformers_generate(path, requests[: args.hf_sequences])
     params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(path).parameters())
     bandwidth = copy_bandwidth()
@@ -78,7 +80,7 @@ def main() -> None:
     batch = min(256, args.sequences)
     step_bytes = params * 2 + batch * 1100 * kv_bytes_per_token
     roofline = batch * bandwidth / step_bytes
-    report("gpu_throughput", sequences=args.sequences, output_tokens=tokens, ours_tok_s=round(tokens / seconds),
+    report("gpu_throughput", sequences=args.sequences, enforce_eager=args.enforce_eager, output_tokens=tokens, ours_tok_s=round(tokens / seconds),
            transformers_generate_tok_s=round(hf_tokens / hf_seconds), hf_sequences=args.hf_sequences,
            copy_bandwidth_gb_s=round(bandwidth / 1e9), roofline_tok_s=round(roofline),
            fraction_of_roofline=round(tokens / seconds / roofline, 3), device=torch.cuda.get_device_name())

@@ -38,7 +38,7 @@ def paged_attention(
         from kernels.triton.attention import paged_attention as triton_attention
 
         return triton_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.context_lens,
-                                meta.max_query_len, scale)
+                                meta.max_query_len, meta.num_decodes, scale)
     if meta.backend == "cpu":
         from kernels.cpu.attention import paged_attention as cpu_attention
 

@@ -24,7 +24,7 @@ _DTYPES = {
 class EngineConfig:
     model: str
     tokenizer: str | None = None
-    dtype: str = "auto"  # auto: the checkpoint's dtype on GPU, float32 on CPU
+    dtype: str = "auto"  # auto: on GPU the checkpoint's 16-bit dtype, else bfloat16; float32 on CPU
     device: str = "auto"  # auto: cuda when available, else cpu
     tensor_parallel_size: int = 1
     max_model_len: int | None = None  # default: the model's max_position_embeddings
@@ -35,6 +35,7 @@ class EngineConfig:
     kv_cache_bytes: int | None = None  # KV budget; default on CPU: max_num_seqs full-length sequences,
     # at most 2 GiB; on GPU: what gpu_memory_utilization leaves free
     enable_prefix_caching: bool = True
+    enforce_eager: bool = False  # GPU: no CUDA graphs (every decode step launches its kernels one by one)
     seed: int = 0
     attention_backend: str = "auto"  # torch | cpu | triton | flash; auto: flash, else triton on GPU; cpu (the C++
     # kernel) on CPU where it applies, else torch
@@ -74,7 +75,9 @@ class EngineConfig:
         if self.dtype == "auto":
             if self.device == "cpu":
                 return torch.float32
-            return getattr(self.hf_config, "dtype", None) or torch.bfloat16
+            saved = getattr(self.hf_config, "dtype", None)
+            saved = _DTYPES.get(saved, saved) if isinstance(saved, str) else saved
+            return saved if saved in (torch.bfloat16, torch.float16) else torch.bfloat16
         if self.dtype not in _DTYPES:
             raise InvalidInputError("dtype", f"expected one of auto, {', '.join(_DTYPES)}; got {self.dtype!r}")
         return _DTYPES[self.dtype]

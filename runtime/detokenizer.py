@@ -39,11 +39,13 @@ class IncrementalDetokenizer:
         self._ids.append(token_id)
         prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
         full = self._decode(self._ids[self._prefix_offset :])
-        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+        if full.endswith("\ufffd"):
             return None  # an incomplete character: wait for more bytes
         new = full[len(prefix) :]
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
+        if not new:  # a token without text (a skipped special token, an id the tokenizer lacks): the window moves on
+            return None
         start = max(0, len(self.text) - max((len(s) for s in self.stop), default=0) + 1)
         self.text += new
         return self._find_stop(start) if check_stop else None

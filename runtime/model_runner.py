@@ -11,6 +11,7 @@ import torch
 
 from kernels import AttentionMetadata, choose_attention_backend
 from runtime.config import EngineConfig
+from runtime.cuda_graphs import DecodeGraphs
 from runtime.distributed import all_reduce_min, broadcast_from_rank0, destroy_tp_group, init_tp_group
 from runtime.errors import InvalidInputError
 from runtime.models import CausalLM, load_weights, pack_linear_weights
@@ -65,12 +66,18 @@ class ModelRunner:
         pack_linear_weights(self.model)
         self.model.eval()
         self.sampler = Sampler(eos_token_ids, self.device)
-        self.num_blocks = self._allocate_kv_cache()
         # chosen here, in the rank's own process: a worker whose machine cannot build the CPU kernel runs torch's
         self.attention_backend = choose_attention_backend(config.attention_backend, self.device.type,
                                                           config.torch_dtype, head_dim_of(hf))
+        use_graphs = (self.device.type == "cuda" and not config.enforce_eager and config.tensor_parallel_size == 1
+                      and self.attention_backend in ("triton", "flash"))
+        self.graphs = None
+        self.num_blocks = self._allocate_kv_cache(use_graphs)
+        if use_graphs:
+            self.graphs = DecodeGraphs(self.model, config.max_num_seqs, config.max_model_len, config.block_size,
+                                       self.attention_backend, self.device)
 
-    def _allocate_kv_cache(self) -> int:
+    def _allocate_kv_cache(self, use_graphs: bool) -> int:
         cfg = self.config
         attn = self.model.model.layers[0].self_attn
         layers = len(self.model.model.layers)
@@ -79,8 +86,7 @@ class ModelRunner:
         budget = cfg.kv_cache_bytes
         if budget is None:
             if self.device.type == "cuda":
-                free, total = torch.cuda.mem_get_info(self.device)
-                budget = int(free - total * (1 - cfg.gpu_memory_utilization))
+                budget = self._profile_gpu_budget(use_graphs)
             else:  # enough for every sequence at full length, within a fixed cap
                 tokens = cfg.max_num_seqs * cfg.max_model_len
                 budget = min(_CPU_KV_BYTES, -(-tokens // cfg.block_size) * bytes_per_block)
@@ -96,6 +102,46 @@ class ModelRunner:
             layer.self_attn.k_cache = self.kv_cache[0, i]
             layer.self_attn.v_cache = self.kv_cache[1, i]
         return num_blocks
+
+    @torch.inference_mode()
+    def _profile_gpu_budget(self, use_graphs: bool) -> int:
+        """KV bytes that `gpu_memory_utilization` leaves once the largest step's activations are accounted for.
+
+        Runs the largest step the scheduler can form (max_num_batched_tokens prompt tokens, in sequences of
+        at most max_model_len, over a scratch cache) and samples max_num_seqs rows, recording the peak.
+        """
+        cfg = self.config
+        tokens, seq_len = cfg.max_num_batched_tokens, min(cfg.max_model_len, cfg.max_num_batched_tokens)
+        lens = [seq_len] * (tokens // seq_len) + ([tokens % seq_len] if tokens % seq_len else [])
+        blocks_per_seq = -(-seq_len // cfg.block_size)
+        attn = self.model.model.layers[0].self_attn
+        scratch = torch.empty((2, len(lens) * blocks_per_seq, cfg.block_size, attn.num_kv_heads, attn.head_dim),
+                              dtype=cfg.torch_dtype, device=self.device)
+        for layer in self.model.model.layers:
+            layer.self_attn.k_cache, layer.self_attn.v_cache = scratch[0], scratch[1]
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(len(lens))]
+        inputs = StepInputs([0] * tokens, [p for n in lens for p in range(n)], lens, lens, tables, 0, [], [])
+        hidden = self.model(*self._tensors(inputs), self.attention_metadata(inputs))
+        rows = min(cfg.max_num_seqs, tokens)
+        logits = self.model.compute_logits(hidden[:rows]).float()
+        # the sampler's worst case: raw logprobs, processed logits, probabilities and the exponential draws
+        workspace = [torch.log_softmax(logits, -1), logits.clone(), torch.softmax(logits, -1), torch.empty_like(logits)]
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - before  # the scratch cache was already in `before`
+        del hidden, logits, workspace, scratch
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        budget = int(total * cfg.gpu_memory_utilization) - (total - free) - peak
+        if use_graphs:  # room for the decode graphs' pool: their largest batch's logits and activations, twice
+            budget -= 2 * cfg.max_num_seqs * (self.model.lm_head.vocab_size * 4 + 64 * 1024)
+        return budget
+
+    def _tensors(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.tensor(inputs.input_ids, dtype=torch.long, device=self.device)
+        return ids, torch.tensor(inputs.positions, dtype=torch.long, device=self.device)
 
     # --- rank 0 --------------------------------------------------------------
 
@@ -149,10 +195,11 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, inputs: StepInputs) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The forward pass and the logits rank 0 needs (the LM head is a collective, so all ranks run it)."""
-        meta = self.attention_metadata(inputs)
-        ids = torch.tensor(inputs.input_ids, dtype=torch.long, device=self.device)
-        pos = torch.tensor(inputs.positions, dtype=torch.long, device=self.device)
-        hidden = self.model(ids, pos, meta)
+        if self.graphs is not None and self.graphs.fits(len(inputs.query_lens), inputs.num_decodes,
+                                                        max(map(len, inputs.block_tables)), bool(inputs.prompt_spans)):
+            return self.graphs.run(inputs.input_ids, inputs.positions, inputs.context_lens, inputs.block_tables,
+                                   self.config.block_size), []
+        hidden = self.model(*self._tensors(inputs), self.attention_metadata(inputs))
         logits = self.model.compute_logits(hidden[inputs.logit_rows])
         prompt_logits = [self.model.compute_logits(hidden[first : first + count])
                          for first, count in inputs.prompt_spans]

@@ -25,6 +25,8 @@ class Sampler:
     def __call__(
         self, logits: torch.Tensor, seqs: list[Sequence]
     ) -> tuple[list[int], list[TokenLogprob | None]]:
+        if all(s.params.greedy and s.params.logprobs is None and not self._processes(s) for s in seqs):
+            return logits.argmax(dim=-1).tolist(), [None] * len(seqs)  # argmax is exact in the model's dtype
         logits = logits.float()
         raw_logprobs = None
         if any(s.params.logprobs is not None for s in seqs):
@@ -38,6 +40,11 @@ class Sampler:
                 if s.params.logprobs is not None:
                     logprobs[i] = token_logprob(raw_logprobs[i], token_list[i], s.params.logprobs)
         return token_list, logprobs
+
+    def _processes(self, s: Sequence) -> bool:
+        """Whether `_process` changes this sequence's logits."""
+        p = s.params
+        return p.uses_penalties or bool(p.logit_bias) or s.num_output_tokens < p.min_tokens or s.matcher is not None
 
     def _process(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         if any(s.params.uses_penalties for s in seqs):

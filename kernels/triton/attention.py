@@ -1,9 +1,14 @@
-"""Paged attention in one kernel for decodes and prefill chunks (over any cached prefix).
+"""Paged attention for a mixed batch: one kernel for the decode rows, one for the prefill chunks.
 
-Grid: (sequence, query head, block of query rows). Each program walks the
-sequence's context through its block table, with an online softmax; a decode
-is a chunk of one row. K/V are read straight from the paged cache: the new
-tokens' K/V must already be stored.
+K/V are read straight from the paged cache (the new tokens' K/V must already
+be stored), walking each sequence's context through its block table with an
+online softmax. A decode program serves every query head that shares one KV
+head, so each KV row is read once per step, not once per query head; a
+prefill program serves one query head and a block of query rows.
+
+Dots take the cache's own dtype (bf16/fp16 on the tensor cores, fp32
+accumulation); float32 uses full-precision dots, not TF32, so it matches the
+torch reference.
 """
 
 import torch
@@ -12,12 +17,61 @@ import triton.language as tl
 
 
 @triton.jit
-def _paged_attention_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, query_start_ptr, context_lens_ptr, scale,
+def _dot(a, b, IEEE: tl.constexpr):
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, table_stride, context_lens_ptr, scale,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    MAX_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
-    seq = tl.program_id(0)
+    seq = tl.program_id(0)  # decode row `seq` is sequence `seq`'s one new token
+    kv_head = tl.program_id(1)
+    group: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
+    ctx = tl.load(context_lens_ptr + seq)
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    g_mask = g < group
+    d_mask = d < HEAD_DIM
+    q_offs = (seq.to(tl.int64) * NUM_HEADS + kv_head * group + g[:, None]) * HEAD_DIM + d[None, :]
+    q = tl.load(q_ptr + q_offs, mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for start in range(0, ctx, BLOCK_N):
+        pos = start + tl.arange(0, BLOCK_N)
+        pos_mask = pos < ctx
+        page = tl.load(block_tables_ptr + seq * table_stride + pos // BLOCK_SIZE, mask=pos_mask, other=0)
+        slot = page.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
+        kv_offs = (slot[:, None] * NUM_KV_HEADS + kv_head) * HEAD_DIM + d[None, :]
+        kv_mask = pos_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
+        s = _dot(q, tl.trans(k), IEEE) * scale
+        s = tl.where(pos_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(out_ptr + q_offs, out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, table_stride, query_start_ptr, context_lens_ptr,
+    scale, first_seq, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
+):
+    seq = first_seq + tl.program_id(0)
     head = tl.program_id(1)
     kv_head = head // (NUM_HEADS // NUM_KV_HEADS)
     q_start = tl.load(query_start_ptr + seq)
@@ -31,7 +85,7 @@ def _paged_attention_kernel(
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
     q_offs = ((q_start + rows)[:, None].to(tl.int64) * NUM_HEADS + head) * HEAD_DIM + d[None, :]
-    q = tl.load(q_ptr + q_offs, mask=row_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
+    q = tl.load(q_ptr + q_offs, mask=row_mask[:, None] & d_mask[None, :], other=0.0)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -39,37 +93,44 @@ def _paged_attention_kernel(
     for start in range(0, last, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         pos_mask = pos < last
-        page = tl.load(block_tables_ptr + seq * MAX_BLOCKS + pos // BLOCK_SIZE, mask=pos_mask, other=0)
+        page = tl.load(block_tables_ptr + seq * table_stride + pos // BLOCK_SIZE, mask=pos_mask, other=0)
         slot = page.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
         kv_offs = (slot[:, None] * NUM_KV_HEADS + kv_head) * HEAD_DIM + d[None, :]
         kv_mask = pos_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(tl.float32)
-        v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(tl.float32)
-        s = tl.dot(q, tl.trans(k)) * scale
+        k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
+        s = _dot(q, tl.trans(k), IEEE) * scale
         allowed = (pos[None, :] <= q_pos[:, None]) & pos_mask[None, :]
         s = tl.where(allowed, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p, v)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
         m_i = m_new
     out = acc / l_i[:, None]
     tl.store(out_ptr + q_offs, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, max_query_len: int,
-                    scale: float) -> torch.Tensor:
-    """q [T, Hq, D]; caches [blocks, block_size, Hkv, D]; per sequence its table, query start and context."""
+                    num_decodes: int, scale: float) -> torch.Tensor:
+    """q [T, Hq, D], its first `num_decodes` rows one decode each; caches [blocks, block_size, Hkv, D]; per
+    sequence its block table, query start and context length. Launches depend only on shapes and the
+    host integers, so a decode-only step can be captured in a CUDA graph."""
     num_seqs = block_tables.shape[0]
     _, block_size, num_kv_heads, head_dim = k_cache.shape
+    num_heads = q.shape[1]
+    q = q.contiguous()
     out = torch.empty_like(q)
-    block_m = 16
-    grid = (num_seqs, q.shape[1], triton.cdiv(max_query_len, block_m))
-    _paged_attention_kernel[grid](
-        q.contiguous(), k_cache, v_cache, out, block_tables, query_start_loc, context_lens, scale,
-        NUM_HEADS=q.shape[1], NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        MAX_BLOCKS=block_tables.shape[1], BLOCK_M=block_m, BLOCK_N=32,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-    )
+    shapes = dict(NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+                  BLOCK_D=max(16, triton.next_power_of_2(head_dim)), IEEE=q.dtype == torch.float32)
+    if num_decodes:
+        _decode_kernel[(num_decodes, num_kv_heads)](
+            q, k_cache, v_cache, out, block_tables, block_tables.stride(0), context_lens, scale,
+            BLOCK_G=max(16, triton.next_power_of_2(num_heads // num_kv_heads)), BLOCK_N=64, **shapes)
+    if num_seqs > num_decodes:
+        block_m = 16 if max_query_len <= 16 else 64
+        grid = (num_seqs - num_decodes, num_heads, triton.cdiv(max_query_len, block_m))
+        _prefill_kernel[grid](q, k_cache, v_cache, out, block_tables, block_tables.stride(0), query_start_loc,
+                              context_lens, scale, num_decodes, BLOCK_M=block_m, BLOCK_N=32, **shapes)
     return out

@@ -1,4 +1,4 @@
-"""KV-cache store by slot mapping, RMSNorm with the residual add fused in, rotary embedding."""
+"""KV-cache store by slot mapping (negative slots are skipped), RMSNorm with the residual add fused in, rotary embedding."""
 
 import torch
 import triton
@@ -9,6 +9,8 @@ import triton.language as tl
 def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, ROW: tl.constexpr, BLOCK: tl.constexpr):
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token).to(tl.int64)
+    if slot < 0:  # a padding row of a CUDA graph's batch: nothing to store
+        return
     offs = tl.arange(0, BLOCK)
     mask = offs < ROW
     tl.store(k_cache_ptr + slot * ROW + offs, tl.load(k_ptr + token * ROW + offs, mask=mask), mask=mask)

@@ -1,0 +1,87 @@
+"""CUDA graphs of the decode step: the model's forward and LM head captured once per batch-size bucket.
+
+A decode-only step launches hundreds of small kernels (24 layers of norms,
+projections, rotary, KV store, attention); replaying a captured graph costs
+one launch. Each graph reads its inputs from persistent buffers, which every
+step fills in place; a batch is padded up to the next bucket with rows that
+store no K/V (slot -1) and attend to one token, and their logits are dropped.
+"""
+
+import numpy as np
+import torch
+
+from kernels import AttentionMetadata
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    """1, 2, 4, 8, then every multiple of 16 up to `max_batch` (which is always a bucket)."""
+    sizes = [b for b in (1, 2, 4, 8) if b < max_batch] + list(range(16, max_batch, 16))
+    return sorted(set(sizes + [max_batch]))
+
+
+class DecodeGraphs:
+    def __init__(self, model: torch.nn.Module, max_batch: int, max_model_len: int, block_size: int,
+                 attention_backend: str, device: torch.device):
+        self.model = model
+        self.buckets = batch_buckets(max_batch)
+        self.max_blocks = -(-max_model_len // block_size)
+        self.max_model_len = max_model_len
+        self.backend = attention_backend
+        self.device = device
+        n = self.buckets[-1]
+        self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
+        self.positions = torch.zeros(n, dtype=torch.long, device=device)
+        self.slot_mapping = torch.full((n,), -1, dtype=torch.long, device=device)
+        self.block_tables = torch.zeros(n, self.max_blocks, dtype=torch.int32, device=device)
+        self.context_lens = torch.ones(n, dtype=torch.int32, device=device)
+        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+        self._capture()
+
+    def _metadata(self, batch: int) -> AttentionMetadata:
+        return AttentionMetadata(self.slot_mapping[:batch], batch, [], [], self.block_tables[:batch], None, None,
+                                 self.query_start_loc[: batch + 1], self.context_lens[:batch], 1,
+                                 self.max_model_len, self.backend)
+
+    def _forward(self, batch: int) -> torch.Tensor:
+        hidden = self.model(self.input_ids[:batch], self.positions[:batch], self._metadata(batch))
+        return self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def _capture(self) -> None:
+        pool = None
+        for batch in reversed(self.buckets):  # largest first, so smaller graphs reuse its memory
+            self._forward(batch)  # compiles the kernels outside the capture
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.logits[batch] = self._forward(batch)
+            pool = graph.pool()
+            self.graphs[batch] = graph
+        torch.cuda.synchronize(self.device)
+
+    def fits(self, num_seqs: int, num_decodes: int, max_blocks: int, needs_prompt_logits: bool) -> bool:
+        return num_seqs == num_decodes and 0 < num_seqs <= self.buckets[-1] and max_blocks <= self.max_blocks \
+            and not needs_prompt_logits
+
+    def run(self, input_ids: list[int], positions: list[int], context_lens: list[int], block_tables: list[list[int]],
+            block_size: int) -> torch.Tensor:
+        """Logits [len(input_ids), vocab] of one decode step; valid until the next `run`."""
+        n = len(input_ids)
+        batch = next(b for b in self.buckets if b >= n)
+        tables = np.zeros((batch, self.max_blocks), dtype=np.int32)
+        for i, table in enumerate(block_tables):
+            tables[i, : len(table)] = table
+        pos = np.asarray(positions, dtype=np.int64)
+        slots = np.full(batch, -1, dtype=np.int64)
+        slots[:n] = tables[np.arange(n), pos // block_size].astype(np.int64) * block_size + pos % block_size
+        lens = np.ones(batch, dtype=np.int32)
+        lens[:n] = context_lens
+        self.input_ids[:n].copy_(torch.tensor(input_ids), non_blocking=True)
+        self.positions[:n].copy_(torch.from_numpy(pos), non_blocking=True)
+        self.slot_mapping[:batch].copy_(torch.from_numpy(slots), non_blocking=True)
+        self.block_tables[:batch].copy_(torch.from_numpy(tables), non_blocking=True)
+        self.context_lens[:batch].copy_(torch.from_numpy(lens), non_blocking=True)
+        self.graphs[batch].replay()
+        return self.logits[batch][:n]
