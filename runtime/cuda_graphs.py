@@ -55,7 +55,7 @@ class DecodeGraphs:
             self._forward(batch)  # compiles the kernels outside the capture
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):  # other threads may use CUDA
                 self.logits[batch] = self._forward(batch)
             pool = graph.pool()
             self.graphs[batch] = graph

@@ -33,6 +33,10 @@ class IncrementalDetokenizer:
         self._read_offset = len(self._ids)
         self.text = ""  # output text so far (truncated at a matched stop string)
         self._emitted = 0  # characters of `text` already released
+        # a fast tokenizer's Rust decoder, called directly: transformers' wrapper around it costs ten times the
+        # decode itself (measured: 7.6 us of 8.2 us per call), and a step decodes twice per sequence
+        backend = getattr(tokenizer, "_tokenizer", None)
+        self._backend = None if getattr(tokenizer, "clean_up_tokenization_spaces", False) else backend
 
     def append(self, token_id: int, check_stop: bool = True) -> str | None:
         """Add a generated token; returns the stop string it completed, if any."""
@@ -75,4 +79,6 @@ class IncrementalDetokenizer:
         return max((partial_tag_len(self.text, s) for s in self.stop), default=0)
 
     def _decode(self, ids: list[int]) -> str:
+        if self._backend is not None:
+            return self._backend.decode(ids, skip_special_tokens=self.skip_special_tokens)
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)

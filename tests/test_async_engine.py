@@ -12,7 +12,7 @@ from runtime.engine import LLMEngine
 
 @pytest.fixture(scope="module")
 def async_engine(qwen2_model):
-    engine = AsyncLLMEngine.from_options(str(qwen2_model), max_model_len=256)
+    engine = AsyncLLMEngine.from_options(str(qwen2_model), dtype="float32", max_model_len=256)
     yield engine
     engine.shutdown()
 
@@ -33,7 +33,7 @@ def test_streams_equal_offline_generation(async_engine, qwen2_model):
         return await asyncio.gather(*(collect(p) for p in prompts))
 
     results = asyncio.run(main())
-    offline = LLM(str(qwen2_model), max_model_len=256).generate(prompts, params)
+    offline = LLM(str(qwen2_model), dtype="float32", max_model_len=256).generate(prompts, params)
     for (tokens, text, deltas), ref in zip(results, offline):
         assert tokens == ref.outputs[0].token_ids and text == ref.outputs[0].text
         assert deltas[-1].finished and deltas[-1].seqs[0].finish_reason == "length"
@@ -89,7 +89,7 @@ def test_the_engine_is_built_on_its_loop_thread_and_a_failed_build_raises(qwen2_
 
     def build():
         built_on.append(threading.current_thread())
-        return LLMEngine.from_options(str(qwen2_model), max_model_len=256)
+        return LLMEngine.from_options(str(qwen2_model), dtype="float32", max_model_len=256)
 
     engine = AsyncLLMEngine(build)
     try:
@@ -104,7 +104,7 @@ def test_held_deltas_arrive_merged_with_the_first_and_last_at_once(qwen2_model):
     """With an interval longer than the whole generation, a stream is its first step, then the rest as one."""
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1, n=2)
     prompts = [[5 + i] * (4 + 9 * i) for i in range(6)]
-    engine = AsyncLLMEngine.from_options(str(qwen2_model), delivery_interval_s=60, max_model_len=256)
+    engine = AsyncLLMEngine.from_options(str(qwen2_model), delivery_interval_s=60, dtype="float32", max_model_len=256)
 
     async def collect(prompt):
         return [delta async for delta in engine.generate(prompt, params)]
@@ -116,7 +116,7 @@ def test_held_deltas_arrive_merged_with_the_first_and_last_at_once(qwen2_model):
         streams = asyncio.run(main())
     finally:
         engine.shutdown()
-    offline = LLM(str(qwen2_model), max_model_len=256).generate(prompts, params)
+    offline = LLM(str(qwen2_model), dtype="float32", max_model_len=256).generate(prompts, params)
     for deltas, ref in zip(streams, offline):
         first, rest = deltas  # exactly two deliveries
         assert not first.finished and rest.finished

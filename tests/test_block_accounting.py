@@ -35,7 +35,7 @@ def _check_invariants(engine) -> None:
 
 
 def test_random_operations_keep_block_accounting_exact(qwen2_model):
-    llm = LLM(str(qwen2_model), max_model_len=96, block_size=4, max_num_batched_tokens=40,
+    llm = LLM(str(qwen2_model), dtype="float32", max_model_len=96, block_size=4, max_num_batched_tokens=40,
               kv_cache_bytes=kv_cache_bytes(qwen2_model, num_blocks=40, block_size=4))
     engine = llm.engine
     counter = iter(range(10**9))

@@ -9,7 +9,7 @@ from runtime.sequence import Request
 
 
 def _llm(path):
-    return LLM(str(path), max_model_len=256)
+    return LLM(str(path), dtype="float32", max_model_len=256)
 
 
 def test_seeded_sampling_is_independent_of_the_batch(qwen2_model):

@@ -6,7 +6,7 @@ PARAMS = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 
 
 def _engine(path, **kw):
-    return LLM(str(path), max_model_len=256, **kw).engine
+    return LLM(str(path), dtype="float32", max_model_len=256, **kw).engine
 
 
 def test_decode_and_chunked_prefill_share_a_step(qwen2_model):

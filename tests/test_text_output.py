@@ -18,7 +18,7 @@ def _stream(tokenizer, token_ids, stop=(), include_stop=False):
 
 
 def test_multibyte_characters_are_never_split(qwen2_model):
-    llm = LLM(str(qwen2_model), max_model_len=128)
+    llm = LLM(str(qwen2_model), dtype="float32", max_model_len=128)
     text = "Grüße 世界 🙂🚀 déjà vu"
     ids = llm.tokenizer.encode(text)
     assert len(ids) > len(text.split())  # the tokenizer splits characters into byte tokens
@@ -29,7 +29,7 @@ def test_multibyte_characters_are_never_split(qwen2_model):
 
 
 def test_streamed_text_holds_back_a_possible_stop_string(qwen2_model):
-    llm = LLM(str(qwen2_model), max_model_len=128)
+    llm = LLM(str(qwen2_model), dtype="float32", max_model_len=128)
     ids = llm.tokenizer.encode("Hello world, the end")
     pieces, matched = _stream(llm.tokenizer, ids, stop=["world, th"])
     assert matched == "world, th"
@@ -42,7 +42,7 @@ def test_streamed_text_holds_back_a_possible_stop_string(qwen2_model):
 
 
 def test_stop_string_across_token_boundary_in_generation(qwen2_model):
-    llm = LLM(str(qwen2_model), max_model_len=256)
+    llm = LLM(str(qwen2_model), dtype="float32", max_model_len=256)
     prompt = llm.tokenizer.encode("Numbers: 0 1 2")
     greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     full = llm.generate([prompt], greedy)[0].outputs[0]
