@@ -32,8 +32,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 8192
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
-    kv_cache_bytes: int | None = None  # KV budget; default on CPU: max_num_seqs full-length sequences,
-    # at most 2 GiB; on GPU: what gpu_memory_utilization leaves free
+    kv_cache_bytes: int | None = None  # KV budget; default: every sequence at full length (max_num_seqs x
+    # max_model_len), capped at 2 GiB on CPU and on GPU by what gpu_memory_utilization leaves after a profiling step
     enable_prefix_caching: bool = True
     enforce_eager: bool = False  # GPU: no CUDA graphs (every decode step launches its kernels one by one)
     seed: int = 0

@@ -50,7 +50,10 @@ class IncrementalDetokenizer:
         self._read_offset = len(self._ids)
         if not new:  # a token without text (a skipped special token, an id the tokenizer lacks): the window moves on
             return None
-        start = max(0, len(self.text) - max((len(s) for s in self.stop), default=0) + 1)
+        if not self.stop:
+            self.text += new
+            return None
+        start = max(0, len(self.text) - max(len(s) for s in self.stop) + 1)
         self.text += new
         return self._find_stop(start) if check_stop else None
 

@@ -84,16 +84,14 @@ class ModelRunner:
         shape = (cfg.block_size, attn.num_kv_heads, head_dim_of(cfg.hf_config))
         bytes_per_block = 2 * layers * shape[0] * shape[1] * shape[2] * cfg.torch_dtype.itemsize
         budget = cfg.kv_cache_bytes
-        if budget is None:
-            if self.device.type == "cuda":
-                budget = self._profile_gpu_budget(use_graphs)
-            else:  # enough for every sequence at full length, within a fixed cap
-                tokens = cfg.max_num_seqs * cfg.max_model_len
-                budget = min(_CPU_KV_BYTES, -(-tokens // cfg.block_size) * bytes_per_block)
-        num_blocks = all_reduce_min(budget // bytes_per_block)  # every rank must agree on the pool
+        if budget is None:  # enough for every sequence at full length, within what the device can give
+            full = -(-cfg.max_num_seqs * cfg.max_model_len // cfg.block_size) * bytes_per_block
+            budget = min(full, self._profile_gpu_budget(use_graphs) if self.device.type == "cuda" else _CPU_KV_BYTES)
+        num_blocks = all_reduce_min(max(0, budget) // bytes_per_block)  # every rank must agree on the pool
         if num_blocks * cfg.block_size < cfg.max_model_len:
             raise InvalidInputError(
-                "kv_cache_bytes",
+                "kv_cache_bytes" if cfg.kv_cache_bytes is not None or self.device.type == "cpu"
+                else "gpu_memory_utilization",
                 f"{budget} bytes hold {num_blocks * cfg.block_size} tokens, "
                 f"fewer than max_model_len ({cfg.max_model_len}); raise the budget or lower max_model_len"
             )
@@ -105,7 +103,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _profile_gpu_budget(self, use_graphs: bool) -> int:
-        """KV bytes that `gpu_memory_utilization` leaves once the largest step's activations are accounted for.
+        """KV bytes that `gpu_memory_utilization` of the whole device leaves once what is already in use (this
+        engine's weights, other processes and engines) and the largest step's activations are accounted for.
 
         Runs the largest step the scheduler can form (max_num_batched_tokens prompt tokens, in sequences of
         at most max_model_len, over a scratch cache) and samples max_num_seqs rows, recording the peak.
