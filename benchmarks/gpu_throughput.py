@@ -80,7 +80,8 @@ def main() -> None:
     batch = min(256, args.sequences)
     step_bytes = params * 2 + batch * 1100 * kv_bytes_per_token
     roofline = batch * bandwidth / step_bytes
-    report("gpu_throughput", sequences=args.sequences, enforce_eager=args.enforce_eager, output_tokens=tokens, ours_tok_s=round(tokens / seconds),
+    report("gpu_throughput", sequences=args.sequences, enforce_eager=args.enforce_eager, output_tokens=tokens,
+           ours_tok_s=round(tokens / seconds),
            transformers_generate_tok_s=round(hf_tokens / hf_seconds), hf_sequences=args.hf_sequences,
            copy_bandwidth_gb_s=round(bandwidth / 1e9), roofline_tok_s=round(roofline),
            fraction_of_roofline=round(tokens / seconds / roofline, 3), device=torch.cuda.get_device_name())

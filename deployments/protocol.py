@@ -122,8 +122,8 @@ class _SamplingFields(StrictModel):
     @classmethod
     def _token_ids(cls, v):
         for key, bias in (v or {}).items():
-            if not key.lstrip("-").isdigit():
-                raise ValueError(f"keys must be token ids, got {key!r}")
+            if not key.lstrip("-").isdigit() or len(key) > 20:  # longer than any int64: not a token id
+                raise ValueError(f"keys must be token ids, got {key[:40]!r}")
             if not -100 <= bias <= 100:
                 raise ValueError(f"bias for token {key} must be in [-100, 100]")
         return v

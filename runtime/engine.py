@@ -62,6 +62,9 @@ class LLMEngine:
         vocab = self.config.hf_config.vocab_size
         bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
         require(bad is None, "prompt", f"token id {bad} is outside the vocabulary [0, {vocab})")
+        for field, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids)):
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            require(bad is None, field, f"token id {bad} is outside the vocabulary [0, {vocab})")
         if params.max_tokens is None:
             return limit - n
         require(n + params.max_tokens <= limit, "max_tokens",

@@ -109,7 +109,8 @@ class Sampler:
         for i, s in enumerate(seqs):
             if s.params.seed is not None and not s.params.greedy:
                 if s.generator is None:
-                    s.generator = torch.Generator(self.device).manual_seed(s.params.seed + s.index)
+                    # any int64 seed plus the completion's index, wrapped into the generator's 64 bits
+                    s.generator = torch.Generator(self.device).manual_seed((s.params.seed + s.index) % 2**64)
                 q[i].exponential_(generator=s.generator)
         sampled = (probs / q).argmax(dim=-1)
         is_greedy = torch.tensor([s.params.greedy for s in seqs], device=logits.device)
@@ -124,7 +125,7 @@ def _top_k_top_p(logits: torch.Tensor, top_ks: list[int], top_ps: list[float]) -
     vocab = logits.shape[1]
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     ranks = torch.arange(vocab, device=logits.device)[None, :]
-    ks = torch.tensor([k if k > 0 else vocab for k in top_ks], device=logits.device)[:, None]
+    ks = torch.tensor([min(k, vocab) if k > 0 else vocab for k in top_ks], device=logits.device)[:, None]
     drop = ranks >= ks
     ps = torch.tensor(top_ps, device=logits.device)[:, None]
     probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)

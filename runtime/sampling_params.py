@@ -52,6 +52,7 @@ class SamplingParams:
                f"must be in [-2, 2], got {self.frequency_penalty}")
         require(self.repetition_penalty > 0, "repetition_penalty",
                f"must be positive, got {self.repetition_penalty}")
+        require(self.seed is None or -(2**63) <= self.seed < 2**63, "seed", f"must fit in int64, got {self.seed}")
         require(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs",
                f"must be in [0, 20], got {self.logprobs}")
         require(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20, "prompt_logprobs",

@@ -102,3 +102,32 @@ def test_logprobs_equal_transformers_log_softmax(qwen2_model):
     for i in range(1, n):
         assert abs(out.prompt_logprobs[i].logprob - ref[i - 1, prompt[i]].item()) < 1e-4
         assert len(out.prompt_logprobs[i].top) == 3
+
+
+def test_values_that_used_to_stop_the_engine_are_refused_or_handled_and_the_engine_steps_on(qwen2_model):
+    """Out-of-vocabulary logit_bias / stop_token_ids ids are a 400-style InvalidInputError at the edge;
+    int64-extreme seeds (with n > 1, whose seed + index overflows) and a top_k far above the vocabulary sample
+    normally; a seed outside int64 is refused. After each, a greedy request still completes."""
+    import pytest
+
+    from runtime.errors import InvalidInputError
+
+    llm = _llm(qwen2_model)
+    vocab = llm.engine.config.hf_config.vocab_size
+    refused = [
+        dict(logit_bias={vocab: 5.0}), dict(logit_bias={-1: 5.0}), dict(logit_bias={2**62: 1.0}),
+        dict(stop_token_ids=[vocab + 7], min_tokens=2), dict(stop_token_ids=[-3]),
+    ]
+    for bad in refused:
+        with pytest.raises(InvalidInputError):
+            llm.generate(["hi"], SamplingParams(temperature=1.0, max_tokens=4, **bad))
+    for seed in (-(2**63) - 1, 2**63):
+        with pytest.raises(InvalidInputError):
+            SamplingParams(seed=seed)
+    handled = [dict(seed=2**63 - 1, n=2), dict(seed=-(2**63), n=3), dict(top_k=2**63)]
+    for ok in handled:
+        out = llm.generate(["hi"], SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True, **ok))[0]
+        assert [len(c.token_ids) for c in out.outputs] == [4] * ok.get("n", 1)
+    greedy = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    assert len(llm.generate(["hi"], greedy)[0].outputs[0].token_ids) == 3
+    assert llm.engine.stats()["num_free_blocks"] == llm.engine.stats()["num_blocks"]

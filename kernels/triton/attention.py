@@ -24,6 +24,30 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _load_kv(k_cache_ptr, v_cache_ptr, table_ptr, pos, pos_mask, kv_head, d, d_mask, NUM_KV_HEADS: tl.constexpr,
+             HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """K and V rows of one KV head at context positions `pos`, found through the sequence's block table."""
+    page = tl.load(table_ptr + pos // BLOCK_SIZE, mask=pos_mask, other=0)
+    slot = page.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
+    offs = (slot[:, None] * NUM_KV_HEADS + kv_head) * HEAD_DIM + d[None, :]
+    mask = pos_mask[:, None] & d_mask[None, :]
+    return tl.load(k_cache_ptr + offs, mask=mask, other=0.0), tl.load(v_cache_ptr + offs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _online_softmax_step(q, k, v, allowed, m_i, l_i, acc, scale, IEEE: tl.constexpr):
+    """Fold one block of keys into the running max `m_i`, normaliser `l_i` and output `acc`."""
+    s = _dot(q, tl.trans(k), IEEE) * scale
+    s = tl.where(allowed, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, table_stride, context_lens_ptr, scale,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
@@ -46,20 +70,9 @@ def _decode_kernel(
     for start in range(0, ctx, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         pos_mask = pos < ctx
-        page = tl.load(block_tables_ptr + seq * table_stride + pos // BLOCK_SIZE, mask=pos_mask, other=0)
-        slot = page.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
-        kv_offs = (slot[:, None] * NUM_KV_HEADS + kv_head) * HEAD_DIM + d[None, :]
-        kv_mask = pos_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
-        s = _dot(q, tl.trans(k), IEEE) * scale
-        s = tl.where(pos_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
-        m_i = m_new
+        k, v = _load_kv(k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * table_stride, pos, pos_mask, kv_head, d,
+                        d_mask, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE)
+        m_i, l_i, acc = _online_softmax_step(q, k, v, pos_mask[None, :], m_i, l_i, acc, scale, IEEE)
     out = acc / l_i[:, None]
     tl.store(out_ptr + q_offs, out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
 
@@ -93,21 +106,10 @@ def _prefill_kernel(
     for start in range(0, last, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         pos_mask = pos < last
-        page = tl.load(block_tables_ptr + seq * table_stride + pos // BLOCK_SIZE, mask=pos_mask, other=0)
-        slot = page.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
-        kv_offs = (slot[:, None] * NUM_KV_HEADS + kv_head) * HEAD_DIM + d[None, :]
-        kv_mask = pos_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
-        s = _dot(q, tl.trans(k), IEEE) * scale
-        allowed = (pos[None, :] <= q_pos[:, None]) & pos_mask[None, :]
-        s = tl.where(allowed, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
-        m_i = m_new
+        k, v = _load_kv(k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * table_stride, pos, pos_mask, kv_head, d,
+                        d_mask, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE)
+        allowed = (pos[None, :] <= q_pos[:, None]) & pos_mask[None, :]  # causal
+        m_i, l_i, acc = _online_softmax_step(q, k, v, allowed, m_i, l_i, acc, scale, IEEE)
     out = acc / l_i[:, None]
     tl.store(out_ptr + q_offs, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
 

@@ -1,4 +1,5 @@
-"""KV-cache store by slot mapping (negative slots are skipped), RMSNorm with the residual add fused in, rotary embedding."""
+"""KV-cache store by slot mapping (negative slots are skipped), RMSNorm with the residual add fused in,
+rotary embedding."""
 
 import torch
 import triton
