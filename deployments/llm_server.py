@@ -16,7 +16,7 @@ from deployments.metrics import MeteredEngine
 from deployments.openai_format import TokenTexts
 from deployments.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from deployments.streams import SSE_DONE, new_id, sse
-from runtime import AsyncLLMEngine, EngineDeadError, InvalidInputError
+from runtime import AsyncLLMEngine, EngineDeadError, InvalidInputError, RequestFailedError
 
 logger = logging.getLogger("ray.serve")
 
@@ -94,6 +94,8 @@ def _to_openai(e: Exception) -> OpenAIError:
         return OpenAIError(400, str(e), param=e.param)
     if isinstance(e, EngineDeadError):
         return OpenAIError(503, str(e))
+    if isinstance(e, RequestFailedError):  # this request alone; the engine serves on
+        return OpenAIError(500, f"the engine failed this request: {e}")
     logger.exception("request failed")
     return OpenAIError(500, f"internal error: {type(e).__name__}")
 

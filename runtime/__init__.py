@@ -6,7 +6,7 @@
 from runtime.async_engine import AsyncLLMEngine, EngineDeadError
 from runtime.config import EngineConfig
 from runtime.engine import LLMEngine
-from runtime.errors import InvalidInputError
+from runtime.errors import InvalidInputError, RequestFailedError
 from runtime.llm import LLM
 from runtime.outputs import CompletionOutput, RequestDelta, RequestOutput, SequenceDelta, TokenLogprob
 from runtime.sampling_params import SamplingParams
@@ -20,6 +20,7 @@ __all__ = [
     "LLM",
     "LLMEngine",
     "RequestDelta",
+    "RequestFailedError",
     "RequestOutput",
     "SamplingParams",
     "SequenceDelta",

@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from runtime.engine import LLMEngine
+from runtime.errors import RequestFailedError
 from runtime.outputs import RequestDelta
 from runtime.sampling_params import SamplingParams
 
@@ -107,6 +108,8 @@ class AsyncLLMEngine:
                     finished = True
                     raise item
                 finished = item.finished
+                if item.error is not None:
+                    raise RequestFailedError(item.error)
                 yield item
         finally:
             self._streams.pop(request_id, None)

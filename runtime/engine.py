@@ -1,8 +1,12 @@
 """The synchronous engine: add requests, abort them, and step the batch forward.
 
 `step()` schedules one batch, runs it, and turns the sampled tokens into
-per-request deltas (new tokens, new text, logprobs, finish reason).
+per-request deltas (new tokens, new text, logprobs, finish reason). A failure
+that belongs to one request (its sampling, prompt logprobs, text or stop
+handling) finishes that request with an error; the step goes on for the others.
 """
+
+import logging
 
 from transformers import PreTrainedTokenizerBase
 
@@ -18,6 +22,8 @@ from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Scheduler
 from runtime.sequence import Request, Sequence
 from runtime.tokenizer import eos_token_ids, load_tokenizer
+
+logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
@@ -135,31 +141,57 @@ class LLMEngine:
         result = self.runner.run(batch)
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
+        failed = result.failed
         for request, logprobs in result.prompt_logprobs.items():
             request.prompt_logprobs.extend(logprobs)
         deltas: dict[str, RequestDelta] = {}
         for seq, token_id, logprob in zip(sampled, result.token_ids, result.logprobs):
-            if logprob is not None:
-                seq.logprobs.append(logprob)
-            self._append_token(seq, token_id)
+            if seq.request in failed:
+                continue
+            try:
+                seq_delta = self._advance(seq, token_id, logprob)
+            except Exception as e:  # this request's tokens, text or stop handling: it alone fails
+                failed[seq.request] = f"{type(e).__name__}: {str(e)[:200]}"
+                continue
             delta = deltas.get(seq.request.request_id)
             if delta is None:
                 delta = deltas[seq.request.request_id] = self._request_delta(seq.request)
-            delta.seqs.append(SequenceDelta(
-                index=seq.index,
-                token_ids=[token_id],
-                text=seq.detokenizer.release(final=seq.is_finished),
-                logprobs=None if logprob is None else [logprob],
-                finish_reason=seq.finish_reason,
-                matched_stop=seq.matched_stop,
-                num_output_tokens=seq.num_output_tokens,
-            ))
+            delta.seqs.append(seq_delta)
+        for request, error in failed.items():
+            deltas[request.request_id] = self._fail(request, error)
         for request_id, delta in deltas.items():
             request = self.requests[request_id]
             delta.finished = request.finished
             if delta.finished:
                 del self.requests[request_id]
         return list(deltas.values())
+
+    def _advance(self, seq: Sequence, token_id: int, logprob) -> SequenceDelta:
+        """Append a sampled token to `seq` (stops, length, grammar) and say what it gained."""
+        if logprob is not None:
+            seq.logprobs.append(logprob)
+        self._append_token(seq, token_id)
+        return SequenceDelta(
+            index=seq.index,
+            token_ids=[token_id],
+            text=seq.detokenizer.release(final=seq.is_finished),
+            logprobs=None if logprob is None else [logprob],
+            finish_reason=seq.finish_reason,
+            matched_stop=seq.matched_stop,
+            num_output_tokens=seq.num_output_tokens,
+        )
+
+    def _fail(self, request: Request, error: str) -> RequestDelta:
+        """Finish every unfinished completion of `request` with reason "error"; the delta that says so."""
+        logger.warning("request %s failed in the engine: %s", request.request_id, error)
+        delta = self._request_delta(request)
+        delta.error = error
+        for seq in request.seqs:
+            if not seq.is_finished:
+                self._finish(seq, "error", None)
+                delta.seqs.append(SequenceDelta(seq.index, [], "", None, "error",
+                                                num_output_tokens=seq.num_output_tokens))
+        return delta
 
     def _request_delta(self, request: Request) -> RequestDelta:
         first = all(s.num_output_tokens <= 1 for s in request.seqs)

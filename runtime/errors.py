@@ -1,4 +1,4 @@
-"""The error the engine raises for bad options or input, naming the offending field."""
+"""The engine's errors: bad options or input (naming the offending field), and one request's failure."""
 
 
 class InvalidInputError(ValueError):
@@ -12,3 +12,7 @@ class InvalidInputError(ValueError):
 def require(ok: bool, param: str, message: str) -> None:
     if not ok:
         raise InvalidInputError(param, message)
+
+
+class RequestFailedError(RuntimeError):
+    """The engine could not go on with one request (it was finished; the engine and other requests go on)."""

@@ -26,9 +26,10 @@ _CPU_KV_BYTES = 2 << 30
 
 @dataclass
 class StepResult:
-    token_ids: list[int]  # one per sampled sequence, in `batch.sampled` order
+    token_ids: list[int]  # one per sampled sequence, in `batch.sampled` order (-1 where its request failed)
     logprobs: list[TokenLogprob | None]
     prompt_logprobs: dict[Request, list[TokenLogprob]]  # logprobs of prompt tokens computed this step
+    failed: dict[Request, str]  # requests whose sampling or prompt logprobs raised: why
 
 
 @dataclass
@@ -149,14 +150,40 @@ class ModelRunner:
         if self.config.tensor_parallel_size > 1:
             broadcast_from_rank0(inputs)
         logits, prompt_logits = self.execute(inputs)
-        token_ids, logprobs = self.sampler(logits, batch.sampled)
+        failed: dict[Request, str] = {}
+        token_ids, logprobs = self._sample(logits, batch.sampled, failed)
         prompt_logprobs = {}
         for (seq, start), chunk in zip(prompt_seqs, prompt_logits):
             targets = seq.token_ids[start + 1 : start + 1 + chunk.shape[0]]
-            rows = torch.log_softmax(chunk.float(), dim=-1)
-            k = seq.params.prompt_logprobs
-            prompt_logprobs[seq.request] = [token_logprob(rows[i], t, k) for i, t in enumerate(targets)]
-        return StepResult(token_ids, logprobs, prompt_logprobs)
+            try:
+                rows = torch.log_softmax(chunk.float(), dim=-1)
+                k = seq.params.prompt_logprobs
+                prompt_logprobs[seq.request] = [token_logprob(rows[i], t, k) for i, t in enumerate(targets)]
+            except Exception as e:
+                failed[seq.request] = _describe(e)
+        return StepResult(token_ids, logprobs, prompt_logprobs, failed)
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], failed: dict[Request, str]):
+        """The batch's tokens in one pass; if that raises, row by row, so only the rows that raise fail.
+
+        Seeded generators are rewound first, so every other row draws exactly what the batched pass would.
+        """
+        states = [(s, s.generator.get_state()) for s in seqs if s.generator is not None]
+        try:
+            return self.sampler(logits, seqs)
+        except Exception:
+            for s, state in states:
+                s.generator.set_state(state)
+        token_ids, logprobs = [], []
+        for i, seq in enumerate(seqs):
+            try:
+                (token,), (logprob,) = self.sampler(logits[i : i + 1], [seq])
+            except Exception as e:
+                failed[seq.request] = _describe(e)
+                token, logprob = -1, None
+            token_ids.append(token)
+            logprobs.append(logprob)
+        return token_ids, logprobs
 
     def prepare(self, batch: ScheduledBatch) -> tuple[StepInputs, list[tuple[Sequence, int]]]:
         """The step's inputs, and the sequences (with their first position) whose prompt logprobs it computes."""
@@ -214,6 +241,10 @@ class ModelRunner:
         while (inputs := broadcast_from_rank0()) is not None:
             self.execute(inputs)
         destroy_tp_group()
+
+
+def _describe(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e)[:200]}"
 
 
 def check_tp_split(config: EngineConfig) -> None:

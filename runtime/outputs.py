@@ -21,7 +21,7 @@ class SequenceDelta:
     token_ids: list[int]
     text: str
     logprobs: list[TokenLogprob] | None
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     matched_stop: int | str | None = None  # the stop token id or stop string that ended it
     num_output_tokens: int = 0  # so far, including this step's
 
@@ -43,6 +43,7 @@ class RequestDelta:
     seqs: list[SequenceDelta]
     finished: bool
     prompt_logprobs: list[TokenLogprob | None] | None = None  # on the first delta only, when asked
+    error: str | None = None  # the request failed in the engine and is finished (the engine goes on)
 
     def then(self, later: "RequestDelta") -> "RequestDelta":
         """This delta followed by `later` (of the same request), as one: what a consumer that skipped
@@ -51,7 +52,7 @@ class RequestDelta:
         for s in later.seqs:
             seqs[s.index] = seqs[s.index].then(s) if s.index in seqs else s
         return RequestDelta(self.request_id, later.num_prompt_tokens, later.num_cached_tokens, list(seqs.values()),
-                            later.finished, self.prompt_logprobs or later.prompt_logprobs)
+                            later.finished, self.prompt_logprobs or later.prompt_logprobs, later.error)
 
 
 @dataclass
@@ -73,6 +74,7 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob | None] | None = None
     finished: bool = False
+    error: str | None = None  # why the engine failed this request (its completions end with "error")
 
     @classmethod
     def empty(cls, request_id: str, prompt_token_ids: list[int], n: int, prompt: str | None = None) -> "RequestOutput":
@@ -83,6 +85,7 @@ class RequestOutput:
         """Fold a step's delta into the accumulated output."""
         self.num_cached_tokens = delta.num_cached_tokens
         self.finished = delta.finished
+        self.error = delta.error
         if delta.prompt_logprobs is not None:
             self.prompt_logprobs = delta.prompt_logprobs
         for d in delta.seqs:
