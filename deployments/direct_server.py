@@ -11,7 +11,6 @@ from ray import serve
 
 from deployments.app_config import AppConfig
 from deployments.llm_server import LLMServer
-from deployments.model_clients import LocalModel
 from deployments.openai_api import OpenAIFront, build_app
 
 
@@ -19,7 +18,7 @@ from deployments.openai_api import OpenAIFront, build_app
 class DirectLLMServer(LLMServer):
     def __init__(self, config: AppConfig):
         super().__init__(config.llm_configs[0])
-        self.front = OpenAIFront(config, {self.model_id: LocalModel(self)})
+        self.front = OpenAIFront(config, {self.model_id: self})  # the replica is its own ModelClient
 
     def __serve_build_asgi_app__(self):
         return build_app(self.front)

@@ -20,9 +20,6 @@ from runtime import AsyncLLMEngine, EngineDeadError, InvalidInputError, RequestF
 
 logger = logging.getLogger("ray.serve")
 
-Reply = tuple[int, dict | list]  # (HTTP status, JSON body)
-
-
 class LLMServer:
     def __init__(self, config: LLMConfig):
         self.model_id = config.model_id
@@ -43,30 +40,28 @@ class LLMServer:
             metered.update_gauges()
             time.sleep(1)
 
-    # --- non-streaming: (status, body) -----------------------------------------
+    # --- the ModelClient interface: replies, or SSE streams; errors raise OpenAIError before any chunk ---
 
-    async def chat(self, req: ChatCompletionRequest, request_id: str | None = None, priority: int = 0) -> Reply:
-        return await _reply(self.chat_handler.complete(req, request_id or new_id("chatcmpl-"), priority))
+    async def chat(self, req: ChatCompletionRequest, request_id: str | None = None, priority: int = 0) -> dict:
+        return await _answer(self.chat_handler.complete(req, request_id or new_id("chatcmpl-"), priority))
 
-    async def completions(self, req: CompletionRequest, request_id: str | None = None, priority: int = 0) -> Reply:
-        return await _reply(self.completion_handler.complete(req, request_id or new_id("cmpl-"), priority))
+    async def completions(self, req: CompletionRequest, request_id: str | None = None, priority: int = 0) -> dict:
+        return await _answer(self.completion_handler.complete(req, request_id or new_id("cmpl-"), priority))
 
-    async def generate(self, req: GenerateRequest) -> Reply:
-        return await _reply(self.generate_handler.complete(req))
+    async def generate(self, req: GenerateRequest) -> dict | list:
+        return await _answer(self.generate_handler.complete(req))
 
-    # --- streaming: an error dict before the stream starts, else SSE strings ---
+    async def chat_stream(self, req: ChatCompletionRequest) -> AsyncIterator[str]:
+        async for chunk in _stream(self.chat_handler.stream(req, new_id("chatcmpl-"))):
+            yield chunk
 
-    async def chat_stream(self, req: ChatCompletionRequest) -> AsyncIterator[str | dict]:
-        async for item in _stream(self.chat_handler.stream(req, new_id("chatcmpl-"))):
-            yield item
+    async def completions_stream(self, req: CompletionRequest) -> AsyncIterator[str]:
+        async for chunk in _stream(self.completion_handler.stream(req, new_id("cmpl-"))):
+            yield chunk
 
-    async def completions_stream(self, req: CompletionRequest) -> AsyncIterator[str | dict]:
-        async for item in _stream(self.completion_handler.stream(req, new_id("cmpl-"))):
-            yield item
-
-    async def generate_stream(self, req: GenerateRequest) -> AsyncIterator[str | dict]:
-        async for item in _stream(self.generate_handler.stream(req)):
-            yield item
+    async def generate_stream(self, req: GenerateRequest) -> AsyncIterator[str]:
+        async for chunk in _stream(self.generate_handler.stream(req)):
+            yield chunk
 
     # --- operations ------------------------------------------------------------
 
@@ -100,21 +95,20 @@ def _to_openai(e: Exception) -> OpenAIError:
     return OpenAIError(500, f"internal error: {type(e).__name__}")
 
 
-async def _reply(work) -> Reply:
+async def _answer(work):
     try:
-        return 200, await work
+        return await work
     except Exception as e:
-        err = _to_openai(e)
-        return err.status, err.body()
+        raise _to_openai(e) from None
 
 
-async def _stream(prepare) -> AsyncIterator[str | dict]:
+async def _stream(prepare) -> AsyncIterator[str]:
+    """The chunks of a prepared stream; a failure to prepare raises, a failure after the first chunk is
+    reported in-band and ends the stream."""
     try:
         chunks = await prepare
     except Exception as e:
-        err = _to_openai(e)
-        yield {"status": err.status, "body": err.body()}
-        return
+        raise _to_openai(e) from None
     try:
         async for chunk in chunks:
             yield chunk

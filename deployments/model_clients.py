@@ -1,19 +1,38 @@
-"""How the HTTP routes reach a model: through a Serve handle to its replicas (behind the ingress),
-or in-process when the model's replica is itself the ingress (direct streaming)."""
+"""How the HTTP routes reach a model: one typed interface, two implementations.
+
+`ModelClient` is what a route calls: chat, completions and /generate, each as
+one reply or a stream of SSE strings, and a health probe. `LLMServer` (the
+replica) implements it in-process, which is what direct streaming uses;
+`RemoteModel` implements it over a Serve handle to the model's replicas,
+which is what the ingress and the batch manager use. Errors are
+`OpenAIError`s, raised by a call or by a stream before its first chunk; once
+a stream has started, an error is an SSE error event in the stream.
+"""
 
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Protocol
+from contextlib import contextmanager
+from typing import Protocol
 
-from ray.serve.handle import DeploymentHandle
+from ray.exceptions import RayTaskError
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
-if TYPE_CHECKING:
-    from deployments.llm_server import LLMServer, Reply
+from deployments.errors import OpenAIError
+from deployments.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 
 
 class ModelClient(Protocol):
-    async def call(self, method: str, body) -> "Reply": ...
+    async def chat(self, req: ChatCompletionRequest, request_id: str | None = None, priority: int = 0) -> dict: ...
 
-    def stream(self, method: str, body) -> AsyncIterator[str | dict]: ...
+    async def completions(self, req: CompletionRequest, request_id: str | None = None,
+                          priority: int = 0) -> dict: ...
+
+    async def generate(self, req: GenerateRequest) -> dict | list: ...
+
+    def chat_stream(self, req: ChatCompletionRequest) -> AsyncIterator[str]: ...
+
+    def completions_stream(self, req: CompletionRequest) -> AsyncIterator[str]: ...
+
+    def generate_stream(self, req: GenerateRequest) -> AsyncIterator[str]: ...
 
     async def healthy(self) -> bool: ...
 
@@ -23,36 +42,51 @@ class RemoteModel:
 
     def __init__(self, handle: DeploymentHandle):
         self.handle = handle
+        self.streaming = handle.options(stream=True)
 
-    async def call(self, method: str, body) -> "Reply":
-        return await getattr(self.handle, method).remote(body)
+    async def chat(self, req: ChatCompletionRequest, request_id: str | None = None, priority: int = 0) -> dict:
+        with _replica_errors():
+            return await self.handle.chat.remote(req, request_id, priority)
 
-    async def stream(self, method: str, body) -> AsyncIterator[str | dict]:
-        responses = getattr(self.handle.options(stream=True), f"{method}_stream").remote(body)
-        finished = False
-        try:
-            async for item in responses:
-                yield item
-            finished = True
-        finally:
-            if not finished:  # closed early (a rejection, a client gone): stop the replica's stream and request
-                responses.cancel()
+    async def completions(self, req: CompletionRequest, request_id: str | None = None, priority: int = 0) -> dict:
+        with _replica_errors():
+            return await self.handle.completions.remote(req, request_id, priority)
+
+    async def generate(self, req: GenerateRequest) -> dict | list:
+        with _replica_errors():
+            return await self.handle.generate.remote(req)
+
+    def chat_stream(self, req: ChatCompletionRequest) -> AsyncIterator[str]:
+        return _relay(self.streaming.chat_stream.remote(req))
+
+    def completions_stream(self, req: CompletionRequest) -> AsyncIterator[str]:
+        return _relay(self.streaming.completions_stream.remote(req))
+
+    def generate_stream(self, req: GenerateRequest) -> AsyncIterator[str]:
+        return _relay(self.streaming.generate_stream.remote(req))
 
     async def healthy(self) -> bool:
         return await self.handle.healthy.remote()
 
 
-class LocalModel:
-    """The model this replica serves: calls go straight to its LLMServer methods."""
+@contextmanager
+def _replica_errors():
+    """Re-raise a replica's `OpenAIError` as itself (Ray wraps what a replica raises in a RayTaskError)."""
+    try:
+        yield
+    except RayTaskError as e:
+        if isinstance(e.cause, OpenAIError):
+            raise e.cause from None
+        raise
 
-    def __init__(self, server: "LLMServer"):
-        self.server = server
 
-    async def call(self, method: str, body) -> "Reply":
-        return await getattr(self.server, method)(body)
-
-    def stream(self, method: str, body) -> AsyncIterator[str | dict]:
-        return getattr(self.server, f"{method}_stream")(body)
-
-    async def healthy(self) -> bool:
-        return await self.server.healthy()
+async def _relay(responses: DeploymentResponseGenerator) -> AsyncIterator[str]:
+    finished = False
+    try:
+        with _replica_errors():
+            async for chunk in responses:
+                yield chunk
+        finished = True
+    finally:
+        if not finished:  # closed early (a rejection, a client gone): stop the replica's stream and request
+            responses.cancel()

@@ -10,6 +10,7 @@ streaming (see `model_clients.py`).
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -81,20 +82,22 @@ class OpenAIFront:
         except ValidationError as e:
             raise from_validation_error(e) from None
 
-    async def relay(self, request: Request, model: type[BaseModel], method: str):
-        """Run a generation route on the body's model: one JSON reply, or an SSE stream."""
+    async def generation(self, request: Request, model: type[BaseModel]) -> tuple[BaseModel, ModelClient]:
+        """A generation route's parsed body and the client of the model it names."""
         self.auth.owner(request)
         body = await self.parse(request, model)
-        client = self.model(body.model)
-        if not body.stream:
-            status, reply = await client.call(method, body)
-            return JSONResponse(reply, status_code=status)
-        stream = client.stream(method, body)
-        first = await anext(stream)
-        if isinstance(first, dict):  # rejected before streaming
-            await stream.aclose()
-            return JSONResponse(first["body"], status_code=first["status"])
-        return StreamingResponse(_prepend(first, stream), media_type="text/event-stream")
+        return body, self.model(body.model)
+
+
+async def respond(body, reply: Callable[..., Awaitable], stream: Callable[..., AsyncIterator[str]]):
+    """`reply(body)` as JSON, or `stream(body)` as SSE when the body asks to stream. The stream's first chunk
+    is awaited here, so an error raised before it (bad input, an unknown model) is answered with its own
+    status instead of a 200 stream."""
+    if not body.stream:
+        return JSONResponse(await reply(body))
+    chunks = stream(body)
+    first = await anext(chunks)
+    return StreamingResponse(_prepend(first, chunks), media_type="text/event-stream")
 
 
 def build_app(front: OpenAIFront) -> FastAPI:
@@ -210,17 +213,20 @@ async def health(front: OpenAIFront = Front):
 
 @router.post("/v1/chat/completions", openapi_extra=_json_body(ChatCompletionRequest))
 async def chat_completions(request: Request, front: OpenAIFront = Front):
-    return await front.relay(request, ChatCompletionRequest, "chat")
+    body, model = await front.generation(request, ChatCompletionRequest)
+    return await respond(body, model.chat, model.chat_stream)
 
 
 @router.post("/v1/completions", openapi_extra=_json_body(CompletionRequest))
 async def completions(request: Request, front: OpenAIFront = Front):
-    return await front.relay(request, CompletionRequest, "completions")
+    body, model = await front.generation(request, CompletionRequest)
+    return await respond(body, model.completions, model.completions_stream)
 
 
 @router.post("/generate", openapi_extra=_json_body(GenerateRequest))
 async def generate(request: Request, front: OpenAIFront = Front):
-    return await front.relay(request, GenerateRequest, "generate")
+    body, model = await front.generation(request, GenerateRequest)
+    return await respond(body, model.generate, model.generate_stream)
 
 
 # --- files ------------------------------------------------------------------------
@@ -272,20 +278,20 @@ async def delete_file(file_id: str, request: Request, front: OpenAIFront = Front
 async def create_batch(request: Request, front: OpenAIFront = Front):
     owner = front.auth.owner(request)
     body = await front.parse(request, BatchCreateRequest)
-    return await front.batches.call("create", body.input_file_id, body.endpoint, body.completion_window,
-                                    body.metadata, owner)
+    return await front.batches.create(body.input_file_id, body.endpoint, body.completion_window, body.metadata,
+                                      owner)
 
 
 @router.get("/v1/batches")
 async def list_batches(request: Request, after: str | None = None, limit: int = 20, front: OpenAIFront = Front):
-    return await front.batches.call("list", after, _limit(limit, 100), front.auth.owner(request))
+    return await front.batches.list(after, _limit(limit, 100), front.auth.owner(request))
 
 
 @router.get("/v1/batches/{batch_id}")
 async def get_batch(batch_id: str, request: Request, front: OpenAIFront = Front):
-    return await front.batches.call("retrieve", batch_id, front.auth.owner(request))
+    return await front.batches.retrieve(batch_id, front.auth.owner(request))
 
 
 @router.post("/v1/batches/{batch_id}/cancel")
 async def cancel_batch(batch_id: str, request: Request, front: OpenAIFront = Front):
-    return await front.batches.call("cancel", batch_id, front.auth.owner(request))
+    return await front.batches.cancel(batch_id, front.auth.owner(request))

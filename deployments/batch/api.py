@@ -6,8 +6,10 @@ re-created if it has died (it then resumes every unfinished batch).
 """
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
+from ray import ObjectRef
+from ray.actor import ActorHandle
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 
 from deployments.batch.files import FileLimits, FileStore
@@ -57,12 +59,25 @@ class BatchAPI:
 
     # --- batches ---------------------------------------------------------------
 
-    async def call(self, method: str, *args):
-        """Call the manager; a dead manager is re-created once, and its OpenAI errors re-raised here."""
+    async def create(self, input_file_id: str, endpoint: str, completion_window: str, metadata: dict | None,
+                     owner: str | None) -> dict:
+        return await self._call(lambda m: m.create.remote(input_file_id, endpoint, completion_window, metadata, owner))
+
+    async def list(self, after: str | None, limit: int, owner: str | None) -> dict:
+        return await self._call(lambda m: m.list.remote(after, limit, owner))
+
+    async def retrieve(self, batch_id: str, owner: str | None) -> dict:
+        return await self._call(lambda m: m.retrieve.remote(batch_id, owner))
+
+    async def cancel(self, batch_id: str, owner: str | None) -> dict:
+        return await self._call(lambda m: m.cancel.remote(batch_id, owner))
+
+    async def _call(self, send: Callable[[ActorHandle], ObjectRef]):
+        """`send` to the manager; a dead manager is re-created once, and its OpenAI errors re-raised here."""
         for attempt in (0, 1):
             manager = self._manager or self._get_or_create()
             try:
-                return await getattr(manager, method).remote(*args)
+                return await send(manager)
             except RayTaskError as e:
                 if isinstance(e.cause, OpenAIError):
                     raise e.cause from None
