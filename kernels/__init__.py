@@ -4,24 +4,23 @@ the MLP's activation.
 
 Each operation has one interface here; the implementation behind it is chosen
 per device (the torch reference runs everywhere and is the oracle for faster
-backends).
+backends). Attention is an object: the `AttentionBackend` chosen once per
+engine, which builds each step's metadata, stores K/V and attends.
 """
 
 from kernels.activation import silu_and_mul
-from kernels.attention import paged_attention, store_kv_cache
-from kernels.attention_metadata import AttentionMetadata
+from kernels.attention_backend import AttentionBackend, AttentionMetadata
 from kernels.backends import choose_attention_backend
 from kernels.linear import linear, pack_weight
 from kernels.norm import rms_norm
 from kernels.rotary import apply_rotary
 
 __all__ = [
+    "AttentionBackend",
     "AttentionMetadata",
     "choose_attention_backend",
     "linear",
     "pack_weight",
-    "paged_attention",
-    "store_kv_cache",
     "rms_norm",
     "apply_rotary",
     "silu_and_mul",

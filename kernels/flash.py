@@ -1,9 +1,14 @@
-"""The `flash` backend: vllm-flash-attn's varlen call over the paged cache, when it is installed.
+"""The `flash` attention backend: vllm-flash-attn's varlen call over the paged cache, when it is installed.
 
-Optional (its wheels pin an old torch): chosen only when it imports against the installed torch.
+Optional (its wheels pin an old torch): chosen only when it imports against the installed torch. It stores
+K/V and reads its metadata as the `triton` backend does, plus the longest context.
 """
 
+from dataclasses import dataclass
+
 import torch
+
+from kernels.triton.attention import TritonBackend, TritonMetadata
 
 
 def available() -> bool:
@@ -14,12 +19,25 @@ def available() -> bool:
     return torch.cuda.is_available()
 
 
-def paged_attention(q, k_cache, v_cache, meta, scale: float) -> torch.Tensor:
-    from vllm_flash_attn import flash_attn_varlen_func
+@dataclass
+class FlashMetadata(TritonMetadata):
+    max_context_len: int
 
-    return flash_attn_varlen_func(
-        q, k_cache, v_cache,
-        cu_seqlens_q=meta.query_start_loc, max_seqlen_q=meta.max_query_len,
-        seqused_k=meta.context_lens, max_seqlen_k=meta.max_context_len,
-        softmax_scale=scale, causal=True, block_table=meta.block_tables,
-    )
+
+class FlashBackend(TritonBackend):
+    name = "flash"
+
+    def metadata(self, slot_mapping, num_decodes, block_tables, query_start_loc, context_lens, max_query_len,
+                 max_context_len) -> FlashMetadata:
+        return FlashMetadata(self, slot_mapping, num_decodes, block_tables, query_start_loc, context_lens,
+                             max_query_len, max_context_len)
+
+    def attend(self, q, k_cache, v_cache, meta: FlashMetadata, scale: float) -> torch.Tensor:
+        from vllm_flash_attn import flash_attn_varlen_func
+
+        return flash_attn_varlen_func(
+            q, k_cache, v_cache,
+            cu_seqlens_q=meta.query_start_loc, max_seqlen_q=meta.max_query_len,
+            seqused_k=meta.context_lens, max_seqlen_k=meta.max_context_len,
+            softmax_scale=scale, causal=True, block_table=meta.block_tables,
+        )

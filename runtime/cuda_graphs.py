@@ -10,7 +10,7 @@ store no K/V (slot -1) and attend to one token, and their logits are dropped.
 import numpy as np
 import torch
 
-from kernels import AttentionMetadata
+from kernels.triton.attention import TritonBackend, TritonMetadata
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -21,7 +21,7 @@ def batch_buckets(max_batch: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, model: torch.nn.Module, max_batch: int, max_model_len: int, block_size: int,
-                 attention_backend: str, device: torch.device):
+                 attention_backend: TritonBackend, device: torch.device):
         self.model = model
         self.buckets = batch_buckets(max_batch)
         self.max_blocks = -(-max_model_len // block_size)
@@ -39,10 +39,10 @@ class DecodeGraphs:
         self.logits: dict[int, torch.Tensor] = {}
         self._capture()
 
-    def _metadata(self, batch: int) -> AttentionMetadata:
-        return AttentionMetadata(self.slot_mapping[:batch], batch, [], [], self.block_tables[:batch], None, None,
-                                 self.query_start_loc[: batch + 1], self.context_lens[:batch], 1,
-                                 self.max_model_len, self.backend)
+    def _metadata(self, batch: int) -> TritonMetadata:
+        return self.backend.metadata(self.slot_mapping[:batch], batch, self.block_tables[:batch],
+                                     self.query_start_loc[: batch + 1], self.context_lens[:batch], 1,
+                                     self.max_model_len)
 
     def _forward(self, batch: int) -> torch.Tensor:
         hidden = self.model(self.input_ids[:batch], self.positions[:batch], self._metadata(batch))

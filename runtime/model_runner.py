@@ -11,7 +11,6 @@ import torch
 
 from kernels import AttentionMetadata, choose_attention_backend
 from runtime.config import EngineConfig
-from runtime.cuda_graphs import DecodeGraphs
 from runtime.distributed import all_reduce_min, broadcast_from_rank0, destroy_tp_group, init_tp_group
 from runtime.errors import InvalidInputError
 from runtime.models import CausalLM, load_weights, pack_linear_weights
@@ -71,10 +70,12 @@ class ModelRunner:
         self.attention_backend = choose_attention_backend(config.attention_backend, self.device.type,
                                                           config.torch_dtype, head_dim_of(hf))
         use_graphs = (self.device.type == "cuda" and not config.enforce_eager and config.tensor_parallel_size == 1
-                      and self.attention_backend in ("triton", "flash"))
+                      and self.attention_backend.supports_cuda_graphs)
         self.graphs = None
         self.num_blocks = self._allocate_kv_cache(use_graphs)
         if use_graphs:
+            from runtime.cuda_graphs import DecodeGraphs  # imports Triton, which a CPU machine may lack
+
             self.graphs = DecodeGraphs(self.model, config.max_num_seqs, config.max_model_len, config.block_size,
                                        self.attention_backend, self.device)
 
@@ -232,9 +233,8 @@ class ModelRunner:
         return logits, prompt_logits
 
     def attention_metadata(self, inputs: StepInputs) -> AttentionMetadata:
-        return AttentionMetadata.build(inputs.query_lens, inputs.context_lens, inputs.block_tables,
-                                       self.config.block_size, inputs.num_decodes, self.device,
-                                       self.attention_backend)
+        return self.attention_backend.build_metadata(inputs.query_lens, inputs.context_lens, inputs.block_tables,
+                                                     self.config.block_size, inputs.num_decodes, self.device)
 
     def serve_rank0(self) -> None:
         """A worker rank's loop: run every step rank 0 broadcasts, until it sends None."""

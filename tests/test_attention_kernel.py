@@ -5,16 +5,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import AttentionMetadata, paged_attention, store_kv_cache
+from kernels.attention import TorchBackend
+from kernels.cpu.attention import CpuBackend
 
 
 @pytest.mark.parametrize(("backend", "HQ", "HKV", "D", "BLOCK"), [
-    ("torch", 4, 2, 8, 4),
-    ("cpu", 4, 2, 16, 4),  # blocks shorter than the kernel's 16-token steps
-    ("cpu", 14, 2, 64, 16),  # Qwen2.5-0.5B's seven query heads per KV head
-    ("cpu", 8, 8, 128, 32),  # no grouping; blocks longer than 16 tokens
-    ("cpu", 10, 2, 32, 17),  # blocks that 16-token steps straddle
-])
+    (TorchBackend(), 4, 2, 8, 4),
+    (CpuBackend(), 4, 2, 16, 4),  # blocks shorter than the kernel's 16-token steps
+    (CpuBackend(), 14, 2, 64, 16),  # Qwen2.5-0.5B's seven query heads per KV head
+    (CpuBackend(), 8, 8, 128, 32),  # no grouping; blocks longer than 16 tokens
+    (CpuBackend(), 10, 2, 32, 17),  # blocks that 16-token steps straddle
+], ids=lambda p: getattr(p, "name", None))
 def test_mixed_batch_matches_dense_attention(backend, HQ, HKV, D, BLOCK):
     torch.manual_seed(0)
     num_blocks = 64
@@ -38,15 +39,16 @@ def test_mixed_batch_matches_dense_attention(backend, HQ, HKV, D, BLOCK):
         for pos in range(ctx - new):
             k_cache[table[pos // BLOCK], pos % BLOCK] = kv[pos, 0]
             v_cache[table[pos // BLOCK], pos % BLOCK] = kv[pos, 1]
-    meta = AttentionMetadata.build([n for *_, n in seqs], [c for _, c, _ in seqs], [t for t, *_ in seqs],
-                                   BLOCK, num_decodes=4, device=torch.device("cpu"), backend=backend)
-    if backend == "torch":
+    meta = backend.build_metadata([n for *_, n in seqs], [c for _, c, _ in seqs], [t for t, *_ in seqs],
+                                  BLOCK, num_decodes=4, device=torch.device("cpu"))
+    assert meta.backend is backend and meta.num_decodes == 4
+    if backend.name == "torch":
         assert [g.prefix_slots.numel() for g in meta.decode_groups] == [3 * BLOCK, 0]
     new_k = torch.cat([kv[ctx - n :, 0] for (_, ctx, n), kv in zip(seqs, contexts)])
     new_v = torch.cat([kv[ctx - n :, 1] for (_, ctx, n), kv in zip(seqs, contexts)])
-    store_kv_cache(new_k, new_v, k_cache, v_cache, meta.slot_mapping)
+    backend.store_kv(new_k, new_v, k_cache, v_cache, meta)
     q = torch.randn(new_k.shape[0], HQ, D)
-    out = paged_attention(q, k_cache, v_cache, meta, scale=D**-0.5)
+    out = backend.attend(q, k_cache, v_cache, meta, scale=D**-0.5)
 
     start = 0
     for (_, ctx, n), kv in zip(seqs, contexts):

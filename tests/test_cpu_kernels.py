@@ -101,13 +101,13 @@ def test_without_a_compiler_the_cpu_backend_falls_back_to_torch(tmp_path, monkey
     build.load.cache_clear()
     cpu_attention._kernel.cache_clear()
     try:
-        assert choose_attention_backend("auto", "cpu", torch.float32, 64) == "torch"
+        assert choose_attention_backend("auto", "cpu", torch.float32, 64).name == "torch"
         with pytest.raises(ValueError, match="C\\+\\+ compiler"):
             choose_attention_backend("cpu", "cpu", torch.float32, 64)
     finally:
         monkeypatch.undo()
         build.load.cache_clear()
         cpu_attention._kernel.cache_clear()
-    assert choose_attention_backend("auto", "cpu", torch.float32, 64) == "cpu"
-    assert choose_attention_backend("auto", "cpu", torch.bfloat16, 64) == "torch"
-    assert choose_attention_backend("auto", "cpu", torch.float32, 8) == "torch"
+    assert choose_attention_backend("auto", "cpu", torch.float32, 64).name == "cpu"
+    assert choose_attention_backend("auto", "cpu", torch.bfloat16, 64).name == "torch"
+    assert choose_attention_backend("auto", "cpu", torch.float32, 8).name == "torch"

@@ -4,9 +4,9 @@ interpreter on CPU (TRITON_INTERPRET=1, set by conftest), at small shapes."""
 import pytest
 import torch
 
+from kernels.attention import TorchBackend
 from kernels.attention import paged_attention as reference_attention
 from kernels.attention import store_kv_cache as reference_store
-from kernels.attention_metadata import AttentionMetadata
 from kernels.norm import rms_norm_reference as reference_rms_norm
 from kernels.rotary import apply_rotary_reference as reference_rotary
 from kernels.triton import attention as triton_attention
@@ -66,11 +66,12 @@ def test_paged_attention_on_a_mixed_batch(heads, kv_heads, dim, block, dtype):
     seqs = [(shared + [10, 11], 4 * block + 2, 1), (shared + [12], 3 * block + 1, 1), ([20, 21], block + 2, 1),
             ([30, 31, 32, 33, 34], 4 * block + 3, 4 * block + 3), (shared + [40, 41], 4 * block + 3, block + 3)]
     tables, contexts, queries = [t for t, _, _ in seqs], [c for _, c, _ in seqs], [n for _, _, n in seqs]
-    meta = AttentionMetadata.build(queries, contexts, tables, block, num_decodes=3, device=torch.device("cpu"))
+    reference_meta = TorchBackend().build_metadata(queries, contexts, tables, block, 3, torch.device("cpu"))
     q = torch.randn(sum(queries), heads, dim, dtype=dtype)
-    expected = reference_attention(q.float(), k_cache.float(), v_cache.float(), meta, scale=dim**-0.5)
-    got = triton_attention.paged_attention(
-        q.to(DEVICE), k_cache.to(DEVICE), v_cache.to(DEVICE), meta.block_tables.to(DEVICE),
-        meta.query_start_loc.to(DEVICE), meta.context_lens.to(DEVICE), meta.max_query_len, 3, dim**-0.5)
+    expected = reference_attention(q.float(), k_cache.float(), v_cache.float(), reference_meta, scale=dim**-0.5)
+    backend = triton_attention.TritonBackend()
+    meta = backend.build_metadata(queries, contexts, tables, block, 3, torch.device(DEVICE))
+    assert torch.equal(meta.slot_mapping.cpu(), reference_meta.slot_mapping)
+    got = backend.attend(q.to(DEVICE), k_cache.to(DEVICE), v_cache.to(DEVICE), meta, dim**-0.5)
     tol = 2e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.cpu().float(), expected, atol=tol, rtol=tol)

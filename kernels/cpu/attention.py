@@ -1,12 +1,14 @@
 """The `cpu` attention backend: attention.cpp over the paged cache, for float32 and head sizes
-that are multiples of 16 up to 256 (the torch reference serves the rest)."""
+that are multiples of 16 up to 256 (the torch reference serves the rest); K/V are stored by the reference."""
 
 import ctypes
 import functools
+from dataclasses import dataclass
 
 import torch
 
-from kernels.attention_metadata import AttentionMetadata
+from kernels.attention import store_kv_cache
+from kernels.attention_backend import AttentionBackend, AttentionMetadata, new_tokens
 from kernels.cpu import build
 
 HEAD_DIMS = (16, 32, 48, 64, 80, 96, 128, 256)  # the instances attention.cpp compiles
@@ -30,18 +32,35 @@ def supports(dtype: torch.dtype, head_dim: int) -> bool:
     return dtype == torch.float32 and head_dim in HEAD_DIMS and _kernel() is not None
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                    scale: float) -> torch.Tensor:
-    q = q.contiguous()
-    out = torch.empty_like(q)
-    num_rows, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
-    assert k_cache.is_contiguous() and v_cache.is_contiguous() and q.dtype == torch.float32
-    status = _kernel()(
-        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), meta.block_tables.data_ptr(),
-        meta.block_tables.shape[1], meta.row_seq.data_ptr(), meta.row_len.data_ptr(), num_rows, num_heads,
-        num_kv_heads, head_dim, block_size, scale, out.data_ptr(), torch.get_num_threads(),
-    )
-    if status:
-        raise ValueError(f"head size {head_dim} has no CPU kernel instance (have {HEAD_DIMS})")
-    return out
+@dataclass
+class CpuMetadata(AttentionMetadata):
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
+    row_seq: torch.Tensor  # [num_tokens] int32: each new token's sequence
+    row_len: torch.Tensor  # [num_tokens] int32: how many context tokens each new token attends to
+
+
+class CpuBackend(AttentionBackend):
+    name = "cpu"
+
+    def build_metadata(self, query_lens, context_lens, block_tables, block_size, num_decodes, device) -> CpuMetadata:
+        tokens = new_tokens(query_lens, context_lens, block_tables, block_size)
+        return CpuMetadata(self, tokens.slots, num_decodes, tokens.tables.to(torch.int32),
+                           tokens.seqs.to(torch.int32), (tokens.positions + 1).to(torch.int32))
+
+    def store_kv(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
+        store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+
+    def attend(self, q, k_cache, v_cache, meta: CpuMetadata, scale: float) -> torch.Tensor:
+        q = q.contiguous()
+        out = torch.empty_like(q)
+        num_rows, num_heads, head_dim = q.shape
+        _, block_size, num_kv_heads, _ = k_cache.shape
+        assert k_cache.is_contiguous() and v_cache.is_contiguous() and q.dtype == torch.float32
+        status = _kernel()(
+            q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), meta.block_tables.data_ptr(),
+            meta.block_tables.shape[1], meta.row_seq.data_ptr(), meta.row_len.data_ptr(), num_rows, num_heads,
+            num_kv_heads, head_dim, block_size, scale, out.data_ptr(), torch.get_num_threads(),
+        )
+        if status:
+            raise ValueError(f"head size {head_dim} has no CPU kernel instance (have {HEAD_DIMS})")
+        return out

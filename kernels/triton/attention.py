@@ -8,12 +8,18 @@ prefill program serves one query head and a block of query rows.
 
 Dots take the cache's own dtype (bf16/fp16 on the tensor cores, fp32
 accumulation); float32 uses full-precision dots, not TF32, so it matches the
-torch reference.
+torch reference. `TritonBackend` (the `triton` attention backend) runs them,
+with the KV store of `elementwise.py`.
 """
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+
+from kernels.attention_backend import AttentionBackend, AttentionMetadata, new_tokens
+from kernels.triton.elementwise import store_kv_cache
 
 
 @triton.jit
@@ -136,3 +142,36 @@ def paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, context_
         _prefill_kernel[grid](q, k_cache, v_cache, out, block_tables, block_tables.stride(0), query_start_loc,
                               context_lens, scale, num_decodes, BLOCK_M=block_m, BLOCK_N=32, **shapes)
     return out
+
+
+@dataclass
+class TritonMetadata(AttentionMetadata):
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32: each sequence's first row in the batch
+    context_lens: torch.Tensor  # [num_seqs] int32
+    max_query_len: int
+
+
+class TritonBackend(AttentionBackend):
+    name = "triton"
+    supports_cuda_graphs = True
+
+    def build_metadata(self, query_lens, context_lens, block_tables, block_size, num_decodes, device):
+        tokens = new_tokens(query_lens, context_lens, block_tables, block_size)
+        starts = torch.tensor([0, *query_lens], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        return self.metadata(tokens.slots.to(device), num_decodes, tokens.tables.to(device=device, dtype=torch.int32),
+                             starts.to(device), torch.tensor(context_lens, dtype=torch.int32, device=device),
+                             max(query_lens), max(context_lens))
+
+    def metadata(self, slot_mapping, num_decodes: int, block_tables, query_start_loc, context_lens,
+                 max_query_len: int, max_context_len: int) -> TritonMetadata:
+        """The metadata over tensors already on the device: a CUDA graph wraps its fixed input buffers so."""
+        return TritonMetadata(self, slot_mapping, num_decodes, block_tables, query_start_loc, context_lens,
+                              max_query_len)
+
+    def store_kv(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
+        store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+
+    def attend(self, q, k_cache, v_cache, meta: TritonMetadata, scale: float) -> torch.Tensor:
+        return paged_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.context_lens,
+                               meta.max_query_len, meta.num_decodes, scale)

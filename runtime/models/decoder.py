@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from kernels import AttentionMetadata, apply_rotary, paged_attention, silu_and_mul, store_kv_cache
+from kernels import AttentionMetadata, apply_rotary, silu_and_mul
 from runtime.distributed import all_reduce
 from runtime.models.layers import (
     MergedColumnParallelLinear,
@@ -52,6 +52,9 @@ class Attention(nn.Module):
         self.k_cache = self.v_cache = torch.empty(0)  # bound by the model runner
 
     def forward(self, hidden: torch.Tensor, cos_sin, meta: AttentionMetadata) -> torch.Tensor:
+        """Attention runs on the backend that built `meta`, reached through it: metadata is only readable by
+        its own backend, so pairing them in one object rules out a mismatch, and the forward pass (a CUDA
+        graph's captured one included) needs no backend bound to each layer."""
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
         q, k, v = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)
@@ -61,8 +64,8 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, k, *cos_sin)
-        store_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
-        out = paged_attention(q, self.k_cache, self.v_cache, meta, self.scale)
+        meta.backend.store_kv(k, v, self.k_cache, self.v_cache, meta)
+        out = meta.backend.attend(q, self.k_cache, self.v_cache, meta, self.scale)
         return self.o_proj(out.reshape(-1, q_size))
 
 
