@@ -16,7 +16,8 @@ from runtime.distributed import destroy_tp_group, free_address
 from runtime.errors import InvalidInputError, require
 from runtime.grammar import Constraint, Grammar, GrammarCompiler
 from runtime.kv_cache import BlockManager
-from runtime.model_runner import ModelRunner, check_tp_split
+from runtime.model_runner import ModelRunner
+from runtime.model_spec import ModelSpec
 from runtime.outputs import RequestDelta, SequenceDelta
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Scheduler
@@ -29,25 +30,25 @@ logger = logging.getLogger(__name__)
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
-        self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(config.tokenizer)
-        self.eos_token_ids = eos_token_ids(config.model_path, self.tokenizer)
+        self.spec = ModelSpec.resolve(config)
+        self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(self.spec.tokenizer)
+        self.eos_token_ids = eos_token_ids(self.spec.path, self.tokenizer)
         self.workers = None
         address = None
         if config.tensor_parallel_size > 1:
-            check_tp_split(config)
             from runtime.tp_workers import TPWorkers  # the one place the engine uses Ray
 
             address = free_address()
-            self.workers = TPWorkers(config, self.eos_token_ids, address)
+            self.workers = TPWorkers(config, self.spec, self.eos_token_ids, address)
         try:
-            self.runner = ModelRunner(config, self.eos_token_ids, 0, address)
+            self.runner = ModelRunner(config, self.spec, self.eos_token_ids, 0, address)
         except BaseException:
             if self.workers is not None:  # leave no worker or process group behind
                 self.workers.shutdown(wait=False)
                 destroy_tp_group()
             raise
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(config, self.block_manager)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.requests: dict[str, Request] = {}
         self._grammars: GrammarCompiler | None = None
 
@@ -59,13 +60,13 @@ class LLMEngine:
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
         """Check a request against the model and context; returns its resolved max_tokens."""
-        limit = self.config.max_model_len
+        limit = self.spec.max_model_len
         n = len(prompt_token_ids)
         require(n > 0, "prompt", "must not be empty")
         require(n < limit, "prompt",
                 f"this model's maximum context length is {limit} tokens, and the prompt has {n} tokens; "
                 "at least one token must be left for the completion")
-        vocab = self.config.hf_config.vocab_size
+        vocab = self.spec.vocab_size
         bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
         require(bad is None, "prompt", f"token id {bad} is outside the vocabulary [0, {vocab})")
         for field, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids)):
@@ -81,7 +82,7 @@ class LLMEngine:
     def compile_grammar(self, constraint: Constraint) -> Grammar:
         """Compile a structured-output constraint (cached); thread-safe, so callers may do it off-loop."""
         if self._grammars is None:
-            self._grammars = GrammarCompiler(self.tokenizer, self.config.hf_config.vocab_size, self.eos_token_ids)
+            self._grammars = GrammarCompiler(self.tokenizer, self.spec.vocab_size, self.eos_token_ids)
         return self._grammars.compile(constraint)
 
     def add_request(
@@ -215,7 +216,7 @@ class LLMEngine:
         stop = seq.detokenizer.append(token_id, check_stop=seq.num_output_tokens >= params.min_tokens)
         if stop is not None:
             self._finish(seq, "stop", stop)
-        elif seq.num_output_tokens >= seq.request.max_tokens or seq.num_tokens >= self.config.max_model_len:
+        elif seq.num_output_tokens >= seq.request.max_tokens or seq.num_tokens >= self.spec.max_model_len:
             self._finish(seq, "length", None)
 
     def _finish(self, seq: Sequence, reason: str, matched_stop: int | str | None) -> None:

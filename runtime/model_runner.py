@@ -13,8 +13,8 @@ from kernels import AttentionMetadata, choose_attention_backend
 from runtime.config import EngineConfig
 from runtime.distributed import all_reduce_min, broadcast_from_rank0, destroy_tp_group, init_tp_group
 from runtime.errors import InvalidInputError
+from runtime.model_spec import ModelSpec
 from runtime.models import CausalLM, load_weights, pack_linear_weights
-from runtime.models.decoder import head_dim_of
 from runtime.outputs import TokenLogprob
 from runtime.sampler import Sampler, token_logprob
 from runtime.scheduler import ScheduledBatch
@@ -49,26 +49,30 @@ class ModelRunner:
     """Owns one rank's model shard and KV cache. Rank 0 prepares each step, broadcasts it to the
     other ranks (when tensor-parallel), runs its share and samples."""
 
-    def __init__(self, config: EngineConfig, eos_token_ids: set[int], rank: int = 0, tp_address: str | None = None):
+    def __init__(self, config: EngineConfig, spec: ModelSpec, eos_token_ids: set[int], rank: int = 0,
+                 tp_address: str | None = None):
         self.config = config
+        self.spec = spec
         self.rank = rank
         self.device = torch.device(config.device)
+        # chosen here, in the rank's own process: a worker whose machine cannot build the CPU kernel runs torch's
+        try:
+            self.attention_backend = choose_attention_backend(config.attention_backend, self.device.type, spec.dtype,
+                                                              spec.head_dim)
+        except ValueError as e:
+            raise InvalidInputError("attention_backend", str(e)) from None
         if config.tensor_parallel_size > 1:
             init_tp_group(rank, config.tensor_parallel_size, tp_address, self.device.type)
-        hf = config.hf_config
         torch.manual_seed(config.seed)
         default_dtype = torch.get_default_dtype()
-        torch.set_default_dtype(config.torch_dtype)
+        torch.set_default_dtype(spec.dtype)
         with torch.device(self.device):
-            self.model = CausalLM(hf, config.max_model_len)
+            self.model = CausalLM(spec.hf_config, spec.max_model_len)
         torch.set_default_dtype(default_dtype)
-        load_weights(self.model, config.model_path)
+        load_weights(self.model, spec.path)
         pack_linear_weights(self.model)
         self.model.eval()
         self.sampler = Sampler(eos_token_ids, self.device)
-        # chosen here, in the rank's own process: a worker whose machine cannot build the CPU kernel runs torch's
-        self.attention_backend = choose_attention_backend(config.attention_backend, self.device.type,
-                                                          config.torch_dtype, head_dim_of(hf))
         use_graphs = (self.device.type == "cuda" and not config.enforce_eager and config.tensor_parallel_size == 1
                       and self.attention_backend.supports_cuda_graphs)
         self.graphs = None
@@ -76,28 +80,28 @@ class ModelRunner:
         if use_graphs:
             from runtime.cuda_graphs import DecodeGraphs  # imports Triton, which a CPU machine may lack
 
-            self.graphs = DecodeGraphs(self.model, config.max_num_seqs, config.max_model_len, config.block_size,
+            self.graphs = DecodeGraphs(self.model, config.max_num_seqs, spec.max_model_len, config.block_size,
                                        self.attention_backend, self.device)
 
     def _allocate_kv_cache(self, use_graphs: bool) -> int:
-        cfg = self.config
+        cfg, max_model_len, dtype = self.config, self.spec.max_model_len, self.spec.dtype
         attn = self.model.model.layers[0].self_attn
         layers = len(self.model.model.layers)
-        shape = (cfg.block_size, attn.num_kv_heads, head_dim_of(cfg.hf_config))
-        bytes_per_block = 2 * layers * shape[0] * shape[1] * shape[2] * cfg.torch_dtype.itemsize
+        shape = (cfg.block_size, attn.num_kv_heads, self.spec.head_dim)
+        bytes_per_block = 2 * layers * shape[0] * shape[1] * shape[2] * dtype.itemsize
         budget = cfg.kv_cache_bytes
         if budget is None:  # enough for every sequence at full length, within what the device can give
-            full = -(-cfg.max_num_seqs * cfg.max_model_len // cfg.block_size) * bytes_per_block
+            full = -(-cfg.max_num_seqs * max_model_len // cfg.block_size) * bytes_per_block
             budget = min(full, self._profile_gpu_budget(use_graphs) if self.device.type == "cuda" else _CPU_KV_BYTES)
         num_blocks = all_reduce_min(max(0, budget) // bytes_per_block)  # every rank must agree on the pool
-        if num_blocks * cfg.block_size < cfg.max_model_len:
+        if num_blocks * cfg.block_size < max_model_len:
             raise InvalidInputError(
                 "kv_cache_bytes" if cfg.kv_cache_bytes is not None or self.device.type == "cpu"
                 else "gpu_memory_utilization",
                 f"{budget} bytes hold {num_blocks * cfg.block_size} tokens, "
-                f"fewer than max_model_len ({cfg.max_model_len}); raise the budget or lower max_model_len"
+                f"fewer than max_model_len ({max_model_len}); raise the budget or lower max_model_len"
             )
-        self.kv_cache = torch.zeros((2, layers, num_blocks, *shape), dtype=cfg.torch_dtype, device=self.device)
+        self.kv_cache = torch.zeros((2, layers, num_blocks, *shape), dtype=dtype, device=self.device)
         for i, layer in enumerate(self.model.model.layers):
             layer.self_attn.k_cache = self.kv_cache[0, i]
             layer.self_attn.v_cache = self.kv_cache[1, i]
@@ -112,12 +116,12 @@ class ModelRunner:
         at most max_model_len, over a scratch cache) and samples max_num_seqs rows, recording the peak.
         """
         cfg = self.config
-        tokens, seq_len = cfg.max_num_batched_tokens, min(cfg.max_model_len, cfg.max_num_batched_tokens)
+        tokens, seq_len = cfg.max_num_batched_tokens, min(self.spec.max_model_len, cfg.max_num_batched_tokens)
         lens = [seq_len] * (tokens // seq_len) + ([tokens % seq_len] if tokens % seq_len else [])
         blocks_per_seq = -(-seq_len // cfg.block_size)
         attn = self.model.model.layers[0].self_attn
         scratch = torch.empty((2, len(lens) * blocks_per_seq, cfg.block_size, attn.num_kv_heads, attn.head_dim),
-                              dtype=cfg.torch_dtype, device=self.device)
+                              dtype=self.spec.dtype, device=self.device)
         for layer in self.model.model.layers:
             layer.self_attn.k_cache, layer.self_attn.v_cache = scratch[0], scratch[1]
         torch.cuda.synchronize(self.device)
@@ -246,18 +250,3 @@ class ModelRunner:
 def _describe(e: Exception) -> str:
     return f"{type(e).__name__}: {str(e)[:200]}"
 
-
-def check_tp_split(config: EngineConfig) -> None:
-    """Refuse, at start, a tensor-parallel size the model's shapes cannot be split by."""
-    tp, hf = config.tensor_parallel_size, config.hf_config
-    kv = hf.num_key_value_heads
-    problems = []
-    if hf.num_attention_heads % tp:
-        problems.append(f"{hf.num_attention_heads} attention heads")
-    if kv % tp and tp % kv:
-        problems.append(f"{kv} KV heads (neither divides the other)")
-    if hf.intermediate_size % tp:
-        problems.append(f"intermediate size {hf.intermediate_size}")
-    if problems:
-        raise InvalidInputError("tensor_parallel_size",
-                                f"{tp} cannot split this model: {', '.join(problems)} are not divisible by {tp}")

@@ -13,7 +13,6 @@ recomputed later.
 import heapq
 from dataclasses import dataclass, field
 
-from runtime.config import EngineConfig
 from runtime.kv_cache import BlockManager
 from runtime.sequence import Request, Sequence, SequenceStatus
 
@@ -34,9 +33,9 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager):
-        self.max_num_seqs = config.max_num_seqs
-        self.max_num_batched_tokens = config.max_num_batched_tokens
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
         self.blocks = block_manager
         self.waiting: list[tuple[tuple[int, int, int], Sequence]] = []  # heap by sort key
         self.running: list[Sequence] = []

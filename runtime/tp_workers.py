@@ -15,16 +15,17 @@ from ray.util.placement_group import get_current_placement_group, placement_grou
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from runtime.config import EngineConfig
+from runtime.model_spec import ModelSpec
 
 WORKER_PREFIX = "tp-worker-"
 
 
 @ray.remote(max_concurrency=2)  # `ping` answers while `serve` runs
 class TPWorker:
-    def serve(self, config: EngineConfig, eos_token_ids: set[int], rank: int, address: str) -> None:
+    def serve(self, config: EngineConfig, spec: ModelSpec, eos_token_ids: set[int], rank: int, address: str) -> None:
         from runtime.model_runner import ModelRunner
 
-        ModelRunner(config, eos_token_ids, rank, address).serve_rank0()
+        ModelRunner(config, spec, eos_token_ids, rank, address).serve_rank0()
 
     def ping(self) -> bool:
         return True
@@ -35,7 +36,7 @@ def bundle(config: EngineConfig) -> dict:
 
 
 class TPWorkers:
-    def __init__(self, config: EngineConfig, eos_token_ids: set[int], address: str):
+    def __init__(self, config: EngineConfig, spec: ModelSpec, eos_token_ids: set[int], address: str):
         if not ray.is_initialized():
             ray.init()
         group = get_current_placement_group()
@@ -54,7 +55,7 @@ class TPWorkers:
             ).remote()
             for rank in range(1, config.tensor_parallel_size)
         ]
-        self._loops = [w.serve.remote(config, eos_token_ids, rank, address)
+        self._loops = [w.serve.remote(config, spec, eos_token_ids, rank, address)
                        for rank, w in enumerate(self.workers, start=1)]
 
     def alive(self, timeout_s: float = 5.0) -> bool:

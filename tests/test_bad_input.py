@@ -2,7 +2,7 @@
 
 import pytest
 
-from runtime import LLM, InvalidInputError, SamplingParams
+from runtime import LLM, EngineConfig, InvalidInputError, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 
@@ -60,12 +60,22 @@ def test_bad_requests_are_rejected_and_others_still_run(qwen2_model):
         ({"max_num_seqs": 0}, "max_num_seqs"),
         ({"device": "tpu"}, "device"),
         ({"kv_cache_bytes": 1024}, "kv_cache_bytes"),
+        ({"tensor_parallel_size": 3}, "tensor_parallel_size"),  # 4 attention heads
+        ({"attention_backend": "nope"}, "attention_backend"),
+        ({"attention_backend": "triton", "device": "cpu"}, "attention_backend"),
     ],
 )
 def test_bad_engine_options_name_the_field(qwen2_model, kwargs, param):
     with pytest.raises(InvalidInputError) as e:
         LLM(str(qwen2_model), **kwargs)
     assert e.value.param == param
+
+
+def test_engine_options_are_checked_without_reading_the_model():
+    EngineConfig("no-such-model", max_model_len=64, max_num_seqs=4)  # the model is resolved by the engine
+    with pytest.raises(InvalidInputError) as e:
+        EngineConfig("no-such-model", max_num_seqs=0)
+    assert e.value.param == "max_num_seqs"
 
 
 def test_unknown_model_path(tmp_path):

@@ -113,7 +113,7 @@ def test_values_that_used_to_stop_the_engine_are_refused_or_handled_and_the_engi
     from runtime.errors import InvalidInputError
 
     llm = _llm(qwen2_model)
-    vocab = llm.engine.config.hf_config.vocab_size
+    vocab = llm.engine.spec.vocab_size
     refused = [
         dict(logit_bias={vocab: 5.0}), dict(logit_bias={-1: 5.0}), dict(logit_bias={2**62: 1.0}),
         dict(stop_token_ids=[vocab + 7], min_tokens=2), dict(stop_token_ids=[-3]),

@@ -1,6 +1,9 @@
 """Scheduling policy: mixed prefill/decode batches within the token budget, priorities, arrival order."""
 
 from runtime import LLM, SamplingParams
+from runtime.kv_cache import BlockManager
+from runtime.scheduler import Scheduler
+from runtime.sequence import Request
 
 PARAMS = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 
@@ -28,3 +31,71 @@ def test_priority_admits_first_and_ties_go_by_arrival(qwen2_model):
         finished += [d.request_id for d in engine.step() if d.finished]
     assert finished == ["online-a", "online-b", "batch-a", "batch-b"]
 
+
+
+# --- the scheduler alone: a synthetic block budget and requests, no model or tokenizer ---------------------
+
+def _scheduler(num_blocks: int, max_num_batched_tokens: int, max_num_seqs: int = 8) -> Scheduler:
+    return Scheduler(BlockManager(num_blocks, block_size=4, enable_prefix_caching=True), max_num_seqs,
+                     max_num_batched_tokens)
+
+
+def _add(scheduler: Scheduler, request_id: str, prompt_len: int, priority: int = 0, max_tokens: int = 8) -> None:
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    prompt = [hash((request_id, i)) % 1000 for i in range(prompt_len)]  # no two requests share a block
+    scheduler.add(Request(request_id, prompt, params, priority, make_detokenizer=lambda: None))
+
+
+def _step(scheduler: Scheduler) -> list[tuple[str, int]]:
+    """Schedule a batch and play the engine's part: count the chunks computed, append a token to each
+    sampled sequence, finish those at max_tokens. Returns (request id, new tokens) in batch order."""
+    batch = scheduler.schedule()
+    sampled = batch.sampled
+    for seq, n in zip(batch.seqs, batch.num_new_tokens):
+        seq.num_computed_tokens += n
+    for seq in sampled:
+        seq.token_ids.append(0)
+        if seq.num_output_tokens >= seq.request.max_tokens:
+            scheduler.finish(seq)
+    return [(seq.request.request_id, n) for seq, n in zip(batch.seqs, batch.num_new_tokens)]
+
+
+def test_decodes_go_first_and_prefills_are_chunked_within_the_token_budget():
+    scheduler = _scheduler(num_blocks=64, max_num_batched_tokens=8)
+    _add(scheduler, "short", 3)
+    assert _step(scheduler) == [("short", 3)]
+    _add(scheduler, "long", 19)
+    _add(scheduler, "later", 2)
+    assert _step(scheduler) == [("short", 1), ("long", 7)]  # the decode, then what the budget leaves
+    assert _step(scheduler) == [("short", 1), ("long", 7)]  # a running prefill goes on before admissions
+    assert _step(scheduler) == [("short", 1), ("long", 5), ("later", 2)]  # its last chunk; the rest admits
+    assert _step(scheduler) == [("short", 1), ("long", 1), ("later", 1)]
+
+
+def test_higher_priority_is_admitted_first_and_ties_go_by_arrival():
+    scheduler = _scheduler(num_blocks=64, max_num_batched_tokens=64, max_num_seqs=1)
+    for request_id, priority in [("batch-a", 1), ("online-a", 0), ("batch-b", 1), ("online-b", 0)]:
+        _add(scheduler, request_id, 3, priority, max_tokens=2)
+    order = []
+    while scheduler.num_waiting or scheduler.running:
+        order += [r for r, _ in _step(scheduler) if r not in order]
+    assert order == ["online-a", "online-b", "batch-a", "batch-b"]
+
+
+def test_out_of_blocks_preempts_the_lowest_priority_newest_sequence():
+    scheduler = _scheduler(num_blocks=6, max_num_batched_tokens=64)
+    for request_id, priority in [("batch-old", 1), ("batch-new", 1), ("online", 0)]:  # online arrives last
+        _add(scheduler, request_id, 4, priority, max_tokens=12)
+    blocks = scheduler.blocks
+    assert sorted(_step(scheduler)) == [("batch-new", 4), ("batch-old", 4), ("online", 4)]
+    for _ in range(4):  # decodes until each has 8 tokens computed: two blocks each, all six in use
+        assert len(_step(scheduler)) == 3
+    assert blocks.num_free_blocks == 0 and scheduler.num_preemptions == 0
+    # each needs a third block now: batch-new gives its two back, online and batch-old take one each
+    assert _step(scheduler) == [("online", 1), ("batch-old", 1)]
+    victim = next(s for s in scheduler.waiting if s[1].request.request_id == "batch-new")[1]
+    assert scheduler.num_preemptions == 1 and victim.block_table == [] and victim.num_computed_tokens == 0
+    assert victim.num_output_tokens == 5  # recomputed later from its prompt and the tokens it already has
+    while scheduler.num_waiting or scheduler.running:
+        _step(scheduler)
+    assert blocks.num_free_blocks == blocks.num_blocks  # everyone finished, nothing leaked

@@ -1,0 +1,71 @@
+"""The model that the engine options name, resolved when the engine is built: its directory (downloaded
+from the Hub if need be), its transformers config, the dtype it runs in and its context length.
+
+Options that can only be checked against the model (max_model_len, tensor_parallel_size) are checked here,
+with errors naming the option.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, PretrainedConfig
+
+from runtime.config import DTYPES, EngineConfig
+from runtime.errors import InvalidInputError, require
+from runtime.model_files import resolve_model_path
+from runtime.models.decoder import head_dim_of
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    path: Path
+    hf_config: PretrainedConfig
+    dtype: torch.dtype
+    max_model_len: int
+    tokenizer: str  # the tokenizer's directory or Hub id
+
+    @classmethod
+    def resolve(cls, config: EngineConfig) -> "ModelSpec":
+        path = resolve_model_path(config.model)
+        hf_config = AutoConfig.from_pretrained(path)
+        limit = hf_config.max_position_embeddings
+        max_model_len = limit if config.max_model_len is None else config.max_model_len
+        require(max_model_len <= limit, "max_model_len",
+                f"{max_model_len} exceeds the model's max_position_embeddings ({limit})")
+        _check_tp_split(hf_config, config.tensor_parallel_size)
+        return cls(path, hf_config, _dtype(config, hf_config), max_model_len, config.tokenizer or str(path))
+
+    @property
+    def head_dim(self) -> int:
+        return head_dim_of(self.hf_config)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf_config.vocab_size
+
+
+def _dtype(config: EngineConfig, hf_config: PretrainedConfig) -> torch.dtype:
+    """The named dtype; for `auto`, float32 on CPU, else the checkpoint's 16-bit dtype, else bfloat16."""
+    if config.dtype != "auto":
+        return DTYPES[config.dtype]
+    if config.device == "cpu":
+        return torch.float32
+    saved = getattr(hf_config, "dtype", None)
+    saved = DTYPES.get(saved, saved) if isinstance(saved, str) else saved
+    return saved if saved in (torch.bfloat16, torch.float16) else torch.bfloat16
+
+
+def _check_tp_split(hf: PretrainedConfig, tp: int) -> None:
+    """Refuse a tensor-parallel size the model's shapes cannot be split by."""
+    kv = hf.num_key_value_heads
+    problems = []
+    if hf.num_attention_heads % tp:
+        problems.append(f"{hf.num_attention_heads} attention heads")
+    if kv % tp and tp % kv:
+        problems.append(f"{kv} KV heads (neither divides the other)")
+    if hf.intermediate_size % tp:
+        problems.append(f"intermediate size {hf.intermediate_size}")
+    if problems:
+        raise InvalidInputError("tensor_parallel_size",
+                                f"{tp} cannot split this model: {', '.join(problems)} are not divisible by {tp}")
