@@ -5,6 +5,7 @@ When the model has a reasoning parser (and the request keeps `separate_reasoning
 and the model has a tool-call parser, tool-call blocks become `tool_calls`.
 """
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from deployments.choice_parser import ChoiceParser, tool_call_json
@@ -27,6 +28,7 @@ class ChatHandler:
         self.tool_call_parser = tool_call_parser
 
     def _prepare(self, req: ChatCompletionRequest):
+        """Called on a worker thread: chat templates and tokenizing never hold up the replica's event loop."""
         if req.uses_tools and self.tool_call_parser is None:
             raise OpenAIError(400, f"tools: model {self.model_id} has no tool_call_parser configured", "tools")
         params = req.to_sampling_params()
@@ -47,7 +49,7 @@ class ChatHandler:
                             self.tool_call_parser if req.uses_tools else None, self.engine.tokenizer)
 
     async def complete(self, req: ChatCompletionRequest, request_id: str, priority: int = 0) -> dict:
-        params, prompt = self._prepare(req)
+        params, prompt = await asyncio.to_thread(self._prepare, req)
         result = RequestOutput.empty(request_id, prompt, params.n)
         async for delta in self.engine.generate(prompt, params, request_id, priority):
             result.add(delta)
@@ -83,7 +85,7 @@ class ChatHandler:
 
     async def stream(self, req: ChatCompletionRequest, request_id: str) -> AsyncIterator[str]:
         """Prepare (errors raise before the first chunk), then stream SSE chunks."""
-        params, prompt = self._prepare(req)
+        params, prompt = await asyncio.to_thread(self._prepare, req)
         generator = self.engine.generate(prompt, params, request_id)
         return self._chunks(req, request_id, prompt, params.n, generator)
 

@@ -1,5 +1,6 @@
 """/v1/completions on one replica: one or many prompts, `echo`, integer `logprobs`."""
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from deployments.metrics import MeteredEngine
@@ -17,6 +18,7 @@ class CompletionHandler:
         self.texts = texts
 
     def _prepare(self, req: CompletionRequest):
+        """Called on a worker thread: chat templates and tokenizing never hold up the replica's event loop."""
         params = req.to_sampling_params()
         prompts = [encode(self.engine.tokenizer, p) if isinstance(p, str) else list(p) for p in req.prompts()]
         for ids in prompts:
@@ -27,7 +29,7 @@ class CompletionHandler:
         return [self.engine.generate(ids, params, f"{request_id}-{i}", priority) for i, ids in enumerate(prompts)]
 
     async def complete(self, req: CompletionRequest, request_id: str, priority: int = 0) -> dict:
-        params, prompts = self._prepare(req)
+        params, prompts = await asyncio.to_thread(self._prepare, req)
         results = [RequestOutput.empty(f"{request_id}-{i}", ids, params.n) for i, ids in enumerate(prompts)]
         async for i, delta in merge(self._streams(prompts, params, request_id, priority)):
             results[i].add(delta)
@@ -60,7 +62,7 @@ class CompletionHandler:
                 "finish_reason": c.finish_reason, "matched_stop": c.matched_stop}
 
     async def stream(self, req: CompletionRequest, request_id: str) -> AsyncIterator[str]:
-        params, prompts = self._prepare(req)
+        params, prompts = await asyncio.to_thread(self._prepare, req)
         return self._chunks(req, request_id, params, prompts)
 
     async def _chunks(self, req, request_id, params, prompts) -> AsyncIterator[str]:

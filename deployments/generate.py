@@ -1,5 +1,6 @@
 """SGLang's native /generate on one replica: `text` or `input_ids`, cumulative streaming, `meta_info`."""
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
@@ -15,6 +16,7 @@ class GenerateHandler:
         self.engine = engine
 
     def _prepare(self, req: GenerateRequest):
+        """Called on a worker thread: chat templates and tokenizing never hold up the replica's event loop."""
         params = req.sampling_params.to_sampling_params(req.top_logprobs_num if req.return_logprob else None)
         prompts, batched = req.prompts()
         ids = [encode(self.engine.tokenizer, p) if isinstance(p, str) else list(p) for p in prompts]
@@ -25,13 +27,15 @@ class GenerateHandler:
         return params, ids, batched, request_ids
 
     def _run(self, params, prompts, request_ids, priority: int = 0):
-        """Accumulators for every prompt, and the merged stream of their (prompt index, delta)."""
+        """Accumulators for every prompt (labelled with the client's ids), and the merged stream of their
+        (prompt index, delta). The engine's ids are always new: a client's `rid` names its reply, never
+        another client's request in flight."""
         results = [RequestOutput.empty(rid, p, params.n) for rid, p in zip(request_ids, prompts)]
-        streams = [self.engine.generate(p, params, rid, priority) for rid, p in zip(request_ids, prompts)]
+        streams = [self.engine.generate(p, params, new_id("generate-"), priority) for p in prompts]
         return results, merge(streams)
 
     async def complete(self, req: GenerateRequest, priority: int = 0) -> dict | list[dict]:
-        params, prompts, batched, request_ids = self._prepare(req)
+        params, prompts, batched, request_ids = await asyncio.to_thread(self._prepare, req)
         start = time.perf_counter()
         results, deltas = self._run(params, prompts, request_ids, priority)
         async for i, delta in deltas:
@@ -54,7 +58,7 @@ class GenerateHandler:
         return {"text": c.text, "output_ids": list(c.token_ids), "meta_info": meta}
 
     async def stream(self, req: GenerateRequest) -> AsyncIterator[str]:
-        params, prompts, _, request_ids = self._prepare(req)
+        params, prompts, _, request_ids = await asyncio.to_thread(self._prepare, req)
         return self._chunks(params, prompts, request_ids)
 
     async def _chunks(self, params, prompts, request_ids) -> AsyncIterator[str]:

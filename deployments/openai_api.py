@@ -8,7 +8,7 @@ streaming (see `model_clients.py`).
 """
 
 import asyncio
-import json
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -28,6 +28,7 @@ from deployments.errors import OpenAIError, error_body, from_validation_error
 from deployments.metrics import RequestCounter, node_metrics_text
 from deployments.model_clients import ModelClient
 from deployments.protocol import BatchCreateRequest, ChatCompletionRequest, CompletionRequest, GenerateRequest
+from deployments.strict_json import loads_object
 
 
 class OpenAIFront:
@@ -72,11 +73,9 @@ class OpenAIFront:
         if len(raw) > limit:
             raise OpenAIError(413, f"request body is over {limit} bytes")
         try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise OpenAIError(400, f"the body is not valid JSON: {e}") from None
-        if not isinstance(data, dict):
-            raise OpenAIError(400, "the body must be a JSON object")
+            data = loads_object(raw)
+        except ValueError as e:
+            raise OpenAIError(400, f"the body: {e}") from None
         try:
             return model.model_validate(data)
         except ValidationError as e:
@@ -100,9 +99,22 @@ async def respond(body, reply: Callable[..., Awaitable], stream: Callable[..., A
     return StreamingResponse(_prepend(first, chunks), media_type="text/event-stream")
 
 
+_ID = re.compile(r"[A-Za-z0-9_-]{1,200}")
+
+
+def _id(kind: str, value: str) -> str:
+    """A file or batch id from the path; anything that cannot be one is not found (a NUL byte, 10 kB)."""
+    if not _ID.fullmatch(value):
+        raise OpenAIError(404, f"No {kind} with id {value[:64]!r}", f"{kind}_id", f"{kind}_not_found")
+    return value
+
+
 def build_app(front: OpenAIFront) -> FastAPI:
-    """The ASGI app a deployment serves (Serve's `__serve_build_asgi_app__`)."""
-    app = FastAPI(title="rayllm-engine OpenAI-compatible API")
+    """The ASGI app a deployment serves (Serve's `__serve_build_asgi_app__`). With API keys on, the
+    interactive docs and the OpenAPI schema are off: every route a client can reach needs a key."""
+    keyed = bool(front.config.api_keys)
+    app = FastAPI(title="rayllm-engine OpenAI-compatible API", docs_url=None if keyed else "/docs",
+                  redoc_url=None if keyed else "/redoc", openapi_url=None if keyed else "/openapi.json")
     app.state.front = front
     app.add_middleware(RequestCounter)
     app.add_exception_handler(OpenAIError, _openai_error)
@@ -243,8 +255,8 @@ async def upload_file(request: Request, front: OpenAIFront = Front):
     upload, purpose = form.get("file"), form.get("purpose")
     if upload is None or isinstance(upload, str):
         raise OpenAIError(400, "file: a file part is required", "file")
-    if not isinstance(purpose, str):
-        raise OpenAIError(400, "purpose: required", "purpose")
+    if purpose != "batch":  # batch_output files are the server's own, made under its limits
+        raise OpenAIError(400, f"purpose: expected 'batch', got {purpose!r}", "purpose")
     return await front.batches.upload(upload, purpose, owner)
 
 
@@ -257,18 +269,18 @@ async def list_files(request: Request, purpose: str | None = None, after: str | 
 
 @router.get("/v1/files/{file_id}")
 async def get_file(file_id: str, request: Request, front: OpenAIFront = Front):
-    return await front.batches.get_file(file_id, front.auth.owner(request))
+    return await front.batches.get_file(_id("file", file_id), front.auth.owner(request))
 
 
 @router.get("/v1/files/{file_id}/content")
 async def file_content(file_id: str, request: Request, front: OpenAIFront = Front):
-    content = await front.batches.file_content(file_id, front.auth.owner(request))
+    content = await front.batches.file_content(_id("file", file_id), front.auth.owner(request))
     return StreamingResponse(content, media_type="application/octet-stream")
 
 
 @router.delete("/v1/files/{file_id}")
 async def delete_file(file_id: str, request: Request, front: OpenAIFront = Front):
-    return await front.batches.delete_file(file_id, front.auth.owner(request))
+    return await front.batches.delete_file(_id("file", file_id), front.auth.owner(request))
 
 
 # --- batches ----------------------------------------------------------------------
@@ -289,9 +301,9 @@ async def list_batches(request: Request, after: str | None = None, limit: int = 
 
 @router.get("/v1/batches/{batch_id}")
 async def get_batch(batch_id: str, request: Request, front: OpenAIFront = Front):
-    return await front.batches.retrieve(batch_id, front.auth.owner(request))
+    return await front.batches.retrieve(_id("batch", batch_id), front.auth.owner(request))
 
 
 @router.post("/v1/batches/{batch_id}/cancel")
 async def cancel_batch(batch_id: str, request: Request, front: OpenAIFront = Front):
-    return await front.batches.cancel(batch_id, front.auth.owner(request))
+    return await front.batches.cancel(_id("batch", batch_id), front.auth.owner(request))

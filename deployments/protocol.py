@@ -12,11 +12,17 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from runtime import InvalidInputError, SamplingParams
 from runtime.grammar import Constraint
 
+# Bounds on the work one request can ask for (a request over one is a 400 naming it)
+MAX_STOP_TOKEN_IDS = 1024
+MAX_GENERATE_STOPS = 64  # /generate's `stop` (OpenAI's routes allow 4)
+MAX_SEQUENCES = 1024  # prompts x n in one completions or /generate call
+MAX_LOGPROB_ENTRIES = 1_000_000  # n x max tokens x (1 + top logprobs): bounds the size of the reply
+
 
 class StrictModel(BaseModel):
-    """Rejects unknown fields: a typo must not be silently ignored."""
+    """Rejects unknown fields (a typo must not be silently ignored), NaN and infinities."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class StreamOptions(StrictModel):
@@ -71,7 +77,7 @@ class JsonSchemaFormat(StrictModel):
     description: str | None = None
     strict: bool | None = None
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 
 class ResponseFormat(StrictModel):
@@ -100,7 +106,7 @@ class _SamplingFields(StrictModel):
     logit_bias: dict[str, float] | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
@@ -191,6 +197,20 @@ class ChatCompletionRequest(_SamplingFields):
     store: bool | None = None
     service_tier: str | None = None
 
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _no_request_template(cls, v):
+        if v and "chat_template" in v:  # a client's Jinja would run on the replica: unbounded work
+            raise ValueError("chat_template: request-supplied chat templates are not accepted; the model's is used")
+        return v
+
+    @model_validator(mode="after")
+    def _bounded_logprobs(self):
+        limit = self.max_completion_tokens or self.max_tokens
+        if self.logprobs and limit and self.n * limit * (1 + (self.top_logprobs or 0)) > MAX_LOGPROB_ENTRIES:
+            raise ValueError(f"n x max_tokens x (1 + top_logprobs) is over {MAX_LOGPROB_ENTRIES:,} logprob entries")
+        return self
+
     @model_validator(mode="after")
     def _tool_choice_names_a_tool(self):
         if isinstance(self.tool_choice, NamedToolChoice):
@@ -257,6 +277,16 @@ class CompletionRequest(_SamplingFields):
             raise ValueError("suffix is not supported")
         return v
 
+    @model_validator(mode="after")
+    def _bounded_work(self):
+        sequences = len(self.prompts()) * self.n
+        if sequences > MAX_SEQUENCES:
+            raise ValueError(f"prompts x n is {sequences}, over the limit of {MAX_SEQUENCES} sequences per request")
+        if self.logprobs is not None and self.max_tokens and \
+                sequences * self.max_tokens * (1 + self.logprobs) > MAX_LOGPROB_ENTRIES:
+            raise ValueError(f"prompts x n x max_tokens x (1 + logprobs) is over {MAX_LOGPROB_ENTRIES:,} entries")
+        return self
+
     def prompts(self) -> list[str | list[int]]:
         p = self.prompt
         if isinstance(p, str) or (p and isinstance(p[0], int)):
@@ -281,7 +311,7 @@ class GenerateSamplingParams(StrictModel):
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     repetition_penalty: float = Field(1.0, gt=0)
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
@@ -291,7 +321,14 @@ class GenerateSamplingParams(StrictModel):
     regex: str | None = None
     ebnf: str | None = None
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stops(cls, v):
+        if isinstance(v, list) and len(v) > MAX_GENERATE_STOPS:
+            raise ValueError(f"at most {MAX_GENERATE_STOPS} stop strings")
+        return v
 
     def constraint(self) -> Constraint | None:
         given = [Constraint(kind, value, kind) for kind, value in
@@ -328,6 +365,13 @@ class GenerateRequest(StrictModel):
             raise ValueError("give exactly one of text or input_ids")
         if isinstance(self.text, list) and not self.text or self.input_ids == []:
             raise ValueError("the prompt list must not be empty")
+        return self
+
+    @model_validator(mode="after")
+    def _bounded_work(self):
+        sequences = len(self.prompts()[0]) * self.sampling_params.n
+        if sequences > MAX_SEQUENCES:
+            raise ValueError(f"prompts x n is {sequences}, over the limit of {MAX_SEQUENCES} sequences per request")
         return self
 
     def prompts(self) -> tuple[list[str | list[int]], bool]:

@@ -31,6 +31,12 @@ def test_routes_need_a_key(secure, method, path):
     assert requests.get(f"{secure}/health").status_code == 200
 
 
+def test_with_keys_the_docs_and_schema_are_off_and_without_they_are_on(secure, server):
+    for path in ("/docs", "/redoc", "/openapi.json"):
+        assert requests.get(f"{secure}{path}").status_code == 404
+    assert requests.get(f"{server.base_url}/openapi.json").json()["paths"]["/v1/chat/completions"]
+
+
 def test_a_key_sees_only_its_own_files_and_batches(secure):
     alice = openai.Client(base_url=f"{secure}/v1", api_key=KEYS[0])
     bob = openai.Client(base_url=f"{secure}/v1", api_key=KEYS[1])

@@ -1,6 +1,7 @@
 """The served app against the offline engine, under concurrency, disconnects and bad input."""
 
 import asyncio
+import json
 
 import openai
 import pytest
@@ -143,6 +144,27 @@ BAD_INPUTS = [
     ("generate without a prompt", "/generate", {"sampling_params": {"max_new_tokens": 2}}, None, 400),
     ("generate unknown sampling param", "/generate", {"text": "hi", "sampling_params": {"foo": 1}}, None, 400),
     ("huge body", "/v1/completions", b"{" + b" " * (17 * 1024 * 1024) + b"}", "application/json", 413),
+    ("100,000 nested lists", "/v1/completions", b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+     "application/json", 400),
+    ("a 5,000-digit max_tokens", "/v1/completions", b'{"prompt": "hi", "max_tokens": ' + b"9" * 5000 + b"}",
+     "application/json", 400),
+    ("a lone surrogate", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
+     "application/json", 400),
+    ("NaN temperature", "/generate", b'{"text": "hi", "sampling_params": {"temperature": NaN}}', "application/json",
+     400),
+    ("UTF-16 body", "/v1/completions", '{"prompt": "hi"}'.encode("utf-16"), "application/json", 400),
+    ("infinite repetition penalty", "/generate", b'{"text": "hi", "sampling_params": {"repetition_penalty": 1e999}}',
+     "application/json", 400),
+    ("a request-supplied chat template", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"chat_template": "{{ 'x' * 9 }}"}},
+     None, 400),
+    ("2,000 stop_token_ids", "/v1/completions", {"prompt": "hi", "stop_token_ids": [5] * 2000}, None, 400),
+    ("100 stop strings on /generate", "/generate", {"text": "hi", "sampling_params": {"stop": ["a"] * 100}}, None,
+     400),
+    ("100 prompts x n 128", "/v1/completions", {"prompt": ["hi"] * 100, "n": 128, "max_tokens": 1}, None, 400),
+    ("n 64 x 1,500 tokens x 21 logprobs", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "n": 64, "max_tokens": 1500, "logprobs": True,
+      "top_logprobs": 20}, None, 400),
 ]
 
 
@@ -174,3 +196,30 @@ def test_empty_generate_prompts_are_400(server, body):
     """Found by the fuzz suite: an empty prompt list once crashed the router with a 500."""
     r = requests.post(f"{server.base_url}/generate", json=body)
     assert r.status_code == 400 and r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("path", ["/v1/files/file-a%00b", "/v1/files/" + "f" * 10_000 + "/content",
+                                  "/v1/batches/batch_%00", "/v1/batches/" + "b" * 10_000])
+def test_ids_that_cannot_exist_are_404_in_openai_shape(server, path):
+    r = requests.get(f"{server.base_url}{path}")
+    assert r.status_code == 404 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_clients_cannot_upload_batch_output_files(server):
+    """batch_output files are the server's own; an upload under that purpose would skip the batch limits."""
+    r = requests.post(f"{server.base_url}/v1/files", files={"file": ("x.jsonl", b"{}\n")},
+                      data={"purpose": "batch_output"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "purpose"
+
+
+def test_a_reused_rid_never_reaches_the_request_in_flight(server):
+    """Two /generate streams with the same rid run side by side, each to its own end."""
+    body = {"text": "hi", "rid": "same", "stream": True, "sampling_params": {"max_new_tokens": 24,
+                                                                               "temperature": 0, "ignore_eos": True}}
+    with requests.post(f"{server.base_url}/generate", json=body, stream=True) as first, \
+            requests.post(f"{server.base_url}/generate", json=body, stream=True) as second:
+        events = [[json.loads(line[6:]) for line in r.iter_lines() if line.startswith(b"data: {")]
+                  for r in (first, second)]
+    for stream in events:
+        assert stream[-1]["meta_info"]["id"] == "same" and len(stream[-1]["output_ids"]) == 24
+    assert events[0][-1]["output_ids"] == events[1][-1]["output_ids"]

@@ -1,12 +1,12 @@
 """Validation of one line of a batch input file into a request for a replica."""
 
-import json
 from dataclasses import dataclass
 
 from pydantic import ValidationError
 
 from deployments.errors import from_validation_error
 from deployments.protocol import ChatCompletionRequest, CompletionRequest
+from deployments.strict_json import loads_object
 
 ENDPOINTS = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
 
@@ -31,11 +31,9 @@ def parse_line(raw: bytes, endpoint: str, models: set[str], seen: set[str], max_
     if len(raw) > max_bytes:
         raise LineError(f"the line is over the {max_bytes}-byte limit")
     try:
-        item = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise LineError(f"not valid JSON: {e}") from None
-    if not isinstance(item, dict):
-        raise LineError("each line must be a JSON object")
+        item = loads_object(raw)
+    except ValueError as e:
+        raise LineError(f"each line must be a JSON object: {e}") from None
     custom_id = item.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         raise LineError("custom_id: a non-empty string is required")
@@ -67,10 +65,10 @@ def parse_line(raw: bytes, endpoint: str, models: set[str], seen: set[str], max_
 def peek_custom_id(raw: bytes) -> str | None:
     """The custom_id of an already processed line, to rebuild the duplicate check on resume."""
     try:
-        item = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        item = loads_object(raw)
+    except ValueError:
         return None
-    custom_id = item.get("custom_id") if isinstance(item, dict) else None
+    custom_id = item.get("custom_id")
     return custom_id if isinstance(custom_id, str) and custom_id else None
 
 
