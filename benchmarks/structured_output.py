@@ -28,7 +28,7 @@ async def run(engine: AsyncLLMEngine, prompts, params_for) -> tuple[float, int]:
     async def one(i, prompt):
         nonlocal tokens
         async with limit:
-            async for delta in engine.generate(prompt, params_for(i)):
+            async for delta in engine.generate(engine.validate(prompt, params_for(i))):
                 tokens += len(delta.seqs[0].token_ids)
 
     start = time.perf_counter()

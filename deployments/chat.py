@@ -10,16 +10,15 @@ from collections.abc import AsyncIterator
 
 from deployments.choice_parser import ChoiceParser, tool_call_json
 from deployments.errors import OpenAIError
-from deployments.metrics import MeteredEngine
 from deployments.openai_format import TokenTexts, chat_logprobs, usage
 from deployments.protocol import ChatCompletionRequest
 from deployments.streams import SSE_DONE, chunk_writer, now
-from runtime import CompletionOutput, RequestOutput
+from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput, ValidRequest
 from runtime.tokenizer import encode, render_chat
 
 
 class ChatHandler:
-    def __init__(self, engine: MeteredEngine, model_id: str, texts: TokenTexts,
+    def __init__(self, engine: AsyncLLMEngine, model_id: str, texts: TokenTexts,
                  reasoning_parser: str | None = None, tool_call_parser: str | None = None):
         self.engine = engine
         self.model_id = model_id
@@ -27,7 +26,7 @@ class ChatHandler:
         self.reasoning_parser = reasoning_parser
         self.tool_call_parser = tool_call_parser
 
-    def _prepare(self, req: ChatCompletionRequest):
+    def _prepare(self, req: ChatCompletionRequest) -> ValidRequest:
         """Called on a worker thread: chat templates and tokenizing never hold up the replica's event loop."""
         if req.uses_tools and self.tool_call_parser is None:
             raise OpenAIError(400, f"tools: model {self.model_id} has no tool_call_parser configured", "tools")
@@ -41,17 +40,17 @@ class ChatHandler:
         except Exception as e:  # the template rejected the conversation (jinja raise_exception, bad kwargs)
             raise OpenAIError(400, f"messages: the chat template could not render them: {e}", "messages") from e
         prompt = encode(tokenizer, text, add_special_tokens=False)
-        self.engine.validate(prompt, params)
-        return params, prompt
+        return self.engine.validate(prompt, params)
 
     def _parser(self, req: ChatCompletionRequest) -> ChoiceParser:
         return ChoiceParser(self.reasoning_parser if req.separate_reasoning else None,
                             self.tool_call_parser if req.uses_tools else None, self.engine.tokenizer)
 
     async def complete(self, req: ChatCompletionRequest, request_id: str, priority: int = 0) -> dict:
-        params, prompt = await asyncio.to_thread(self._prepare, req)
-        result = RequestOutput.empty(request_id, prompt, params.n)
-        async for delta in self.engine.generate(prompt, params, request_id, priority):
+        valid = await asyncio.to_thread(self._prepare, req)
+        prompt = valid.prompt_token_ids
+        result = RequestOutput.empty(request_id, prompt, valid.params.n)
+        async for delta in self.engine.generate(valid, request_id, priority):
             result.add(delta)
         parsers = [self._parser(req) for _ in result.outputs]
         choices = [self._choice(c, parser, req) for c, parser in zip(result.outputs, parsers)]
@@ -85,9 +84,9 @@ class ChatHandler:
 
     async def stream(self, req: ChatCompletionRequest, request_id: str) -> AsyncIterator[str]:
         """Prepare (errors raise before the first chunk), then stream SSE chunks."""
-        params, prompt = await asyncio.to_thread(self._prepare, req)
-        generator = self.engine.generate(prompt, params, request_id)
-        return self._chunks(req, request_id, prompt, params.n, generator)
+        valid = await asyncio.to_thread(self._prepare, req)
+        generator = self.engine.generate(valid, request_id)
+        return self._chunks(req, request_id, valid.prompt_token_ids, valid.params.n, generator)
 
     async def _chunks(self, req, request_id, prompt, n, generator) -> AsyncIterator[str]:
         chunk = chunk_writer(request_id, "chat.completion.chunk", self.model_id)

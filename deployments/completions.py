@@ -3,16 +3,15 @@
 import asyncio
 from collections.abc import AsyncIterator
 
-from deployments.metrics import MeteredEngine
 from deployments.openai_format import TokenTexts, completion_logprobs, usage
 from deployments.protocol import CompletionRequest
 from deployments.streams import SSE_DONE, chunk_writer, merge, now
-from runtime import CompletionOutput, RequestOutput
+from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput, ValidRequest
 from runtime.tokenizer import encode
 
 
 class CompletionHandler:
-    def __init__(self, engine: MeteredEngine, model_id: str, texts: TokenTexts):
+    def __init__(self, engine: AsyncLLMEngine, model_id: str, texts: TokenTexts):
         self.engine = engine
         self.model_id = model_id
         self.texts = texts
@@ -21,17 +20,16 @@ class CompletionHandler:
         """Called on a worker thread: chat templates and tokenizing never hold up the replica's event loop."""
         params = req.to_sampling_params()
         prompts = [encode(self.engine.tokenizer, p) if isinstance(p, str) else list(p) for p in req.prompts()]
-        for ids in prompts:
-            self.engine.validate(ids, params)
-        return params, prompts
+        return params, [self.engine.validate(ids, params) for ids in prompts]  # all checked before any starts
 
-    def _streams(self, prompts, params, request_id, priority):
-        return [self.engine.generate(ids, params, f"{request_id}-{i}", priority) for i, ids in enumerate(prompts)]
+    def _streams(self, valid: list[ValidRequest], request_id, priority):
+        return [self.engine.generate(v, f"{request_id}-{i}", priority) for i, v in enumerate(valid)]
 
     async def complete(self, req: CompletionRequest, request_id: str, priority: int = 0) -> dict:
-        params, prompts = await asyncio.to_thread(self._prepare, req)
+        params, valid = await asyncio.to_thread(self._prepare, req)
+        prompts = [v.prompt_token_ids for v in valid]
         results = [RequestOutput.empty(f"{request_id}-{i}", ids, params.n) for i, ids in enumerate(prompts)]
-        async for i, delta in merge(self._streams(prompts, params, request_id, priority)):
+        async for i, delta in merge(self._streams(valid, request_id, priority)):
             results[i].add(delta)
         choices = []
         for i, result in enumerate(results):
@@ -62,10 +60,11 @@ class CompletionHandler:
                 "finish_reason": c.finish_reason, "matched_stop": c.matched_stop}
 
     async def stream(self, req: CompletionRequest, request_id: str) -> AsyncIterator[str]:
-        params, prompts = await asyncio.to_thread(self._prepare, req)
-        return self._chunks(req, request_id, params, prompts)
+        params, valid = await asyncio.to_thread(self._prepare, req)
+        return self._chunks(req, request_id, params, valid)
 
-    async def _chunks(self, req, request_id, params, prompts) -> AsyncIterator[str]:
+    async def _chunks(self, req, request_id, params, valid: list[ValidRequest]) -> AsyncIterator[str]:
+        prompts = [v.prompt_token_ids for v in valid]
         chunk = chunk_writer(request_id, "text_completion", self.model_id)
         if req.echo:
             for i, ids in enumerate(prompts):
@@ -75,7 +74,7 @@ class CompletionHandler:
                                   "finish_reason": None}])
         completion_tokens, cached = 0, [0] * len(prompts)
         offsets = {}
-        async for i, delta in merge(self._streams(prompts, params, request_id, 0)):
+        async for i, delta in merge(self._streams(valid, request_id, 0)):
             cached[i] = delta.num_cached_tokens
             for s in delta.seqs:
                 index = i * params.n + s.index

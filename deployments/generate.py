@@ -4,15 +4,14 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
-from deployments.metrics import MeteredEngine
 from deployments.protocol import GenerateRequest
 from deployments.streams import SSE_DONE, merge, new_id, sse
-from runtime import CompletionOutput, RequestOutput
+from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput, ValidRequest
 from runtime.tokenizer import encode
 
 
 class GenerateHandler:
-    def __init__(self, engine: MeteredEngine):
+    def __init__(self, engine: AsyncLLMEngine):
         self.engine = engine
 
     def _prepare(self, req: GenerateRequest):
@@ -20,24 +19,23 @@ class GenerateHandler:
         params = req.sampling_params.to_sampling_params(req.top_logprobs_num if req.return_logprob else None)
         prompts, batched = req.prompts()
         ids = [encode(self.engine.tokenizer, p) if isinstance(p, str) else list(p) for p in prompts]
-        for prompt in ids:
-            self.engine.validate(prompt, params)
+        valid = [self.engine.validate(prompt, params) for prompt in ids]  # all checked before any starts
         base = req.rid or new_id("")
         request_ids = [base if len(ids) == 1 else f"{base}-{i}" for i in range(len(ids))]
-        return params, ids, batched, request_ids
+        return params, valid, batched, request_ids
 
-    def _run(self, params, prompts, request_ids, priority: int = 0):
+    def _run(self, params, valid: list[ValidRequest], request_ids, priority: int = 0):
         """Accumulators for every prompt (labelled with the client's ids), and the merged stream of their
         (prompt index, delta). The engine's ids are always new: a client's `rid` names its reply, never
         another client's request in flight."""
-        results = [RequestOutput.empty(rid, p, params.n) for rid, p in zip(request_ids, prompts)]
-        streams = [self.engine.generate(p, params, new_id("generate-"), priority) for p in prompts]
+        results = [RequestOutput.empty(rid, v.prompt_token_ids, params.n) for rid, v in zip(request_ids, valid)]
+        streams = [self.engine.generate(v, new_id("generate-"), priority) for v in valid]
         return results, merge(streams)
 
     async def complete(self, req: GenerateRequest, priority: int = 0) -> dict | list[dict]:
-        params, prompts, batched, request_ids = await asyncio.to_thread(self._prepare, req)
+        params, valid, batched, request_ids = await asyncio.to_thread(self._prepare, req)
         start = time.perf_counter()
-        results, deltas = self._run(params, prompts, request_ids, priority)
+        results, deltas = self._run(params, valid, request_ids, priority)
         async for i, delta in deltas:
             results[i].add(delta)
         latency = time.perf_counter() - start
@@ -58,12 +56,12 @@ class GenerateHandler:
         return {"text": c.text, "output_ids": list(c.token_ids), "meta_info": meta}
 
     async def stream(self, req: GenerateRequest) -> AsyncIterator[str]:
-        params, prompts, _, request_ids = await asyncio.to_thread(self._prepare, req)
-        return self._chunks(params, prompts, request_ids)
+        params, valid, _, request_ids = await asyncio.to_thread(self._prepare, req)
+        return self._chunks(params, valid, request_ids)
 
-    async def _chunks(self, params, prompts, request_ids) -> AsyncIterator[str]:
+    async def _chunks(self, params, valid: list[ValidRequest], request_ids) -> AsyncIterator[str]:
         start = time.perf_counter()
-        results, deltas = self._run(params, prompts, request_ids)
+        results, deltas = self._run(params, valid, request_ids)
         async for i, delta in deltas:
             results[i].add(delta)
             for s in delta.seqs:

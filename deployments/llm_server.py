@@ -12,7 +12,7 @@ from deployments.chat import ChatHandler
 from deployments.completions import CompletionHandler
 from deployments.errors import OpenAIError, error_body
 from deployments.generate import GenerateHandler
-from deployments.metrics import MeteredEngine
+from deployments.metrics import EngineGauges, RequestMetrics
 from deployments.openai_format import TokenTexts
 from deployments.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from deployments.streams import SSE_DONE, new_id, sse
@@ -26,18 +26,18 @@ class LLMServer:
         # new tokens reach this process at most once per interval: fewer wake-ups, SSE events and hops per token
         interval_s = config.experimental_configs.stream_batching_interval_ms / 1000
         self.engine = AsyncLLMEngine.from_options(config.model_loading_config.source, interval_s,
-                                                  **config.engine_kwargs)
-        metered = MeteredEngine(self.engine, self.model_id)
+                                                  RequestMetrics(self.model_id), **config.engine_kwargs)
         texts = TokenTexts(self.engine.tokenizer)
-        self.chat_handler = ChatHandler(metered, self.model_id, texts, config.reasoning_parser,
+        self.chat_handler = ChatHandler(self.engine, self.model_id, texts, config.reasoning_parser,
                                         config.tool_call_parser)
-        self.completion_handler = CompletionHandler(metered, self.model_id, texts)
-        self.generate_handler = GenerateHandler(metered)
-        threading.Thread(target=self._report_gauges, args=(metered,), name="gauges", daemon=True).start()
+        self.completion_handler = CompletionHandler(self.engine, self.model_id, texts)
+        self.generate_handler = GenerateHandler(self.engine)
+        threading.Thread(target=self._report_gauges, args=(EngineGauges(self.model_id),), name="gauges",
+                         daemon=True).start()
 
-    def _report_gauges(self, metered: MeteredEngine) -> None:
+    def _report_gauges(self, gauges: EngineGauges) -> None:
         while self.engine.healthy:
-            metered.update_gauges()
+            gauges.update(self.engine.stats())
             time.sleep(1)
 
     # --- the ModelClient interface: replies, or SSE streams; errors raise OpenAIError before any chunk ---

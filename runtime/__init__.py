@@ -5,7 +5,7 @@
 
 from runtime.async_engine import AsyncLLMEngine, EngineDeadError
 from runtime.config import EngineConfig
-from runtime.engine import LLMEngine
+from runtime.engine import LLMEngine, ValidRequest
 from runtime.errors import InvalidInputError, RequestFailedError
 from runtime.llm import LLM
 from runtime.outputs import CompletionOutput, RequestDelta, RequestOutput, SequenceDelta, TokenLogprob
@@ -25,4 +25,5 @@ __all__ = [
     "SamplingParams",
     "SequenceDelta",
     "TokenLogprob",
+    "ValidRequest",
 ]

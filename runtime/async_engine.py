@@ -23,8 +23,9 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-from runtime.engine import LLMEngine
+from runtime.engine import LLMEngine, ValidRequest
 from runtime.errors import RequestFailedError
 from runtime.outputs import RequestDelta
 from runtime.sampling_params import SamplingParams
@@ -44,10 +45,23 @@ class _Stream:
     sent_at: float = float("-inf")
 
 
+class StreamObserver(Protocol):
+    """Sees each request's stream from its caller's side (metrics do): its start, every delta it yields, its end
+    (finished, failed or left)."""
+
+    def started(self, request_id: str) -> None: ...
+
+    def delta(self, request_id: str, delta: RequestDelta) -> None: ...
+
+    def ended(self, request_id: str) -> None: ...
+
+
 class AsyncLLMEngine:
-    def __init__(self, build_engine: Callable[[], LLMEngine], delivery_interval_s: float = 0.0):
+    def __init__(self, build_engine: Callable[[], LLMEngine], delivery_interval_s: float = 0.0,
+                 observer: StreamObserver | None = None):
         """Start the engine thread, which calls `build_engine`; raises what building raised."""
         self.delivery_interval_s = delivery_interval_s
+        self.observer = observer
         self._commands: list = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -62,8 +76,9 @@ class AsyncLLMEngine:
         built.result()  # the thread has set self.engine
 
     @classmethod
-    def from_options(cls, model: str, delivery_interval_s: float = 0.0, **engine_kwargs) -> "AsyncLLMEngine":
-        return cls(lambda: LLMEngine.from_options(model, **engine_kwargs), delivery_interval_s)
+    def from_options(cls, model: str, delivery_interval_s: float = 0.0, observer: StreamObserver | None = None,
+                     **engine_kwargs) -> "AsyncLLMEngine":
+        return cls(lambda: LLMEngine.from_options(model, **engine_kwargs), delivery_interval_s, observer)
 
     @property
     def tokenizer(self):
@@ -78,28 +93,25 @@ class AsyncLLMEngine:
         """`healthy`, and every tensor-parallel worker answers (blocks up to a few seconds)."""
         return self.healthy and self.engine.healthy()
 
-    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raise `InvalidInputError` now for a request `generate` would reject."""
-        self.engine.validate(prompt_token_ids, params)
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> ValidRequest:
+        """The request checked against the model (`InvalidInputError` if it is bad), ready for `generate`."""
+        return self.engine.validate(prompt_token_ids, params)
 
-    async def generate(
-        self,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        request_id: str | None = None,
-        priority: int = 0,
-    ) -> AsyncIterator[RequestDelta]:
-        """Stream a request's deltas until it finishes. Bad input raises before anything is queued."""
+    async def generate(self, request: ValidRequest, request_id: str | None = None,
+                       priority: int = 0) -> AsyncIterator[RequestDelta]:
+        """Stream a validated request's deltas until it finishes."""
         if not self.healthy:
             raise EngineDeadError(f"the engine is not running: {self.error!r}")
-        self.engine.validate(prompt_token_ids, params)
         grammar = None
-        if params.structured_output is not None:  # compiled here, off the engine loop
-            grammar = await asyncio.to_thread(self.engine.compile_grammar, params.structured_output)
+        constraint = request.params.structured_output
+        if constraint is not None:  # compiled here, off the engine loop
+            grammar = await asyncio.to_thread(self.engine.compile_grammar, constraint)
         request_id = request_id or f"req-{next(self._ids)}"
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = _Stream(asyncio.get_running_loop(), queue)
-        self._send(("add", request_id, prompt_token_ids, params, priority, grammar))
+        self._send(("add", request_id, request, priority, grammar))
+        if self.observer is not None:
+            self.observer.started(request_id)
         finished = False
         try:
             while not finished:
@@ -110,9 +122,13 @@ class AsyncLLMEngine:
                 finished = item.finished
                 if item.error is not None:
                     raise RequestFailedError(item.error)
+                if self.observer is not None:
+                    self.observer.delta(request_id, item)
                 yield item
         finally:
             self._streams.pop(request_id, None)
+            if self.observer is not None:
+                self.observer.ended(request_id)
             if not finished:
                 self.abort(request_id)
 
@@ -164,7 +180,7 @@ class AsyncLLMEngine:
                 self.engine.abort(request_id)
                 continue
             try:
-                self.engine.add_request(request_id, *args)
+                self.engine.enqueue(request_id, *args)
             except Exception as e:
                 self._deliver(request_id, e)
 

@@ -7,6 +7,7 @@ handling) finishes that request with an error; the step goes on for the others.
 """
 
 import logging
+from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
@@ -25,6 +26,15 @@ from runtime.sequence import Request, Sequence
 from runtime.tokenizer import eos_token_ids, load_tokenizer
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ValidRequest:
+    """A prompt and its sampling options as `LLMEngine.validate` accepted them."""
+
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    max_tokens: int  # resolved against the context
 
 
 class LLMEngine:
@@ -58,8 +68,8 @@ class LLMEngine:
 
     # --- requests -----------------------------------------------------------
 
-    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
-        """Check a request against the model and context; returns its resolved max_tokens."""
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> "ValidRequest":
+        """Check a request against the model and context: the one place requests are checked."""
         limit = self.spec.max_model_len
         n = len(prompt_token_ids)
         require(n > 0, "prompt", "must not be empty")
@@ -73,11 +83,11 @@ class LLMEngine:
             bad = next((t for t in ids if not 0 <= t < vocab), None)
             require(bad is None, field, f"token id {bad} is outside the vocabulary [0, {vocab})")
         if params.max_tokens is None:
-            return limit - n
+            return ValidRequest(list(prompt_token_ids), params, limit - n)
         require(n + params.max_tokens <= limit, "max_tokens",
                 f"this model's maximum context length is {limit} tokens; the prompt has {n} tokens and "
                 f"max_tokens is {params.max_tokens}, {n + params.max_tokens} in total")
-        return params.max_tokens
+        return ValidRequest(list(prompt_token_ids), params, params.max_tokens)
 
     def compile_grammar(self, constraint: Constraint) -> Grammar:
         """Compile a structured-output constraint (cached); thread-safe, so callers may do it off-loop."""
@@ -85,23 +95,21 @@ class LLMEngine:
             self._grammars = GrammarCompiler(self.tokenizer, self.spec.vocab_size, self.eos_token_ids)
         return self._grammars.compile(constraint)
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        priority: int = 0,
-        grammar: Grammar | None = None,
-    ) -> None:
-        """Queue a request. A constrained request's grammar is compiled here unless it comes compiled."""
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    priority: int = 0) -> None:
+        """Validate a request and queue it."""
+        self.enqueue(request_id, self.validate(prompt_token_ids, params), priority)
+
+    def enqueue(self, request_id: str, valid: "ValidRequest", priority: int = 0,
+                grammar: Grammar | None = None) -> None:
+        """Queue a validated request. A constrained request's grammar is compiled here unless it comes compiled."""
         if request_id in self.requests:
             raise InvalidInputError("request_id", f"{request_id!r} is already in flight")
-        max_tokens = self.validate(prompt_token_ids, params)
+        prompt, params = valid.prompt_token_ids, valid.params
         if params.structured_output is not None and grammar is None:
             grammar = self.compile_grammar(params.structured_output)
-        request = Request(request_id, list(prompt_token_ids), params, priority,
-                          lambda: self._detokenizer(prompt_token_ids, params), grammar)
-        request.max_tokens = max_tokens
+        request = Request(request_id, prompt, params, priority, lambda: self._detokenizer(prompt, params), grammar)
+        request.max_tokens = valid.max_tokens
         self.requests[request_id] = request
         self.scheduler.add(request)
 

@@ -23,7 +23,7 @@ def test_streams_equal_offline_generation(async_engine, qwen2_model):
 
     async def collect(prompt):
         tokens, text, deltas = [], "", []
-        async for delta in async_engine.generate(prompt, params):
+        async for delta in async_engine.generate(async_engine.validate(prompt, params)):
             deltas.append(delta)
             tokens += delta.seqs[0].token_ids
             text += delta.seqs[0].text
@@ -47,7 +47,7 @@ def test_leaving_the_stream_aborts_and_frees_blocks(async_engine):
     async def main():
         async def consume_three():
             seen = 0
-            async with aclosing(async_engine.generate([7] * 40, params)) as stream:
+            async with aclosing(async_engine.generate(async_engine.validate([7] * 40, params))) as stream:
                 async for _ in stream:
                     seen += 1
                     if seen == 3:
@@ -55,7 +55,7 @@ def test_leaving_the_stream_aborts_and_frees_blocks(async_engine):
             return seen
 
         async def hang():
-            async for _ in async_engine.generate([8] * 40, params):
+            async for _ in async_engine.generate(async_engine.validate([8] * 40, params)):
                 pass
 
         task = asyncio.create_task(hang())
@@ -64,7 +64,7 @@ def test_leaving_the_stream_aborts_and_frees_blocks(async_engine):
         with pytest.raises(asyncio.CancelledError):
             await task
         # an empty request round-trip proves the abort commands were applied
-        async for _ in async_engine.generate([9], SamplingParams(max_tokens=1)):
+        async for _ in async_engine.generate(async_engine.validate([9], SamplingParams(max_tokens=1))):
             pass
 
     asyncio.run(main())
@@ -74,12 +74,8 @@ def test_leaving_the_stream_aborts_and_frees_blocks(async_engine):
 
 
 def test_bad_request_raises_before_streaming(async_engine):
-    async def main():
-        with pytest.raises(InvalidInputError, match="max_tokens"):
-            async for _ in async_engine.generate([5] * 10, SamplingParams(max_tokens=1000)):
-                pass
-
-    asyncio.run(main())
+    with pytest.raises(InvalidInputError, match="max_tokens"):
+        async_engine.validate([5] * 10, SamplingParams(max_tokens=1000))
     assert async_engine.healthy
 
 
@@ -107,7 +103,7 @@ def test_held_deltas_arrive_merged_with_the_first_and_last_at_once(qwen2_model):
     engine = AsyncLLMEngine.from_options(str(qwen2_model), delivery_interval_s=60, dtype="float32", max_model_len=256)
 
     async def collect(prompt):
-        return [delta async for delta in engine.generate(prompt, params)]
+        return [delta async for delta in engine.generate(engine.validate(prompt, params))]
 
     async def main():
         return await asyncio.gather(*(collect(p) for p in prompts))
@@ -128,3 +124,36 @@ def test_held_deltas_arrive_merged_with_the_first_and_last_at_once(qwen2_model):
             assert head.text + tail.text == expected.text
             assert len(head.logprobs) + len(tail.logprobs) == 12
             assert (tail.finish_reason, tail.num_output_tokens) == ("length", 12)
+
+
+def test_an_observer_sees_every_stream_start_deliver_and_end_finished_or_left(qwen2_model):
+    """Metrics observe the engine (StreamObserver); a stream left early still ends, so nothing is kept open."""
+    calls = []
+
+    class Recorder:
+        def started(self, request_id):
+            calls.append(("started", request_id))
+
+        def delta(self, request_id, delta):
+            calls.append(("delta", request_id, sum(len(s.token_ids) for s in delta.seqs)))
+
+        def ended(self, request_id):
+            calls.append(("ended", request_id))
+
+    engine = AsyncLLMEngine.from_options(str(qwen2_model), observer=Recorder(), dtype="float32", max_model_len=128)
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+
+    async def main():
+        async for _ in engine.generate(engine.validate([5, 6, 7], params), "whole"):
+            pass
+        async with aclosing(engine.generate(engine.validate([5, 6, 7], params), "left")) as stream:
+            await anext(stream)
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.shutdown()
+    whole = [c for c in calls if c[1] == "whole"]
+    assert whole[0] == ("started", "whole") and whole[-1] == ("ended", "whole")
+    assert sum(c[2] for c in whole if c[0] == "delta") == 5
+    assert [c[0] for c in calls if c[1] == "left"] == ["started", "delta", "ended"]

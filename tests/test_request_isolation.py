@@ -75,10 +75,10 @@ def test_the_stream_of_a_failing_request_raises_and_another_stream_completes(qwe
             good = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
             async def consume(prompt, params):
-                return [d async for d in engine.generate(prompt, params)]
+                return [d async for d in engine.generate(engine.validate(prompt, params))]
 
             async def sabotaged():
-                stream = engine.generate([5, 6, 7], bad)
+                stream = engine.generate(engine.validate([5, 6, 7], bad))
                 first = await anext(stream)  # in flight, with 109 tokens to go
                 bad.logit_bias = {10**6: 1.0}  # past validation: its next sampling step raises
                 return [first] + [d async for d in stream]
