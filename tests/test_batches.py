@@ -253,10 +253,10 @@ def test_calls_during_the_resume_load_wait_for_it(server, tmp_path_factory):
     store = open_store(f"file://{root}")
     ids = []
     for _ in range(200):  # finished batches of an earlier manager: loading them takes a while
-        batch = {**new_batch("file-x", "/v1/chat/completions", 3600, "1h", None, "files/x", None),
-                 "status": "completed"}
-        store.put_json(f"batches/{batch['id']}/state.json", batch)
-        ids.append(batch["id"])
+        state = new_batch("file-x", "/v1/chat/completions", 3600, "1h", None, "files/x", None)
+        state.batch.status = "completed"
+        store.put_json(f"batches/{state.batch.id}/state.json", state.model_dump())
+        ids.append(state.batch.id)
     with another_app(server, "resume", app_args(server.model_dir, f"file://{root}")) as url:
         client = openai.AsyncClient(base_url=f"{url}/v1", api_key="None", max_retries=0)
 
@@ -264,3 +264,28 @@ def test_calls_during_the_resume_load_wait_for_it(server, tmp_path_factory):
             return await asyncio.gather(*(client.batches.retrieve(i) for i in ids[::10]))
 
         assert [b.status for b in asyncio.run(retrieve_all())] == ["completed"] * 20
+
+
+def test_a_batch_stored_by_the_earlier_code_resumes(server, tmp_path_factory):
+    """State in the earlier flat format (progress fields underscored) resumes after its saved window, once."""
+    from runtime.storage import open_store
+    from tests.test_batch_state import EARLIER_IN_PROGRESS as earlier
+
+    root = tmp_path_factory.mktemp("earlier-storage")
+    store = open_store(f"file://{root}")
+    batch_id = earlier["id"]
+    store.put(earlier["_input_uri"], jsonl([chat_line(f"old-{i}", f"question {i}") for i in range(5)]))
+    done = [{"id": f"{batch_id}-req_{i}", "custom_id": f"old-{i}", "error": None, "response": {
+        "status_code": 200, "request_id": f"{batch_id}-req_{i}", "body": {"written": "before the restart"}}}
+        for i in range(2)]
+    store.put(f"batches/{batch_id}/parts/00000000-out.jsonl", jsonl(done))  # window 0 (lines 1-2) was saved
+    store.put(f"batches/{batch_id}/parts/00000000-err.jsonl", b"")
+    store.put_json(f"batches/{batch_id}/state.json", earlier)
+    with another_app(server, "earlier", app_args(server.model_dir, f"file://{root}")) as url:
+        client = openai.Client(base_url=f"{url}/v1", api_key="None")
+        batch = finished(client, batch_id)
+        assert batch.status == "completed" and batch.request_counts.completed == 5
+        results = read_jsonl(client, batch.output_file_id)
+    assert [r["custom_id"] for r in results] == [f"old-{i}" for i in range(5)]
+    assert [r["response"]["body"] for r in results[:2]] == [d["response"]["body"] for d in done]
+    assert set(store.get_json(f"batches/{batch_id}/state.json")) == {"batch", "progress"}  # saved anew

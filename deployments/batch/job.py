@@ -1,4 +1,8 @@
-"""One batch job: its OpenAI batch object, and the loop that runs it to a final status.
+"""One batch job: its stored state, and the loop that runs it to a final status.
+
+The state is the OpenAI batch object clients get, beside the run's private
+progress (input, owner, lines and windows done); the earlier code stored both
+as one flat dict with underscored progress fields, which is still read.
 
 The input is streamed line by line and processed in windows of lines. Each
 window's requests run concurrently (bounded); its output and error lines are
@@ -15,6 +19,9 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
 
 from deployments.batch.files import FileStore
 from deployments.batch.input_line import BatchRequest, LineError, parse_line, peek_custom_id
@@ -25,6 +32,79 @@ logger = logging.getLogger(__name__)
 
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 Send = Callable[[BatchRequest, str], Awaitable[tuple[int, dict]]]
+Status = Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
+                 "cancelled"]
+
+
+class RequestCounts(BaseModel):
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+
+
+class BatchError(BaseModel):
+    code: str
+    message: str
+    param: str | None = None
+    line: int | None = None
+
+
+class BatchErrors(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[BatchError]
+
+
+class Batch(BaseModel):
+    """OpenAI's batch object, exactly as clients get it (field order is the JSON's order)."""
+
+    id: str
+    object: Literal["batch"] = "batch"
+    endpoint: str
+    errors: BatchErrors | None = None
+    input_file_id: str
+    completion_window: str
+    status: Status = "validating"
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    output_file_uri: str | None = None
+    error_file_uri: str | None = None
+    created_at: int
+    in_progress_at: int | None = None
+    expires_at: int
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+    request_counts: RequestCounts = Field(default_factory=RequestCounts)
+    metadata: dict | None = None
+
+
+class Progress(BaseModel):
+    """How far the run has got, and whose batch it is: kept in the store, never shown to clients."""
+
+    input_uri: str
+    owner: str | None = None
+    lines_done: int = 0
+    windows_done: int = 0
+    expired: bool = False
+
+
+class BatchState(BaseModel):
+    """What `batches/<id>/state.json` holds."""
+
+    batch: Batch
+    progress: Progress
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_flat(cls, data):
+        """Read the earlier format too: one flat dict, the progress fields named with a leading underscore."""
+        if isinstance(data, dict) and "_input_uri" in data:
+            return {"batch": {k: v for k, v in data.items() if not k.startswith("_")},
+                    "progress": {k[1:]: v for k, v in data.items() if k.startswith("_")}}
+        return data
 
 
 class BatchLimits:
@@ -38,23 +118,18 @@ class BatchLimits:
 
 
 def new_batch(input_file_id: str, endpoint: str, window_seconds: int, completion_window: str,
-              metadata: dict | None, input_uri: str, owner: str | None) -> dict:
+              metadata: dict | None, input_uri: str, owner: str | None) -> BatchState:
     now = int(time.time())
-    return {
-        "id": f"batch_{uuid.uuid4()}", "object": "batch", "endpoint": endpoint, "errors": None,
-        "input_file_id": input_file_id, "completion_window": completion_window, "status": "validating",
-        "output_file_id": None, "error_file_id": None, "output_file_uri": None, "error_file_uri": None,
-        "created_at": now, "in_progress_at": None, "expires_at": now + window_seconds, "finalizing_at": None,
-        "completed_at": None, "failed_at": None, "expired_at": None, "cancelling_at": None, "cancelled_at": None,
-        "request_counts": {"total": 0, "completed": 0, "failed": 0}, "metadata": metadata,
-        "_input_uri": input_uri, "_lines_done": 0, "_windows_done": 0, "_owner": owner,
-    }
+    batch = Batch(id=f"batch_{uuid.uuid4()}", endpoint=endpoint, input_file_id=input_file_id,
+                  completion_window=completion_window, created_at=now, expires_at=now + window_seconds,
+                  metadata=metadata)
+    return BatchState(batch=batch, progress=Progress(input_uri=input_uri, owner=owner))
 
 
 class BatchJob:
-    def __init__(self, batch: dict, store: ObjectStore, files: FileStore, models: set[str], send: Send,
+    def __init__(self, state: BatchState, store: ObjectStore, files: FileStore, models: set[str], send: Send,
                  limits: BatchLimits):
-        self.batch = batch
+        self.state = state
         self.store = store
         self.files = files
         self.models = models
@@ -62,8 +137,16 @@ class BatchJob:
         self.limits = limits
 
     @property
+    def batch(self) -> Batch:
+        return self.state.batch
+
+    @property
+    def progress(self) -> Progress:
+        return self.state.progress
+
+    @property
     def id(self) -> str:
-        return self.batch["id"]
+        return self.batch.id
 
     def state_key(self) -> str:
         return f"batches/{self.id}/state.json"
@@ -72,25 +155,25 @@ class BatchJob:
         return f"batches/{self.id}/parts/{window:08d}-{kind}.jsonl"
 
     async def save(self) -> None:
-        await asyncio.to_thread(self.store.put_json, self.state_key(), self.batch)
+        await asyncio.to_thread(self.store.put_json, self.state_key(), self.state.model_dump())
 
-    def _set_status(self, status: str) -> None:
-        self.batch["status"] = status
-        self.batch[f"{status}_at"] = int(time.time())
+    def _set_status(self, status: Status) -> None:
+        self.batch.status = status
+        setattr(self.batch, f"{status}_at", int(time.time()))
 
     def cancel(self) -> None:
-        if self.batch["status"] in ("validating", "in_progress"):
+        if self.batch.status in ("validating", "in_progress"):
             self._set_status("cancelling")
 
     # --- running ------------------------------------------------------------
 
     async def run(self) -> None:
         try:
-            if self.batch["status"] == "validating":
+            if self.batch.status == "validating":
                 await self._validate()
-            if self.batch["status"] in ("in_progress", "cancelling"):
+            if self.batch.status in ("in_progress", "cancelling"):
                 await self._process()
-            if self.batch["status"] not in TERMINAL:
+            if self.batch.status not in TERMINAL:
                 await self._finalize()
         except asyncio.CancelledError:
             raise  # the manager is stopping; progress so far is saved
@@ -103,7 +186,7 @@ class BatchJob:
             await self.save()
 
     def _input(self) -> tuple[ObjectStore, str]:
-        uri = self.batch["_input_uri"]
+        uri = self.progress.input_uri
         if uri.startswith("s3://"):
             return open_s3_object(uri)
         return self.store, uri
@@ -116,14 +199,13 @@ class BatchJob:
         elif total > self.limits.max_lines:
             self._fail("too_many_lines", f"the input file has {total} requests; the limit is {self.limits.max_lines}")
         else:
-            self.batch["request_counts"]["total"] = total
-            if self.batch["status"] == "validating":
+            self.batch.request_counts.total = total
+            if self.batch.status == "validating":
                 self._set_status("in_progress")
         await self.save()
 
     def _fail(self, code: str, message: str) -> None:
-        self.batch["errors"] = {"object": "list", "data": [{"code": code, "message": message, "param": None,
-                                                            "line": None}]}
+        self.batch.errors = BatchErrors(data=[BatchError(code=code, message=message)])
         self._set_status("failed")
 
     async def _process(self) -> None:
@@ -138,7 +220,7 @@ class BatchJob:
                 line_no += 1
                 if not raw.strip():
                     continue
-                if line_no <= self.batch["_lines_done"]:
+                if line_no <= self.progress.lines_done:
                     custom_id = peek_custom_id(raw)
                     if custom_id:
                         seen.add(custom_id)
@@ -153,48 +235,54 @@ class BatchJob:
                 break
 
     def _should_stop(self) -> bool:
-        if self.batch["status"] == "cancelling":
+        if self.batch.status == "cancelling":
             return True
-        if time.time() > self.batch["expires_at"]:
-            self.batch["_expired"] = True
+        if time.time() > self.batch.expires_at:
+            self.progress.expired = True
             return True
         return False
 
     async def _run_window(self, window: list[tuple[int, bytes]], seen: set[str]) -> None:
-        index = self.batch["_windows_done"]
+        index = self.progress.windows_done
         limit = asyncio.Semaphore(self.limits.concurrency)
 
         async def one(line_no: int, raw: bytes):
             request_id = f"{self.id}-req_{line_no - 1}"
             try:
-                request = parse_line(raw, self.batch["endpoint"], self.models, seen, self.limits.max_line_bytes)
+                request = parse_line(raw, self.batch.endpoint, self.models, seen, self.limits.max_line_bytes)
             except LineError as e:
-                self.batch["request_counts"]["failed"] += 1
-                count_batch("request", "failed")
+                self._count(ok=False)
                 return "err", {"id": request_id, "custom_id": e.custom_id, "response": None,
                                "error": {"code": "invalid_request", "message": f"line {line_no}: {e}",
                                          "line": line_no}}
             async with limit:
                 status, body = await self._send_with_retries(request, request_id)
             ok = status == 200
-            self.batch["request_counts"]["completed" if ok else "failed"] += 1
-            count_batch("request", "completed" if ok else "failed")
+            self._count(ok)
             return ("out" if ok else "err"), {
                 "id": request_id, "custom_id": request.custom_id, "error": None,
                 "response": {"status_code": status, "request_id": request_id, "body": body}}
 
-        counts_before = dict(self.batch["request_counts"])
+        counts_before = self.batch.request_counts.model_copy()
         try:
             results = await asyncio.gather(*(one(n, raw) for n, raw in window))
             for kind in ("out", "err"):
                 data = "".join(json.dumps(line) + "\n" for k, line in results if k == kind).encode()
                 await asyncio.to_thread(self.store.put, self._part_key(index, kind), data)
         except BaseException:
-            self.batch["request_counts"] = counts_before  # this window will be redone
+            self.batch.request_counts = counts_before  # this window will be redone
             raise
-        self.batch["_windows_done"] = index + 1
-        self.batch["_lines_done"] = window[-1][0]
+        self.progress.windows_done = index + 1
+        self.progress.lines_done = window[-1][0]
         await self.save()
+
+    def _count(self, ok: bool) -> None:
+        """One more request done: in the batch's request_counts and in the metrics."""
+        if ok:
+            self.batch.request_counts.completed += 1
+        else:
+            self.batch.request_counts.failed += 1
+        count_batch("request", "completed" if ok else "failed")
 
     async def _send_with_retries(self, request: BatchRequest, request_id: str) -> tuple[int, dict]:
         for attempt in range(self.limits.request_retries + 1):
@@ -207,20 +295,20 @@ class BatchJob:
                 await asyncio.sleep(min(2**attempt, 10))
 
     async def _finalize(self) -> None:
-        if self.batch["status"] == "cancelling":
+        if self.batch.status == "cancelling":
             final = "cancelled"
         else:
-            final = "expired" if self.batch.get("_expired") else "completed"
+            final = "expired" if self.progress.expired else "completed"
         if final == "completed":
             self._set_status("finalizing")
             await self.save()
         for kind, field in (("out", "output"), ("err", "error")):
-            parts = [self._part_key(i, kind) for i in range(self.batch["_windows_done"])]
+            parts = [self._part_key(i, kind) for i in range(self.progress.windows_done)]
             file_id = f"file-{self.id[len('batch_'):]}-{field}"
             meta = await asyncio.to_thread(self._concatenate, parts, file_id)
             if meta is not None:
-                self.batch[f"{field}_file_id"] = file_id
-                self.batch[f"{field}_file_uri"] = self.store.uri_of(FileStore.content_key(file_id))
+                setattr(self.batch, f"{field}_file_id", file_id)
+                setattr(self.batch, f"{field}_file_uri", self.store.uri_of(FileStore.content_key(file_id)))
         self._set_status(final)
         await self.save()
         count_batch("batch", final)
@@ -232,7 +320,7 @@ class BatchJob:
             return None
         chunks = (chunk for p, size in zip(parts, sizes) if size for chunk in self.store.iter_chunks(p))
         name = f"{self.id}_{file_id.rsplit('-', 1)[1]}.jsonl"
-        return self.files.create(name, "batch_output", chunks, file_id, owner=self.batch.get("_owner"))
+        return self.files.create(name, "batch_output", chunks, file_id, owner=self.progress.owner)
 
     def _delete_parts(self) -> None:
         for key in self.store.list(f"batches/{self.id}/parts/"):

@@ -14,9 +14,9 @@ import re
 import ray
 from ray import serve
 
-from deployments.batch.files import FileLimits, FileStore, paginate, public
+from deployments.batch.files import FileLimits, FileStore, paginate
 from deployments.batch.input_line import ENDPOINTS, BatchRequest
-from deployments.batch.job import TERMINAL, BatchJob, BatchLimits, new_batch
+from deployments.batch.job import TERMINAL, BatchJob, BatchLimits, BatchState, new_batch
 from deployments.errors import OpenAIError
 from runtime.storage import StoreError, open_s3_object, open_store
 
@@ -60,15 +60,15 @@ class BatchManager:
         keys = await asyncio.to_thread(self.store.list, "batches/")
         for key in keys:
             if key.endswith("/state.json"):
-                batch = await asyncio.to_thread(self.store.get_json, key)
-                if batch["id"] in self.jobs:  # loaded by an earlier, interrupted attempt
+                state = BatchState.model_validate(await asyncio.to_thread(self.store.get_json, key))
+                if state.batch.id in self.jobs:  # loaded by an earlier, interrupted attempt
                     continue
-                job = self._job(batch)
-                if batch["status"] not in TERMINAL:
+                job = self._job(state)
+                if state.batch.status not in TERMINAL:
                     self._start(job)
 
-    def _job(self, batch: dict) -> BatchJob:
-        job = BatchJob(batch, self.store, self.files, set(self.deployments), self._send, self.limits)
+    def _job(self, state: BatchState) -> BatchJob:
+        job = BatchJob(state, self.store, self.files, set(self.deployments), self._send, self.limits)
         self.jobs[job.id] = job
         return job
 
@@ -78,7 +78,7 @@ class BatchManager:
 
     async def _run(self, job: BatchJob) -> None:
         delay = 1.0
-        while job.batch["status"] not in TERMINAL:
+        while job.batch.status not in TERMINAL:
             try:
                 await job.run()
             except StoreError:  # storage unreachable: keep the progress saved so far and try again
@@ -105,11 +105,10 @@ class BatchManager:
         if metadata is not None and (not isinstance(metadata, dict) or len(metadata) > 16):
             raise OpenAIError(400, "metadata: at most 16 string key-value pairs", "metadata")
         input_uri = await asyncio.to_thread(self._input_uri, input_file_id, owner)
-        batch = new_batch(input_file_id, endpoint, window, completion_window, metadata, input_uri, owner)
-        job = self._job(batch)
+        job = self._job(new_batch(input_file_id, endpoint, window, completion_window, metadata, input_uri, owner))
         await job.save()
         self._start(job)
-        return public(batch)
+        return job.batch.model_dump()
 
     def _input_uri(self, input_file_id: str, owner: str | None) -> str:
         if input_file_id.startswith("s3://"):
@@ -129,24 +128,24 @@ class BatchManager:
 
     async def retrieve(self, batch_id: str, owner: str | None = None) -> dict:
         await self._resume()
-        return public(self._get(batch_id, owner).batch)
+        return self._get(batch_id, owner).batch.model_dump()
 
     async def list(self, after: str | None, limit: int, owner: str | None = None) -> dict:
         await self._resume()
-        batches = [public(j.batch) for j in self.jobs.values() if j.batch.get("_owner") == owner]
+        batches = [j.batch.model_dump() for j in self.jobs.values() if j.progress.owner == owner]
         return paginate(batches, after, limit)
 
     async def cancel(self, batch_id: str, owner: str | None = None) -> dict:
         await self._resume()
         job = self._get(batch_id, owner)
-        if job.batch["status"] in TERMINAL or job.batch["status"] == "finalizing":
-            raise OpenAIError(400, f"batch {batch_id} is already {job.batch['status']}; it cannot be cancelled")
+        if job.batch.status in TERMINAL or job.batch.status == "finalizing":
+            raise OpenAIError(400, f"batch {batch_id} is already {job.batch.status}; it cannot be cancelled")
         job.cancel()
         await job.save()
-        return public(job.batch)
+        return job.batch.model_dump()
 
     def _get(self, batch_id: str, owner: str | None) -> BatchJob:
         job = self.jobs.get(batch_id)
-        if job is None or job.batch.get("_owner") != owner:
+        if job is None or job.progress.owner != owner:
             raise OpenAIError(404, f"No batch with id {batch_id!r}", "batch_id", "batch_not_found")
         return job

@@ -1,0 +1,50 @@
+"""A batch's stored state: the public OpenAI object apart from the private progress, and the earlier flat format."""
+
+import json
+
+import pytest
+
+from deployments.batch.job import BatchState, Progress, new_batch
+
+EARLIER_IN_PROGRESS = {  # a state.json as the earlier code wrote it: one flat dict, progress fields underscored
+    "id": "batch_earlier", "object": "batch", "endpoint": "/v1/chat/completions", "errors": None,
+    "input_file_id": "file-earlier", "completion_window": "24h", "status": "in_progress",
+    "output_file_id": None, "error_file_id": None, "output_file_uri": None, "error_file_uri": None,
+    "created_at": 1700000000, "in_progress_at": 1700000001, "expires_at": 4102444800, "finalizing_at": None,
+    "completed_at": None, "failed_at": None, "expired_at": None, "cancelling_at": None, "cancelled_at": None,
+    "request_counts": {"total": 5, "completed": 2, "failed": 0}, "metadata": {"job": "nightly"},
+    "_input_uri": "files/file-earlier.jsonl", "_lines_done": 2, "_windows_done": 1, "_owner": None,
+}
+EARLIER_EXPIRED = {
+    **EARLIER_IN_PROGRESS, "status": "expired", "expired_at": 1700090000, "output_file_id": "file-earlier-output",
+    "output_file_uri": "file:///data/files/file-earlier-output.jsonl", "metadata": None, "_owner": "key-digest",
+    "errors": {"object": "list", "data": [{"code": "x", "message": "y", "param": None, "line": None}]},
+    "_expired": True,
+}
+
+
+def public(flat: dict) -> dict:
+    """What the earlier code returned to clients: the flat dict less its underscored fields."""
+    return {k: v for k, v in flat.items() if not k.startswith("_")}
+
+
+@pytest.mark.parametrize("flat", [EARLIER_IN_PROGRESS, EARLIER_EXPIRED], ids=["in-progress", "expired"])
+def test_the_earlier_flat_state_is_read_and_clients_get_the_same_json(flat):
+    state = BatchState.model_validate(flat)
+    assert json.dumps(state.batch.model_dump()) == json.dumps(public(flat))
+    assert state.progress == Progress(input_uri="files/file-earlier.jsonl", owner=flat["_owner"], lines_done=2,
+                                      windows_done=1, expired="_expired" in flat)
+
+
+def test_a_new_batch_has_the_earlier_json_shape_and_its_state_round_trips():
+    state = new_batch("file-1", "/v1/completions", 3600, "1h", {"a": "b"}, "s3://in/x.jsonl", None)
+    batch = state.batch.model_dump()
+    expected = {**public(EARLIER_IN_PROGRESS), "id": batch["id"], "endpoint": "/v1/completions",
+                "input_file_id": "file-1", "completion_window": "1h", "status": "validating",
+                "created_at": batch["created_at"],
+                "in_progress_at": None, "expires_at": batch["created_at"] + 3600,
+                "request_counts": {"total": 0, "completed": 0, "failed": 0}, "metadata": {"a": "b"}}
+    assert json.dumps(batch) == json.dumps(expected)
+    stored = json.loads(json.dumps(state.model_dump()))
+    assert set(stored) == {"batch", "progress"} and BatchState.model_validate(stored) == state
+    assert state.progress == Progress(input_uri="s3://in/x.jsonl")
