@@ -18,6 +18,8 @@ from deployments.batch.files import FileLimits, FileStore, paginate
 from deployments.batch.input_line import ENDPOINTS, BatchRequest
 from deployments.batch.job import TERMINAL, BatchJob, BatchLimits, BatchState, new_batch
 from deployments.errors import OpenAIError
+from deployments.model_clients import RemoteModel
+from deployments.protocol import ChatCompletionRequest
 from runtime.storage import StoreError, open_s3_object, open_store
 
 logger = logging.getLogger(__name__)
@@ -86,9 +88,13 @@ class BatchManager:
                 delay = min(delay * 2, 30)
 
     async def _send(self, request: BatchRequest, request_id: str) -> tuple[int, dict]:
-        handle = serve.get_deployment_handle(self.deployments[request.model], app_name=self.app_name)
-        method = "chat" if isinstance(request.body, ENDPOINTS["/v1/chat/completions"]) else "completions"
-        return await getattr(handle, method).remote(request.body, request_id, BATCH_PRIORITY)
+        """One line's request to its model's replicas: (HTTP status, body) for the output line."""
+        model = RemoteModel(serve.get_deployment_handle(self.deployments[request.model], app_name=self.app_name))
+        call = model.chat if isinstance(request.body, ChatCompletionRequest) else model.completions
+        try:
+            return 200, await call(request.body, request_id, BATCH_PRIORITY)
+        except OpenAIError as e:
+            return e.status, e.body()
 
     # --- the API ---------------------------------------------------------------
 
