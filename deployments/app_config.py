@@ -77,6 +77,8 @@ class AppConfig(StrictModel):
     max_file_lines: int = Field(50_000, gt=0)
     max_batch_line_bytes: int = Field(1024 * 1024, gt=0)
     batch_concurrency: int = Field(64, gt=0)
+    # s3:// prefixes a batch's input_file_id may name, besides this app's own storage_uri; nothing else is read
+    batch_input_prefixes: list[str] = Field(default_factory=list)
     # The model's replicas serve HTTP themselves, with no ingress hop (one model only; see direct_server.py).
     # Default: Ray Serve LLM's switch, the environment variable RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING=1.
     direct_streaming: bool = Field(default_factory=lambda: os.environ.get(DIRECT_STREAMING_ENV) == "1")
@@ -97,6 +99,19 @@ class AppConfig(StrictModel):
     @property
     def api_keys(self) -> list[str]:
         return [self.api_key] if isinstance(self.api_key, str) else list(self.api_key or [])
+
+    @field_validator("batch_input_prefixes")
+    @classmethod
+    def _s3_prefixes(cls, v: list[str]) -> list[str]:
+        bad = [p for p in v if not p.startswith("s3://") or len(p.rstrip("/")) <= len("s3://")]
+        if bad:
+            raise ValueError(f"each must be an s3://bucket/ prefix, got {bad}")
+        return v
+
+    def may_read_batch_input(self, uri: str) -> bool:
+        """Whether a batch may read its input from `uri` (an s3:// object): only under the allowed prefixes."""
+        prefixes = [*self.batch_input_prefixes, *([self.storage_uri] if self.storage_uri.startswith("s3://") else [])]
+        return any(uri.startswith(p if p.endswith("/") else p + "/") for p in prefixes)
 
     @field_validator("storage_uri")
     @classmethod

@@ -290,6 +290,10 @@ async def delete_file(file_id: str, request: Request, front: OpenAIFront = Front
 async def create_batch(request: Request, front: OpenAIFront = Front):
     owner = front.auth.owner(request)
     body = await front.parse(request, BatchCreateRequest)
+    if body.input_file_id.startswith("s3://") and not front.config.may_read_batch_input(body.input_file_id):
+        raise OpenAIError(403, f"input_file_id: this server reads batch inputs only from its storage and the "
+                               f"prefixes its operator allows (batch_input_prefixes), not {body.input_file_id[:200]}",
+                          "input_file_id", "input_not_allowed")
     return await front.batches.create(body.input_file_id, body.endpoint, body.completion_window, body.metadata,
                                       owner)
 

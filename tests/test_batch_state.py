@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from deployments.batch.job import BatchState, Progress, new_batch
+from deployments.batch.state import BatchState, Progress, new_batch
 
 EARLIER_IN_PROGRESS = {  # a state.json as the earlier code wrote it: one flat dict, progress fields underscored
     "id": "batch_earlier", "object": "batch", "endpoint": "/v1/chat/completions", "errors": None,

@@ -224,8 +224,14 @@ def test_s3_staged_batch_writes_results_to_s3(ray_cluster, s3_endpoint, tmp_path
     lines = [chat_line(f"s3-{i}", f"question {i}") for i in range(5)]
     s3.put_object(Bucket="staging", Key="jobs/input.jsonl", Body=jsonl(lines))
     s3.put_object(Bucket="staging", Key="jobs/empty.jsonl", Body=b"")
-    with another_app(server, "s3", app_args(server.model_dir, "s3://results/rayllm")) as url:
+    s3.put_object(Bucket="staging", Key="private/secrets.jsonl", Body=jsonl(lines))
+    args = {**app_args(server.model_dir, "s3://results/rayllm"), "batch_input_prefixes": ["s3://staging/jobs/"]}
+    with another_app(server, "s3", args) as url:
         s3_client = openai.Client(base_url=f"{url}/v1", api_key="None")
+        for outside in ("s3://staging/private/secrets.jsonl", "s3://staging/jobs-other/x.jsonl", "s3://results/x"):
+            with pytest.raises(openai.PermissionDeniedError):  # readable with the server's credentials, not allowed
+                s3_client.batches.create(input_file_id=outside, endpoint="/v1/chat/completions",
+                                         completion_window="24h")
         batch = s3_client.batches.create(input_file_id="s3://staging/jobs/input.jsonl",
                                          endpoint="/v1/chat/completions", completion_window="24h")
         assert batch.input_file_id == "s3://staging/jobs/input.jsonl"
@@ -246,7 +252,7 @@ def test_s3_staged_batch_writes_results_to_s3(ray_cluster, s3_endpoint, tmp_path
 
 def test_calls_during_the_resume_load_wait_for_it(server, tmp_path_factory):
     """A manager starting over a store of earlier batches answers every concurrent call from the full set."""
-    from deployments.batch.job import new_batch
+    from deployments.batch.state import new_batch
     from runtime.storage import open_store
 
     root = tmp_path_factory.mktemp("resume-storage")

@@ -16,7 +16,8 @@ from ray import serve
 
 from deployments.batch.files import FileLimits, FileStore, paginate
 from deployments.batch.input_line import ENDPOINTS, BatchRequest
-from deployments.batch.job import TERMINAL, BatchJob, BatchLimits, BatchState, new_batch
+from deployments.batch.job import BatchJob, BatchLimits
+from deployments.batch.state import TERMINAL, BatchState, new_batch
 from deployments.errors import OpenAIError
 from deployments.model_clients import RemoteModel
 from deployments.protocol import ChatCompletionRequest
