@@ -5,13 +5,13 @@ When the model has a reasoning parser (and the request keeps `separate_reasoning
 and the model has a tool-call parser, tool-call blocks become `tool_calls`.
 """
 
-import asyncio
 from collections.abc import AsyncIterator
 
 from deployments.choice_parser import ChoiceParser, tool_call_json
 from deployments.errors import OpenAIError
 from deployments.openai_format import TokenTexts, chat_logprobs, usage
 from deployments.protocol import ChatCompletionRequest
+from deployments.request_work import off_loop
 from deployments.streams import SSE_DONE, chunk_writer, now
 from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput, ValidRequest
 from runtime.tokenizer import encode, render_chat
@@ -47,7 +47,7 @@ class ChatHandler:
                             self.tool_call_parser if req.uses_tools else None, self.engine.tokenizer)
 
     async def complete(self, req: ChatCompletionRequest, request_id: str, priority: int = 0) -> dict:
-        valid = await asyncio.to_thread(self._prepare, req)
+        valid = await off_loop(self._prepare, req)
         prompt = valid.prompt_token_ids
         result = RequestOutput.empty(request_id, prompt, valid.params.n)
         async for delta in self.engine.generate(valid, request_id, priority):
@@ -84,7 +84,7 @@ class ChatHandler:
 
     async def stream(self, req: ChatCompletionRequest, request_id: str) -> AsyncIterator[str]:
         """Prepare (errors raise before the first chunk), then stream SSE chunks."""
-        valid = await asyncio.to_thread(self._prepare, req)
+        valid = await self.engine.compile(await off_loop(self._prepare, req))  # bad grammar: refused before streaming
         generator = self.engine.generate(valid, request_id)
         return self._chunks(req, request_id, valid.prompt_token_ids, valid.params.n, generator)
 

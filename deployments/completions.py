@@ -1,10 +1,10 @@
 """/v1/completions on one replica: one or many prompts, `echo`, integer `logprobs`."""
 
-import asyncio
 from collections.abc import AsyncIterator
 
 from deployments.openai_format import TokenTexts, completion_logprobs, usage
 from deployments.protocol import CompletionRequest
+from deployments.request_work import off_loop
 from deployments.streams import SSE_DONE, chunk_writer, merge, now
 from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput, ValidRequest
 from runtime.tokenizer import encode
@@ -26,7 +26,7 @@ class CompletionHandler:
         return [self.engine.generate(v, f"{request_id}-{i}", priority) for i, v in enumerate(valid)]
 
     async def complete(self, req: CompletionRequest, request_id: str, priority: int = 0) -> dict:
-        params, valid = await asyncio.to_thread(self._prepare, req)
+        params, valid = await off_loop(self._prepare, req)
         prompts = [v.prompt_token_ids for v in valid]
         results = [RequestOutput.empty(f"{request_id}-{i}", ids, params.n) for i, ids in enumerate(prompts)]
         async for i, delta in merge(self._streams(valid, request_id, priority)):
@@ -60,7 +60,8 @@ class CompletionHandler:
                 "finish_reason": c.finish_reason, "matched_stop": c.matched_stop}
 
     async def stream(self, req: CompletionRequest, request_id: str) -> AsyncIterator[str]:
-        params, valid = await asyncio.to_thread(self._prepare, req)
+        params, valid = await off_loop(self._prepare, req)
+        valid = [await self.engine.compile(v) for v in valid]  # a bad grammar is refused before the stream starts
         return self._chunks(req, request_id, params, valid)
 
     async def _chunks(self, req, request_id, params, valid: list[ValidRequest]) -> AsyncIterator[str]:

@@ -1,10 +1,10 @@
 """SGLang's native /generate on one replica: `text` or `input_ids`, cumulative streaming, `meta_info`."""
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 
 from deployments.protocol import GenerateRequest
+from deployments.request_work import off_loop
 from deployments.streams import SSE_DONE, merge, new_id, sse
 from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput, ValidRequest
 from runtime.tokenizer import encode
@@ -33,7 +33,7 @@ class GenerateHandler:
         return results, merge(streams)
 
     async def complete(self, req: GenerateRequest, priority: int = 0) -> dict | list[dict]:
-        params, valid, batched, request_ids = await asyncio.to_thread(self._prepare, req)
+        params, valid, batched, request_ids = await off_loop(self._prepare, req)
         start = time.perf_counter()
         results, deltas = self._run(params, valid, request_ids, priority)
         async for i, delta in deltas:
@@ -56,7 +56,8 @@ class GenerateHandler:
         return {"text": c.text, "output_ids": list(c.token_ids), "meta_info": meta}
 
     async def stream(self, req: GenerateRequest) -> AsyncIterator[str]:
-        params, valid, _, request_ids = await asyncio.to_thread(self._prepare, req)
+        params, valid, _, request_ids = await off_loop(self._prepare, req)
+        valid = [await self.engine.compile(v) for v in valid]  # a bad grammar is refused before the stream starts
         return self._chunks(params, valid, request_ids)
 
     async def _chunks(self, params, valid: list[ValidRequest], request_ids) -> AsyncIterator[str]:

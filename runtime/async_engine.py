@@ -22,13 +22,17 @@ import itertools
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from runtime.engine import LLMEngine, ValidRequest
-from runtime.errors import RequestFailedError
+from runtime.errors import InvalidInputError, RequestFailedError
 from runtime.outputs import RequestDelta
 from runtime.sampling_params import SamplingParams
+
+GRAMMAR_TIMEOUT_S = 20.0
+_grammar_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar")
 
 
 class EngineDeadError(RuntimeError):
@@ -102,14 +106,11 @@ class AsyncLLMEngine:
         """Stream a validated request's deltas until it finishes."""
         if not self.healthy:
             raise EngineDeadError(f"the engine is not running: {self.error!r}")
-        grammar = None
-        constraint = request.params.structured_output
-        if constraint is not None:  # compiled here, off the engine loop
-            grammar = await asyncio.to_thread(self.engine.compile_grammar, constraint)
+        request = await self.compile(request)
         request_id = request_id or f"req-{next(self._ids)}"
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = _Stream(asyncio.get_running_loop(), queue)
-        self._send(("add", request_id, request, priority, grammar))
+        self._send(("add", request_id, request, priority))
         if self.observer is not None:
             self.observer.started(request_id)
         finished = False
@@ -131,6 +132,23 @@ class AsyncLLMEngine:
                 self.observer.ended(request_id)
             if not finished:
                 self.abort(request_id)
+
+    async def compile(self, request: ValidRequest) -> ValidRequest:
+        """The request with its structured-output grammar compiled (a bad one raises `InvalidInputError`), so a
+        server can refuse it before its response starts; `generate` does it for a request that comes without.
+
+        Compiles run off the engine loop, in a pool of their own (so they queue there and nothing else waits
+        behind them), within GRAMMAR_TIMEOUT_S; one that overruns keeps its thread until it ends, and the
+        request is refused at once."""
+        constraint = request.params.structured_output
+        if constraint is None or request.grammar is not None:
+            return request
+        work = asyncio.get_running_loop().run_in_executor(_grammar_pool, self.engine.compile_grammar, constraint)
+        try:
+            return replace(request, grammar=await asyncio.wait_for(work, GRAMMAR_TIMEOUT_S))
+        except TimeoutError:
+            raise InvalidInputError(constraint.param, f"the {constraint.kind} did not compile within "
+                                                      f"{GRAMMAR_TIMEOUT_S:g} s; simplify it") from None
 
     def abort(self, request_id: str) -> None:
         self._send(("abort", request_id))

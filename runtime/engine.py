@@ -35,6 +35,7 @@ class ValidRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     max_tokens: int  # resolved against the context
+    grammar: Grammar | None = None  # the structured-output constraint, when compiled ahead of queueing
 
 
 class LLMEngine:
@@ -100,12 +101,11 @@ class LLMEngine:
         """Validate a request and queue it."""
         self.enqueue(request_id, self.validate(prompt_token_ids, params), priority)
 
-    def enqueue(self, request_id: str, valid: "ValidRequest", priority: int = 0,
-                grammar: Grammar | None = None) -> None:
+    def enqueue(self, request_id: str, valid: "ValidRequest", priority: int = 0) -> None:
         """Queue a validated request. A constrained request's grammar is compiled here unless it comes compiled."""
         if request_id in self.requests:
             raise InvalidInputError("request_id", f"{request_id!r} is already in flight")
-        prompt, params = valid.prompt_token_ids, valid.params
+        prompt, params, grammar = valid.prompt_token_ids, valid.params, valid.grammar
         if params.structured_output is not None and grammar is None:
             grammar = self.compile_grammar(params.structured_output)
         request = Request(request_id, prompt, params, priority, lambda: self._detokenizer(prompt, params), grammar)

@@ -18,6 +18,10 @@ from runtime.errors import InvalidInputError
 KINDS = ("json_schema", "json_object", "regex", "ebnf", "tool_call")
 
 
+MAX_CONSTRAINT_CHARS = 32 * 1024  # a schema, regex or grammar longer than this is refused before compiling
+CACHE_BYTES = 256 << 20  # compiled grammars kept for reuse, least recently used dropped first
+
+
 @dataclass(frozen=True)
 class Constraint:
     """What the output must match. `value`: a JSON schema string, a regex, an EBNF grammar, or
@@ -60,7 +64,7 @@ class GrammarCompiler:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, stop_token_ids: set[int]):
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                                   stop_token_ids=sorted(stop_token_ids))
-        self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=True)
+        self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=True, cache_limit_bytes=CACHE_BYTES)
         def holding(control: set[int]) -> torch.Tensor:
             ids = [i for i, b in enumerate(info.decoded_vocab) if i not in stop_token_ids and control & set(b)]
             return torch.tensor(ids, dtype=torch.long)
@@ -75,6 +79,9 @@ class GrammarCompiler:
     def _compile(self, constraint: Constraint) -> xgr.CompiledGrammar:
         if constraint.kind not in KINDS:
             raise InvalidInputError(constraint.param, f"unknown constraint {constraint.kind!r}")
+        if len(constraint.value) > MAX_CONSTRAINT_CHARS:
+            raise InvalidInputError(constraint.param, f"the {constraint.kind} is {len(constraint.value):,} characters; "
+                                                      f"at most {MAX_CONSTRAINT_CHARS:,} are compiled")
         try:
             if constraint.kind == "json_schema":
                 return self._compiler.compile_json_schema(_schema(constraint), any_whitespace=False)

@@ -157,3 +157,30 @@ def test_an_observer_sees_every_stream_start_deliver_and_end_finished_or_left(qw
     assert whole[0] == ("started", "whole") and whole[-1] == ("ended", "whole")
     assert sum(c[2] for c in whole if c[0] == "delta") == 5
     assert [c[0] for c in calls if c[1] == "left"] == ["started", "delta", "ended"]
+
+
+def test_a_grammar_over_its_bounds_is_refused_and_the_engine_serves_on(qwen2_model, monkeypatch):
+    """Over the size bound: refused before compiling. Over the time bound (here 0 s): refused at once, naming the
+    field, while the compile finishes in its own pool."""
+    import runtime.async_engine
+    from runtime.grammar import MAX_CONSTRAINT_CHARS, Constraint
+
+    engine = AsyncLLMEngine.from_options(str(qwen2_model), dtype="float32", max_model_len=128)
+    schema = '{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}'
+
+    async def run(constraint):
+        params = SamplingParams(temperature=0, max_tokens=12, structured_output=constraint)
+        return [d async for d in engine.generate(engine.validate([5, 6, 7], params))]
+
+    try:
+        with pytest.raises(InvalidInputError, match="characters"):
+            asyncio.run(run(Constraint("regex", "a" * (MAX_CONSTRAINT_CHARS + 1), "regex")))
+        monkeypatch.setattr(runtime.async_engine, "GRAMMAR_TIMEOUT_S", 0)
+        with pytest.raises(InvalidInputError, match="did not compile within") as e:
+            asyncio.run(run(Constraint("json_schema", schema)))
+        assert e.value.param == "response_format"
+        monkeypatch.undo()
+        deltas = asyncio.run(run(Constraint("json_schema", schema)))
+        assert deltas[-1].finished and sum(len(s.token_ids) for d in deltas for s in d.seqs) > 0
+    finally:
+        engine.shutdown()

@@ -48,3 +48,29 @@ def test_a_new_batch_has_the_earlier_json_shape_and_its_state_round_trips():
     stored = json.loads(json.dumps(state.model_dump()))
     assert set(stored) == {"batch", "progress"} and BatchState.model_validate(stored) == state
     assert state.progress == Progress(input_uri="s3://in/x.jsonl")
+
+
+@pytest.mark.parametrize("cancelling, final", [(False, "failed"), (True, "cancelled")])
+def test_a_batch_whose_input_is_gone_ends_instead_of_retrying_forever(tmp_path, cancelling, final):
+    """Its input deleted before it was read (a resume, or a delete between validation and processing): the
+    job ends, failed with input_file_missing (or cancelled, if it was being cancelled), rather than retrying."""
+    import asyncio
+
+    from deployments.batch.files import FileLimits, FileStore
+    from deployments.batch.job import BatchJob, BatchLimits
+    from runtime.storage import open_store
+
+    store = open_store(f"file://{tmp_path}")
+    state = new_batch("file-gone", "/v1/chat/completions", 3600, "1h", None, FileStore.content_key("file-gone"), None)
+    state.batch.status = "cancelling" if cancelling else "in_progress"
+
+    async def never_called(request, request_id):
+        raise AssertionError("no line can be sent: there is no input")
+
+    job = BatchJob(state, store, FileStore(store, FileLimits(1 << 20, 100)), {"m"}, never_called, BatchLimits())
+    asyncio.run(asyncio.wait_for(job.run(), timeout=30))
+    assert job.batch.status == final
+    if final == "failed":
+        assert job.batch.errors.data[0].code == "input_file_missing"
+    saved = BatchState.model_validate(store.get_json(job.state_key()))
+    assert saved.batch.status == final

@@ -13,13 +13,13 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 from deployments.batch.files import FileStore
 from deployments.batch.input_line import BatchRequest, LineError, parse_line, peek_custom_id
 from deployments.batch.state import TERMINAL, Batch, BatchError, BatchErrors, BatchState, Progress, Status
 from deployments.metrics import count_batch
-from runtime.storage import ObjectStore, StoreError, open_s3_object
+from runtime.storage import MissingObjectError, ObjectStore, StoreError, open_s3_object
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +34,10 @@ class BatchLimits:
         self.max_line_bytes = max_line_bytes
         self.max_lines = max_lines
         self.request_retries = request_retries
+
+
+class InputGone(Exception):
+    """The batch's input file (or s3:// object) no longer exists."""
 
 
 class BatchJob:
@@ -87,6 +91,12 @@ class BatchJob:
                 await self._finalize()
         except asyncio.CancelledError:
             raise  # the manager is stopping; progress so far is saved
+        except InputGone:
+            if self.batch.status == "cancelling":
+                await self._finalize()  # cancelled, with what was done
+            else:
+                self._fail("input_file_missing", "the input file was deleted before the batch finished reading it")
+                await self.save()
         except StoreError as e:
             logger.warning("batch %s: storage error, will resume: %s", self.id, e)
             raise
@@ -95,15 +105,16 @@ class BatchJob:
             self._fail("internal_error", f"the batch failed: {type(e).__name__}: {e}")
             await self.save()
 
-    def _input(self) -> tuple[ObjectStore, str]:
+    def _input_lines(self) -> Iterator[bytes]:
         uri = self.progress.input_uri
-        if uri.startswith("s3://"):
-            return open_s3_object(uri)
-        return self.store, uri
+        store, key = open_s3_object(uri) if uri.startswith("s3://") else (self.store, uri)
+        try:
+            yield from store.iter_lines(key)
+        except MissingObjectError:
+            raise InputGone(uri) from None
 
     async def _validate(self) -> None:
-        store, key = self._input()
-        total = await asyncio.to_thread(lambda: sum(1 for line in store.iter_lines(key) if line.strip()))
+        total = await asyncio.to_thread(lambda: sum(1 for line in self._input_lines() if line.strip()))
         if total == 0:
             self._fail("empty_file", "the input file has no requests")
         elif total > self.limits.max_lines:
@@ -119,10 +130,9 @@ class BatchJob:
         self._set_status("failed")
 
     async def _process(self) -> None:
-        store, key = self._input()
         seen: set[str] = set()
         window: list[tuple[int, bytes]] = []
-        lines = store.iter_lines(key)
+        lines = self._input_lines()
         line_no = 0
         while True:
             raw = await asyncio.to_thread(next, lines, None)
