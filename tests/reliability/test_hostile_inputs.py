@@ -1,0 +1,108 @@
+"""A hostile client's sweep: every sampling field at its extremes (0, negative, huge, int64 edges, out of the
+vocabulary, the wrong type) on chat, completions and /generate, and oversized templates, prompts, stop lists
+and grammars. Each answer must be a 2xx, or a 4xx in OpenAI's shape, within ANSWER_BOUND_S; a normal request
+sent while it runs and one sent right after must each succeed within NORMAL_BOUND_S (two cores).
+
+Run with the reliability suite: `python -m pytest -m reliability -s`. RELIABILITY_SWEEP_FIELDS limits how
+many field sweeps run (all by default); `.ci/run` runs them all. Figures are printed as one JSON line.
+"""
+
+import concurrent.futures
+import json
+import os
+import time
+
+import pytest
+import requests
+
+pytestmark = pytest.mark.reliability
+ANSWER_BOUND_S = 30.0
+NORMAL_BOUND_S = 1.0
+INT64 = 2**63
+EXTREMES = [0, -1, 1, INT64 - 1, INT64, -INT64 - 1, 2**64, 10**40, 1e308, -1e308, "7", None, [], {}]
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 1}
+COMPLETION = {"prompt": "hi", "max_tokens": 4, "temperature": 1}
+FIELDS = ["n", "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
+          "frequency_penalty", "repetition_penalty", "seed", "stop_token_ids", "logit_bias", "stop"]
+GENERATE_FIELDS = ["max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p",
+                   "frequency_penalty", "presence_penalty", "repetition_penalty", "n", "sampling_seed",
+                   "stop_token_ids", "stop"]
+VOCAB_EDGES = [512, 10**6, -1, INT64]  # the test model's vocabulary is 512 tokens
+
+
+def _values(field: str) -> list:
+    """A field's extremes, in the shape the field takes (a list of ids, a map of id -> bias, strings)."""
+    if field == "stop_token_ids":
+        return [[v] for v in VOCAB_EDGES] + [[5] * 100_000, "x", [None]]
+    if field == "logit_bias":
+        return [{str(v): 10} for v in VOCAB_EDGES] + [{"5": 1e308}, {"9" * 5000: 1}, {"5": "x"}, []]
+    if field == "stop":
+        return [["a"] * 100_000, "x" * 1_000_000, [""], [None], 5]
+    return EXTREMES
+
+
+def _cases():
+    for field in FIELDS:
+        for value in _values(field):
+            for path, base in (("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)):
+                yield field, path, {**base, field: value}
+    for field in GENERATE_FIELDS:
+        for value in _values(field):
+            yield field, "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4, field: value}}
+    oversized = [
+        ("template", "/v1/chat/completions", {**CHAT, "chat_template_kwargs": {"chat_template": "{{ 'x' * 10**9 }}"}}),
+        ("prompt", "/v1/completions", {**COMPLETION, "prompt": "word " * 2_000_000}),
+        ("messages", "/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "hi"}] * 100_000}),
+        ("prompts x n", "/v1/completions", {**COMPLETION, "prompt": ["hi"] * 2000, "n": 128}),
+        ("regex", "/v1/completions", {**COMPLETION, "regex": "(a|b)*" * 20_000}),
+        ("json schema", "/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"enum": [f"v{i}" for i in range(100_000)]}}}}),
+        ("deep schema", "/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": _nested(60)}}}),
+        ("logprob volume", "/v1/chat/completions", {**CHAT, "n": 64, "max_tokens": 1500, "min_tokens": 1500,
+                                                    "logprobs": True, "top_logprobs": 20}),
+    ]
+    for name, path, body in oversized:
+        yield f"oversized {name}", path, body
+
+
+def _nested(depth: int) -> dict:
+    schema = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+def _normal(base_url: str) -> float:
+    start = time.monotonic()
+    r = requests.post(f"{base_url}/v1/completions", json={"prompt": "hello", "max_tokens": 2, "temperature": 0},
+                      timeout=30)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
+    return time.monotonic() - start
+
+
+def test_every_field_at_its_extremes_answers_in_shape_and_never_slows_a_normal_request(server):
+    limit = int(os.environ.get("RELIABILITY_SWEEP_FIELDS", 10**6))
+    fields = set((FIELDS + GENERATE_FIELDS)[:limit])
+    cases = [c for c in _cases() if c[0] in fields or c[0].startswith("oversized")]
+    statuses, slowest_answer, slowest_normal, findings = {}, 0.0, 0.0, []
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for field, path, body in cases:
+            start = time.monotonic()
+            hostile = pool.submit(requests.post, f"{server.base_url}{path}", json=body, timeout=ANSWER_BOUND_S * 4)
+            during = _normal(server.base_url)
+            r = hostile.result()
+            answer_s = time.monotonic() - start
+            after = _normal(server.base_url)
+            statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+            slowest_answer, slowest_normal = max(slowest_answer, answer_s), max(slowest_normal, during, after)
+            shaped = r.status_code < 300 or set(r.json().get("error", {})) == {"message", "type", "param", "code"}
+            if not (r.status_code < 500 and shaped and answer_s <= ANSWER_BOUND_S
+                    and max(during, after) <= NORMAL_BOUND_S):
+                findings.append((field, path, r.status_code, r.text[:160], round(answer_s, 2), round(during, 2),
+                                 round(after, 2)))
+    print(json.dumps({"reliability": "hostile_sweep", "requests": len(cases), "statuses": statuses,
+                      "slowest_answer_s": round(slowest_answer, 2), "slowest_normal_s": round(slowest_normal, 2),
+                      "findings": len(findings)}))
+    assert findings == []
