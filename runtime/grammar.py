@@ -65,6 +65,8 @@ class GrammarCompiler:
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                                   stop_token_ids=sorted(stop_token_ids))
         self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=True, cache_limit_bytes=CACHE_BYTES)
+        self._vocab_size = vocab_size
+
         def holding(control: set[int]) -> torch.Tensor:
             ids = [i for i, b in enumerate(info.decoded_vocab) if i not in stop_token_ids and control & set(b)]
             return torch.tensor(ids, dtype=torch.long)
@@ -73,8 +75,15 @@ class GrammarCompiler:
         self._banned["tool_call"] = holding(set(range(32)) - {10})  # the call's tags sit on their own lines
 
     def compile(self, constraint: Constraint) -> Grammar:
-        """Compile (or fetch from the cache); a bad schema, regex or grammar raises InvalidInputError."""
-        return Grammar(self._compile(constraint), self._banned.get(constraint.kind))
+        """Compile (or fetch from the cache); a bad schema, regex or grammar, or one that no output can start to
+        match (`root ::= root`), raises InvalidInputError."""
+        compiled = self._compile(constraint)
+        start = xgr.GrammarMatcher(compiled)
+        allowed = xgr.allocate_token_bitmask(1, self._vocab_size)
+        start.fill_next_token_bitmask(allowed, 0)
+        if not allowed.any():
+            raise InvalidInputError(constraint.param, f"the {constraint.kind} matches no output at all")
+        return Grammar(compiled, self._banned.get(constraint.kind))
 
     def _compile(self, constraint: Constraint) -> xgr.CompiledGrammar:
         if constraint.kind not in KINDS:

@@ -162,6 +162,7 @@ BAD_INPUTS = [
     ("100 stop strings on /generate", "/generate", {"text": "hi", "sampling_params": {"stop": ["a"] * 100}}, None,
      400),
     ("a 40,000-character regex", "/v1/completions", {"prompt": "hi", "regex": "a" * 40_000}, None, 400),
+    ("a grammar that matches nothing", "/v1/completions", {"prompt": "hi", "ebnf": "root ::= root"}, None, 400),
     ("100 prompts x n 128", "/v1/completions", {"prompt": ["hi"] * 100, "n": 128, "max_tokens": 1}, None, 400),
     ("n 64 x 1,500 tokens x 21 logprobs", "/v1/chat/completions",
      {"messages": [{"role": "user", "content": "hi"}], "n": 64, "max_tokens": 1500, "logprobs": True,
