@@ -4,10 +4,9 @@ import dataclasses
 import os
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from deployments.errors import field_path
-from deployments.protocol import StrictModel
 from runtime import EngineConfig
 
 DIRECT_STREAMING_ENV = "RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING"
@@ -24,6 +23,12 @@ def _only_known(options: dict, known: set[str], kind: str) -> dict:
     if unknown:
         raise ValueError(f"unknown {kind} option(s) {unknown}; known: {sorted(known)}")
     return options
+
+
+class StrictModel(BaseModel):
+    """An operator's config: an unknown field is a typo, refused at start."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class ModelLoadingConfig(StrictModel):

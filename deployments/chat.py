@@ -93,8 +93,8 @@ class ChatHandler:
         parsers = [self._parser(req) for _ in range(n)]
         calls_sent = [0] * n
         for i in range(n):
-            yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                          "finish_reason": None}])
+            yield chunk([{"index": i, "delta": {"role": "assistant", "content": "", "reasoning_content": None},
+                          "logprobs": None, "finish_reason": None}])
         completion_tokens, cached = 0, 0
         async for delta in generator:
             cached = delta.num_cached_tokens
@@ -103,9 +103,7 @@ class ChatHandler:
                 parsed = parser.feed(s.text, s.token_ids, s.finish_reason is not None)
                 logprobs = chat_logprobs(s.logprobs, self.texts) if req.logprobs and s.logprobs else None
                 if parsed or logprobs:
-                    message = {}
-                    if parsed.reasoning:
-                        message["reasoning_content"] = parsed.reasoning
+                    message = {"reasoning_content": parsed.reasoning or None}  # null, not absent, as SGLang sends
                     if parsed.content or not parsed:
                         message["content"] = parsed.content
                     if parsed.tool_calls:
@@ -115,7 +113,7 @@ class ChatHandler:
                     yield chunk([{"index": s.index, "delta": message, "logprobs": logprobs, "finish_reason": None}])
                 if s.finish_reason is not None:
                     completion_tokens += s.num_output_tokens
-                    yield chunk([{"index": s.index, "delta": {}, "logprobs": None,
+                    yield chunk([{"index": s.index, "delta": {"reasoning_content": None}, "logprobs": None,
                                   "finish_reason": _finish_reason(s.finish_reason, parser),
                                   "matched_stop": s.matched_stop}])
         if req.include_usage:

@@ -76,6 +76,8 @@ class OpenAIFront:
             data = loads_object(raw)
         except ValueError as e:
             raise OpenAIError(400, f"the body: {e}") from None
+        known = {name for name, f in model.model_fields.items() for name in (name, f.alias) if name}
+        request.state.ignored_fields = sorted(key for key in data if key not in known)
         try:
             return model.model_validate(data)
         except ValidationError as e:
@@ -88,15 +90,19 @@ class OpenAIFront:
         return body, self.model(body.model)
 
 
-async def respond(body, reply: Callable[..., Awaitable], stream: Callable[..., AsyncIterator[str]]):
+async def respond(request: Request, body, reply: Callable[..., Awaitable],
+                  stream: Callable[..., AsyncIterator[str]]):
     """`reply(body)` as JSON, or `stream(body)` as SSE when the body asks to stream. The stream's first chunk
     is awaited here, so an error raised before it (bad input, an unknown model) is answered with its own
-    status instead of a 200 stream."""
+    status instead of a 200 stream. Top-level fields the body had but we do not know are named in the
+    `x-ignored-fields` header."""
+    ignored = request.state.ignored_fields
+    headers = {"x-ignored-fields": ",".join(ignored)[:1024]} if ignored else None
     if not body.stream:
-        return JSONResponse(await reply(body))
+        return JSONResponse(await reply(body), headers=headers)
     chunks = stream(body)
     first = await anext(chunks)
-    return StreamingResponse(_prepend(first, chunks), media_type="text/event-stream")
+    return StreamingResponse(_prepend(first, chunks), media_type="text/event-stream", headers=headers)
 
 
 _ID = re.compile(r"[A-Za-z0-9_-]{1,200}")
@@ -226,19 +232,19 @@ async def health(front: OpenAIFront = Front):
 @router.post("/v1/chat/completions", openapi_extra=_json_body(ChatCompletionRequest))
 async def chat_completions(request: Request, front: OpenAIFront = Front):
     body, model = await front.generation(request, ChatCompletionRequest)
-    return await respond(body, model.chat, model.chat_stream)
+    return await respond(request, body, model.chat, model.chat_stream)
 
 
 @router.post("/v1/completions", openapi_extra=_json_body(CompletionRequest))
 async def completions(request: Request, front: OpenAIFront = Front):
     body, model = await front.generation(request, CompletionRequest)
-    return await respond(body, model.completions, model.completions_stream)
+    return await respond(request, body, model.completions, model.completions_stream)
 
 
 @router.post("/generate", openapi_extra=_json_body(GenerateRequest))
 async def generate(request: Request, front: OpenAIFront = Front):
     body, model = await front.generation(request, GenerateRequest)
-    return await respond(body, model.generate, model.generate_stream)
+    return await respond(request, body, model.generate, model.generate_stream)
 
 
 # --- files ------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI routes and SGLang's native /generate, and their sampling options.
 
-Unknown fields are rejected (a typo must not be silently ignored). Our
-extensions (SGLang's and vLLM's names) sit beside OpenAI's fields.
+Lenient on names, strict on values: unknown fields are ignored (see RequestModel), a known field with a
+wrong type or range is a 400. Our extensions (SGLang's and vLLM's names) sit beside OpenAI's fields.
 """
 
 import json
@@ -19,44 +19,48 @@ MAX_SEQUENCES = 1024  # prompts x n in one completions or /generate call
 MAX_LOGPROB_ENTRIES = 1_000_000  # n x max tokens x (1 + top logprobs): bounds the size of the reply
 
 
-class StrictModel(BaseModel):
-    """Rejects unknown fields (a typo must not be silently ignored), NaN and infinities."""
+class RequestModel(BaseModel):
+    """A part of a client's request. Unknown fields are ignored, as vLLM and SGLang ignore them (clients send
+    other servers' extensions and echo whole response messages back); the route reports the top-level ones in
+    the `x-ignored-fields` response header. Known fields are strict: a wrong type or range is a 400. NaN and
+    infinities are refused."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
-class StreamOptions(StrictModel):
+class StreamOptions(RequestModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage on every chunk
 
 
-class ContentPart(StrictModel):
+class ContentPart(RequestModel):
     type: Literal["text"]
     text: str
 
 
-class FunctionDefinition(StrictModel):
+class FunctionDefinition(RequestModel):
     name: str = Field(min_length=1, max_length=64)
     description: str | None = None
     parameters: dict | None = None
     strict: bool | None = None
 
 
-class Tool(StrictModel):
+class Tool(RequestModel):
     type: Literal["function"] = "function"
     function: FunctionDefinition
 
 
-class FunctionName(StrictModel):
+class FunctionName(RequestModel):
     name: str
 
 
-class NamedToolChoice(StrictModel):
+class NamedToolChoice(RequestModel):
     type: Literal["function"] = "function"
     function: FunctionName
 
 
-class ChatMessage(StrictModel):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+class ChatMessage(RequestModel):
+    role: str = Field(min_length=1)  # the chat template decides what a role means (custom roles pass through)
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[dict] | None = None
@@ -71,16 +75,16 @@ class ChatMessage(StrictModel):
         return out
 
 
-class JsonSchemaFormat(StrictModel):
+class JsonSchemaFormat(RequestModel):
     name: str = "response"
     schema_: dict = Field(default_factory=dict, alias="schema")
     description: str | None = None
     strict: bool | None = None
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, allow_inf_nan=False)
 
 
-class ResponseFormat(StrictModel):
+class ResponseFormat(RequestModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
@@ -91,7 +95,27 @@ class ResponseFormat(StrictModel):
         return self
 
 
-class _SamplingFields(StrictModel):
+class StructuredOutputs(RequestModel):
+    """vLLM's `structured_outputs`: one of a JSON schema, a regex, an EBNF grammar or a list of choices."""
+
+    json_: dict | str | None = Field(None, alias="json")
+    regex: str | None = None
+    grammar: str | None = None
+    choice: list[str] | None = Field(None, min_length=1)
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, allow_inf_nan=False)
+
+
+def _extension_constraint(param: str, kind: str, value) -> Constraint:
+    """vLLM's names for a constraint, as ours; `choice` becomes a grammar whose outputs are exactly the choices."""
+    if kind == "json_schema" and not isinstance(value, str):
+        value = json.dumps(value)
+    if kind == "choice":
+        kind, value = "ebnf", "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in value)
+    return Constraint(kind, value, param)
+
+
+class _SamplingFields(RequestModel):
     """Sampling options shared by chat and completions."""
 
     model: str | None = None
@@ -116,6 +140,17 @@ class _SamplingFields(StrictModel):
     response_format: ResponseFormat | None = None
     regex: str | None = None
     ebnf: str | None = None
+    structured_outputs: StructuredOutputs | None = None  # vLLM's name
+    guided_json: dict | str | None = None  # vLLM's older names
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = Field(None, min_length=1)
+    guided_grammar: str | None = None
+
+    @model_validator(mode="after")
+    def _stream_options_need_a_stream(self):
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options: only allowed when stream is true")
+        return self
 
     @field_validator("stop")
     @classmethod
@@ -146,8 +181,17 @@ class _SamplingFields(StrictModel):
             found.append(Constraint("regex", self.regex, "regex"))
         if self.ebnf is not None:
             found.append(Constraint("ebnf", self.ebnf, "ebnf"))
+        so = self.structured_outputs or StructuredOutputs()
+        for param, kind, value in (
+                ("structured_outputs.json", "json_schema", so.json_), ("guided_json", "json_schema", self.guided_json),
+                ("structured_outputs.regex", "regex", so.regex), ("guided_regex", "regex", self.guided_regex),
+                ("structured_outputs.grammar", "ebnf", so.grammar), ("guided_grammar", "ebnf", self.guided_grammar),
+                ("structured_outputs.choice", "choice", so.choice), ("guided_choice", "choice", self.guided_choice)):
+            if value is not None:
+                found.append(_extension_constraint(param, kind, value))
         if len(found) > 1:
-            raise InvalidInputError(found[1].param, "give at most one of response_format, regex and ebnf")
+            raise InvalidInputError(found[1].param, "give at most one structured-output constraint "
+                                                    f"(response_format, regex, ebnf or {found[1].param})")
         return found[0] if found else None
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None, structured_output: Constraint | None,
@@ -298,7 +342,7 @@ class CompletionRequest(_SamplingFields):
         return self.sampling_params(self.max_tokens, self.logprobs, self.constraint(), prompt_logprobs=prompt_logprobs)
 
 
-class GenerateSamplingParams(StrictModel):
+class GenerateSamplingParams(RequestModel):
     """SGLang's `sampling_params` for /generate."""
 
     max_new_tokens: int = Field(128, ge=1)
@@ -321,6 +365,7 @@ class GenerateSamplingParams(StrictModel):
     regex: str | None = None
     ebnf: str | None = None
 
+    # strict, as SGLang builds its SamplingParams from these keys: an unknown one is a 400 there too
     model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
     @field_validator("stop")
@@ -349,7 +394,7 @@ class GenerateSamplingParams(StrictModel):
         )
 
 
-class GenerateRequest(StrictModel):
+class GenerateRequest(RequestModel):
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
     sampling_params: GenerateSamplingParams = Field(default_factory=GenerateSamplingParams)
@@ -384,7 +429,7 @@ class GenerateRequest(StrictModel):
         return [ids], False
 
 
-class BatchCreateRequest(StrictModel):
+class BatchCreateRequest(RequestModel):
     input_file_id: str = Field(min_length=1)  # a file id, or an s3://bucket/key URI staged by the user
     endpoint: str
     completion_window: str = "24h"

@@ -101,7 +101,8 @@ def test_native_generate_constraints(server):
     ({"regex": "([a-z"}, "regex"),
     ({"ebnf": "root ::= undefined_rule"}, "ebnf"),
     ({"regex": "a", "ebnf": 'root ::= "a"'}, "ebnf"),
-    ({"guided_json": {"type": "object"}}, "guided_json"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"guided_regex": "([a-z"}, "guided_regex"),
     ({"response_format": {"type": "yaml"}}, "response_format.type"),
 ])
 def test_invalid_constraints_are_400s_naming_the_field(server, body, param):
