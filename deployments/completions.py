@@ -64,31 +64,39 @@ class CompletionHandler:
         valid = [await self.engine.compile(v) for v in valid]  # a bad grammar is refused before the stream starts
         return self._chunks(req, request_id, params, valid)
 
+    def _echo(self, req, i: int, prompt: list[int], n: int, prompt_logprobs, offsets: dict) -> list[dict]:
+        """The echoed prompt of prompt `i`, once per choice, with its logprobs when asked (they come with the
+        prompt's first delta); sets where each choice's offsets continue."""
+        text = self.engine.tokenizer.decode(prompt)
+        logprobs = None
+        if req.logprobs is not None:
+            logprobs = completion_logprobs(prompt_logprobs or [None] * len(prompt), prompt, self.texts)
+        for j in range(n):
+            offsets[i * n + j] = sum(len(t) for t in logprobs["tokens"]) if logprobs else 0
+        return [{"index": i * n + j, "text": text, "logprobs": logprobs, "finish_reason": None} for j in range(n)]
+
     async def _chunks(self, req, request_id, params, valid: list[ValidRequest]) -> AsyncIterator[str]:
         prompts = [v.prompt_token_ids for v in valid]
         chunk = chunk_writer(request_id, "text_completion", self.model_id)
-        if req.echo:
-            for i, ids in enumerate(prompts):
-                prompt_text = self.engine.tokenizer.decode(ids)
-                for j in range(params.n):
-                    yield chunk([{"index": i * params.n + j, "text": prompt_text, "logprobs": None,
-                                  "finish_reason": None}])
         completion_tokens, cached = 0, [0] * len(prompts)
-        offsets = {}
+        offsets = {}  # each choice's text offset so far, for its logprobs
         async for i, delta in merge(self._streams(valid, request_id, 0)):
             cached[i] = delta.num_cached_tokens
+            if req.echo and i * params.n not in offsets:  # this prompt's first delta
+                for item in self._echo(req, i, prompts[i], params.n, delta.prompt_logprobs, offsets):
+                    yield chunk([item])
             for s in delta.seqs:
                 index = i * params.n + s.index
                 logprobs = None
-                if req.logprobs is not None and s.logprobs:
-                    logprobs = completion_logprobs(s.logprobs, s.token_ids, self.texts, offsets.get(index, 0))
+                if req.logprobs is not None:  # every chunk of a logprobs request carries them
+                    logprobs = completion_logprobs(s.logprobs or [], s.token_ids, self.texts, offsets.get(index, 0))
                     offsets[index] = offsets.get(index, 0) + sum(len(t) for t in logprobs["tokens"])
-                if s.text or logprobs:
-                    yield chunk([{"index": index, "text": s.text, "logprobs": logprobs, "finish_reason": None}])
-                if s.finish_reason is not None:
-                    completion_tokens += s.num_output_tokens
-                    yield chunk([{"index": index, "text": "", "logprobs": None,
-                                  "finish_reason": s.finish_reason, "matched_stop": s.matched_stop}])
+                if s.text or s.token_ids or s.finish_reason is not None:  # the last token carries finish_reason
+                    item = {"index": index, "text": s.text, "logprobs": logprobs, "finish_reason": s.finish_reason}
+                    if s.finish_reason is not None:
+                        completion_tokens += s.num_output_tokens
+                        item["matched_stop"] = s.matched_stop
+                    yield chunk([item])
         if req.include_usage:
             yield chunk([], usage=usage(sum(len(p) for p in prompts), completion_tokens, sum(cached)))
         yield SSE_DONE

@@ -73,6 +73,9 @@ class LLMServer:
     async def healthy(self) -> bool:
         return self.engine.healthy
 
+    async def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
     async def stats(self) -> dict:
         return {**self.engine.stats(), "rss_bytes": _rss_bytes()}
 

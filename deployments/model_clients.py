@@ -36,6 +36,8 @@ class ModelClient(Protocol):
 
     async def healthy(self) -> bool: ...
 
+    async def max_model_len(self) -> int: ...
+
 
 class RemoteModel:
     """A model served by its own deployment: every call and streamed chunk crosses to one of its replicas."""
@@ -67,6 +69,9 @@ class RemoteModel:
 
     async def healthy(self) -> bool:
         return await self.handle.healthy.remote()
+
+    async def max_model_len(self) -> int:
+        return await self.handle.max_model_len.remote()
 
 
 @contextmanager

@@ -39,6 +39,7 @@ class OpenAIFront:
         self.models = models
         self.sources = {c.model_id: c.model_loading_config.source for c in config.llm_configs}
         self.created = int(time.time())
+        self._max_model_len: dict[str, int] = {}
         self.auth = ApiKeys(config.api_keys)
         self.batches = BatchAPI(
             config.storage_uri,
@@ -48,9 +49,12 @@ class OpenAIFront:
             BatchLimits(config.batch_concurrency, config.max_batch_line_bytes, config.max_file_lines),
         )
 
-    def model_card(self, model_id: str) -> dict:
+    async def model_card(self, model_id: str) -> dict:
+        """OpenAI's model object, with `max_model_len` as vLLM and SGLang give it (asked of a replica once)."""
+        if model_id not in self._max_model_len:
+            self._max_model_len[model_id] = await self.models[model_id].max_model_len()
         return {"id": model_id, "object": "model", "created": self.created, "owned_by": "rayllm-engine",
-                "root": self.sources[model_id]}
+                "root": self.sources[model_id], "max_model_len": self._max_model_len[model_id]}
 
     def model(self, model_id: str | None) -> ModelClient:
         if model_id is None:
@@ -200,14 +204,14 @@ Front = Depends(_front)
 @router.get("/v1/models")
 async def list_models(request: Request, front: OpenAIFront = Front):
     front.auth.owner(request)
-    return {"object": "list", "data": [front.model_card(m) for m in front.models]}
+    return {"object": "list", "data": [await front.model_card(m) for m in front.models]}
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, request: Request, front: OpenAIFront = Front):
     front.auth.owner(request)
     front.model(model_id)
-    return front.model_card(model_id)
+    return await front.model_card(model_id)
 
 
 @router.get("/metrics")

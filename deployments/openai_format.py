@@ -57,7 +57,8 @@ def completion_logprobs(entries: list[TokenLogprob | None], token_ids: list[int]
         text = texts(token_id)
         tokens.append(text)
         token_logprobs.append(None if e is None else e.logprob)
-        tops.append(None if e is None else {texts(t): lp for t, lp in e.top})
+        # up to logprobs + 1 entries, the sampled token's among them (as OpenAI's legacy completions)
+        tops.append(None if e is None else {**{texts(t): lp for t, lp in e.top}, text: e.logprob})
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}

@@ -89,6 +89,10 @@ class AsyncLLMEngine:
         return self.engine.tokenizer
 
     @property
+    def max_model_len(self) -> int:
+        return self.engine.spec.max_model_len
+
+    @property
     def healthy(self) -> bool:
         """The loop runs and no step has failed (cheap; see `check_health` for the workers too)."""
         return self.error is None and self._thread.is_alive()

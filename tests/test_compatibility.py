@@ -72,3 +72,39 @@ def test_every_stream_delta_has_reasoning_content(client):
     stream = client.chat.completions.create(model=MODEL_ID, messages=HI, max_tokens=5, stream=True)
     deltas = [c.choices[0].delta for c in stream if c.choices]
     assert len(deltas) >= 3 and all(d.reasoning_content is None for d in deltas)  # an AttributeError if absent
+
+
+def _completion_stream(server, **body) -> list[dict]:
+    with requests.post(f"{server.base_url}/v1/completions", stream=True,
+                       json={"prompt": "The capital of France", "max_tokens": 6, "temperature": 0, "stream": True,
+                             "ignore_eos": True, **body}) as r:
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith(b"data: {")]
+
+
+def test_completion_top_logprobs_hold_the_sampled_token(server):
+    """OpenAI's legacy completions: up to logprobs + 1 entries, the sampled token's among them."""
+    for k in (0, 2):
+        r = requests.post(f"{server.base_url}/v1/completions",
+                          json={"prompt": "hi", "max_tokens": 5, "temperature": 2.0, "seed": 1, "logprobs": k})
+        logprobs = r.json()["choices"][0]["logprobs"]
+        for token, logprob, top in zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"]):
+            assert top[token] == logprob and len(top) <= k + 1 and (k > 0 or len(top) == 1)
+
+
+def test_completion_stream_chunks_carry_logprobs_and_the_last_token_carries_finish_reason(server):
+    chunks = _completion_stream(server, logprobs=1)
+    choices = [c["choices"][0] for c in chunks if c["choices"]]
+    assert all(c["logprobs"] is not None for c in choices)
+    assert [c["finish_reason"] for c in choices].count("length") == 1 and choices[-1]["finish_reason"] == "length"
+    assert choices[-1]["logprobs"]["tokens"]  # the finish rides on the chunk with the last token
+    assert sum(len(c["logprobs"]["tokens"]) for c in choices) == 6
+
+
+def test_an_echoed_prompt_streams_with_the_logprobs_the_reply_has(server):
+    body = {"prompt": "The capital of France", "max_tokens": 3, "temperature": 0, "echo": True, "logprobs": 1}
+    whole = requests.post(f"{server.base_url}/v1/completions", json=body).json()["choices"][0]["logprobs"]
+    first = _completion_stream(server, echo=True, logprobs=1, max_tokens=3)[0]["choices"][0]
+    prompt_tokens = len(first["logprobs"]["tokens"])
+    assert first["logprobs"]["token_logprobs"][0] is None and prompt_tokens > 1
+    assert first["logprobs"]["token_logprobs"] == whole["token_logprobs"][:prompt_tokens]
+    assert first["logprobs"]["text_offset"] == whole["text_offset"][:prompt_tokens]

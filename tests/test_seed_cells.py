@@ -171,6 +171,7 @@ def test_models_and_health(server):
     assert models["object"] == "list" and [m["id"] for m in models["data"]] == [MODEL_ID]
     card = requests.get(f"{server.base_url}/v1/models/{MODEL_ID}").json()
     assert card["id"] == MODEL_ID and card["object"] == "model"
+    assert card["max_model_len"] == models["data"][0]["max_model_len"] == 512  # the test app's engine_kwargs
     missing = requests.get(f"{server.base_url}/v1/models/nope")
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
     assert requests.get(f"{server.base_url}/health").json() == {"status": "ok"}
