@@ -8,6 +8,7 @@ streaming (see `model_clients.py`).
 """
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -101,7 +102,8 @@ async def respond(request: Request, body, reply: Callable[..., Awaitable],
     status instead of a 200 stream. Top-level fields the body had but we do not know are named in the
     `x-ignored-fields` header."""
     ignored = request.state.ignored_fields
-    headers = {"x-ignored-fields": ",".join(ignored)[:1024]} if ignored else None
+    # each name as a JSON string's inside: ASCII, control characters escaped (a header must be Latin-1 and one line)
+    headers = {"x-ignored-fields": ",".join(json.dumps(k)[1:-1] for k in ignored)[:1024]} if ignored else None
     if not body.stream:
         return JSONResponse(await reply(body), headers=headers)
     chunks = stream(body)

@@ -84,7 +84,7 @@ def test_fuzzed_requests_never_get_a_5xx(server):
             response = case.call(base_url=server.base_url, timeout=60)
             tried += 1
             if response.status_code >= 500:
-                failures.append((op.method, op.path, response.status_code, response.text[:200]))
+                failures.append((op.method, op.path, response.status_code, response.text[:200], repr(case.body)[:300]))
 
         check()
     print(json.dumps({"reliability": "fuzz", "cases": tried, "server_errors": len(failures)}))
@@ -98,7 +98,8 @@ def test_object_store_outage_during_a_batch(server, s3_server):
     total = 300
     lines = [chat_line(f"o-{i}", f"q {i}", 16) for i in range(total)]
     s3.put_object(Bucket="outage", Key="in.jsonl", Body=jsonl(lines))
-    with another_app(server, "outage", app_args(server.model_dir, "s3://outage/state")) as url:
+    args = {**app_args(server.model_dir, "s3://outage/state"), "batch_input_prefixes": ["s3://outage/"]}
+    with another_app(server, "outage", args) as url:
         client = openai.Client(base_url=f"{url}/v1", api_key="None")
         batch = client.batches.create(input_file_id="s3://outage/in.jsonl", endpoint="/v1/chat/completions",
                                       completion_window="24h")
