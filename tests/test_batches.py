@@ -295,3 +295,24 @@ def test_a_batch_stored_by_the_earlier_code_resumes(server, tmp_path_factory):
     assert [r["custom_id"] for r in results] == [f"old-{i}" for i in range(5)]
     assert [r["response"]["body"] for r in results[:2]] == [d["response"]["body"] for d in done]
     assert set(store.get_json(f"batches/{batch_id}/state.json")) == {"batch", "progress"}  # saved anew
+
+
+def test_a_manager_restarted_by_ray_resumes_its_batches_with_no_api_call(server, tmp_path_factory):
+    """Killed with a restart allowed, the manager comes back and finishes the batch while nobody polls: the
+    store's state is read directly, never through the Batches API."""
+    from deployments.batch.state import BatchState
+    from runtime.storage import open_store
+
+    root = tmp_path_factory.mktemp("unpolled")
+    with another_app(server, "unpolled", app_args(server.model_dir, f"file://{root}")) as url:
+        client = openai.Client(base_url=f"{url}/v1", api_key="None")
+        lines = jsonl([chat_line(f"u-{i}", f"q {i}", 24) for i in range(200)])
+        uploaded = client.files.create(file=("u.jsonl", lines), purpose="batch")
+        batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                      completion_window="24h")
+        store = open_store(f"file://{root}")
+        state = lambda: BatchState.model_validate(store.get_json(f"batches/{batch.id}/state.json"))  # noqa: E731
+        wait_until(lambda: state().batch.request_counts.completed >= 20)
+        ray.kill(ray.get_actor("batch-manager-unpolled", namespace="rayllm"), no_restart=False)
+        done = wait_until(lambda: (s := state()).batch.status == "completed" and s, timeout=120)
+        assert done.batch.request_counts.completed == 200

@@ -1,8 +1,9 @@
 """The batch manager: a detached, named Ray actor that owns the Batches API's state.
 
-Every batch's object lives in the store (`batches/<id>/state.json`); on start
-the manager loads them all and resumes each unfinished one, so a restarted
-actor, or a new cluster pointed at the same storage, loses nothing. Requests
+Every batch's object lives in the store (`batches/<id>/state.json`); as soon
+as it starts (or Ray restarts it), the manager loads them all and resumes each
+unfinished one, so a restarted actor, or a new cluster pointed at the same
+storage, loses nothing and needs no API call to go on. Requests
 go to the model replicas through Serve handles at batch priority, so online
 traffic is admitted first.
 """
@@ -42,6 +43,19 @@ class BatchManager:
         self.jobs: dict[str, BatchJob] = {}
         self.tasks: dict[str, asyncio.Task] = {}
         self._loading: asyncio.Task | None = None
+        # resume at once, on first start and on every restart by Ray, not on the first API call: a batch
+        # nobody polls still finishes (the call runs once __init__ returns)
+        ray.get_runtime_context().current_actor.resume.remote()
+
+    async def resume(self) -> None:
+        """Load every batch and restart the unfinished ones, retrying while the storage is unreachable."""
+        delay = 1.0
+        while True:
+            try:
+                return await self._resume()
+            except StoreError:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30)
 
     async def _resume(self) -> None:
         """Load every batch from the store and restart the unfinished ones, once per actor life.
