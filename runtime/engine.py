@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerBase
 from runtime.config import EngineConfig
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.distributed import destroy_tp_group, free_address
-from runtime.errors import InvalidInputError, require
+from runtime.errors import InvalidInputError, describe, require
 from runtime.grammar import Constraint, Grammar, GrammarCompiler
 from runtime.kv_cache import BlockManager
 from runtime.model_runner import ModelRunner
@@ -69,7 +69,7 @@ class LLMEngine:
 
     # --- requests -----------------------------------------------------------
 
-    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> "ValidRequest":
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> ValidRequest:
         """Check a request against the model and context: the one place requests are checked."""
         limit = self.spec.max_model_len
         n = len(prompt_token_ids)
@@ -101,7 +101,7 @@ class LLMEngine:
         """Validate a request and queue it."""
         self.enqueue(request_id, self.validate(prompt_token_ids, params), priority)
 
-    def enqueue(self, request_id: str, valid: "ValidRequest", priority: int = 0) -> None:
+    def enqueue(self, request_id: str, valid: ValidRequest, priority: int = 0) -> None:
         """Queue a validated request. A constrained request's grammar is compiled here unless it comes compiled."""
         if request_id in self.requests:
             raise InvalidInputError("request_id", f"{request_id!r} is already in flight")
@@ -160,7 +160,7 @@ class LLMEngine:
             try:
                 seq_delta = self._advance(seq, token_id, logprob)
             except Exception as e:  # this request's tokens, text or stop handling: it alone fails
-                failed[seq.request] = f"{type(e).__name__}: {str(e)[:200]}"
+                failed[seq.request] = describe(e)
                 continue
             delta = deltas.get(seq.request.request_id)
             if delta is None:

@@ -16,3 +16,8 @@ def require(ok: bool, param: str, message: str) -> None:
 
 class RequestFailedError(RuntimeError):
     """The engine could not go on with one request (it was finished; the engine and other requests go on)."""
+
+
+def describe(e: Exception) -> str:
+    """A failure in a line a client may see: its type and the start of its message."""
+    return f"{type(e).__name__}: {str(e)[:200]}"

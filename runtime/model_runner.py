@@ -12,7 +12,7 @@ import torch
 from kernels import AttentionMetadata, choose_attention_backend
 from runtime.config import EngineConfig
 from runtime.distributed import all_reduce_min, broadcast_from_rank0, destroy_tp_group, init_tp_group
-from runtime.errors import InvalidInputError
+from runtime.errors import InvalidInputError, describe
 from runtime.model_spec import ModelSpec
 from runtime.models import CausalLM, load_weights, pack_linear_weights
 from runtime.outputs import TokenLogprob
@@ -85,9 +85,8 @@ class ModelRunner:
 
     def _allocate_kv_cache(self, use_graphs: bool) -> int:
         cfg, max_model_len, dtype = self.config, self.spec.max_model_len, self.spec.dtype
-        attn = self.model.model.layers[0].self_attn
         layers = len(self.model.model.layers)
-        shape = (cfg.block_size, attn.num_kv_heads, self.spec.head_dim)
+        shape = self._block_shape()
         bytes_per_block = 2 * layers * shape[0] * shape[1] * shape[2] * dtype.itemsize
         budget = cfg.kv_cache_bytes
         if budget is None:  # enough for every sequence at full length, within what the device can give
@@ -119,9 +118,8 @@ class ModelRunner:
         tokens, seq_len = cfg.max_num_batched_tokens, min(self.spec.max_model_len, cfg.max_num_batched_tokens)
         lens = [seq_len] * (tokens // seq_len) + ([tokens % seq_len] if tokens % seq_len else [])
         blocks_per_seq = -(-seq_len // cfg.block_size)
-        attn = self.model.model.layers[0].self_attn
-        scratch = torch.empty((2, len(lens) * blocks_per_seq, cfg.block_size, attn.num_kv_heads, attn.head_dim),
-                              dtype=self.spec.dtype, device=self.device)
+        scratch = torch.empty((2, len(lens) * blocks_per_seq, *self._block_shape()), dtype=self.spec.dtype,
+                              device=self.device)
         for layer in self.model.model.layers:
             layer.self_attn.k_cache, layer.self_attn.v_cache = scratch[0], scratch[1]
         torch.cuda.synchronize(self.device)
@@ -144,6 +142,10 @@ class ModelRunner:
             budget -= 2 * cfg.max_num_seqs * (self.model.lm_head.vocab_size * 4 + 64 * 1024)
         return budget
 
+    def _block_shape(self) -> tuple[int, int, int]:
+        """One KV-cache block of one layer: (block_size, this rank's KV heads, head size)."""
+        return self.config.block_size, self.model.model.layers[0].self_attn.num_kv_heads, self.spec.head_dim
+
     def _tensors(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
         ids = torch.tensor(inputs.input_ids, dtype=torch.long, device=self.device)
         return ids, torch.tensor(inputs.positions, dtype=torch.long, device=self.device)
@@ -165,7 +167,7 @@ class ModelRunner:
                 k = seq.params.prompt_logprobs
                 prompt_logprobs[seq.request] = [token_logprob(rows[i], t, k) for i, t in enumerate(targets)]
             except Exception as e:
-                failed[seq.request] = _describe(e)
+                failed[seq.request] = describe(e)
         return StepResult(token_ids, logprobs, prompt_logprobs, failed)
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence], failed: dict[Request, str]):
@@ -184,7 +186,7 @@ class ModelRunner:
             try:
                 (token,), (logprob,) = self.sampler(logits[i : i + 1], [seq])
             except Exception as e:
-                failed[seq.request] = _describe(e)
+                failed[seq.request] = describe(e)
                 token, logprob = -1, None
             token_ids.append(token)
             logprobs.append(logprob)
@@ -245,8 +247,4 @@ class ModelRunner:
         while (inputs := broadcast_from_rank0()) is not None:
             self.execute(inputs)
         destroy_tp_group()
-
-
-def _describe(e: Exception) -> str:
-    return f"{type(e).__name__}: {str(e)[:200]}"
 
