@@ -3,7 +3,7 @@
 import time
 from collections.abc import AsyncIterator
 
-from deployments.protocol import GenerateRequest
+from deployments.generate_protocol import GenerateRequest
 from deployments.request_work import off_loop
 from deployments.streams import SSE_DONE, merge, new_id, sse
 from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput, ValidRequest

@@ -12,9 +12,10 @@ from deployments.chat import ChatHandler
 from deployments.completions import CompletionHandler
 from deployments.errors import OpenAIError, error_body
 from deployments.generate import GenerateHandler
+from deployments.generate_protocol import GenerateRequest
 from deployments.metrics import EngineGauges, RequestMetrics
 from deployments.openai_format import TokenTexts
-from deployments.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from deployments.protocol import ChatCompletionRequest, CompletionRequest
 from deployments.streams import SSE_DONE, new_id, sse
 from runtime import AsyncLLMEngine, EngineDeadError, InvalidInputError, RequestFailedError
 

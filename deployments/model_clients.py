@@ -17,7 +17,8 @@ from ray.exceptions import RayTaskError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from deployments.errors import OpenAIError
-from deployments.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from deployments.generate_protocol import GenerateRequest
+from deployments.protocol import ChatCompletionRequest, CompletionRequest
 
 
 class ModelClient(Protocol):

@@ -26,9 +26,10 @@ from deployments.batch.api import BatchAPI
 from deployments.batch.files import FileLimits
 from deployments.batch.job import BatchLimits
 from deployments.errors import OpenAIError, error_body, from_validation_error
+from deployments.generate_protocol import GenerateRequest
 from deployments.metrics import RequestCounter, node_metrics_text
 from deployments.model_clients import ModelClient
-from deployments.protocol import BatchCreateRequest, ChatCompletionRequest, CompletionRequest, GenerateRequest
+from deployments.protocol import BatchCreateRequest, ChatCompletionRequest, CompletionRequest
 from deployments.strict_json import loads_object
 
 

@@ -12,7 +12,8 @@ from collections import OrderedDict
 
 from ray.serve.request_router import PendingRequest, ReplicaID, ReplicaResult, RequestRouter, RunningReplica
 
-from deployments.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from deployments.generate_protocol import GenerateRequest
+from deployments.protocol import ChatCompletionRequest, CompletionRequest
 
 CHUNK_CHARS = 64
 

@@ -1,4 +1,4 @@
-"""Request bodies of the OpenAI routes and SGLang's native /generate, and their sampling options.
+"""Request bodies of the OpenAI routes and their sampling options (SGLang's /generate: generate_protocol.py).
 
 Lenient on names, strict on values: unknown fields are ignored (see RequestModel), a known field with a
 wrong type or range is a 400. Our extensions (SGLang's and vLLM's names) sit beside OpenAI's fields.
@@ -14,7 +14,6 @@ from runtime.grammar import Constraint
 
 # Bounds on the work one request can ask for (a request over one is a 400 naming it)
 MAX_STOP_TOKEN_IDS = 1024
-MAX_GENERATE_STOPS = 64  # /generate's `stop` (OpenAI's routes allow 4)
 MAX_SEQUENCES = 1024  # prompts x n in one completions or /generate call
 MAX_LOGPROB_ENTRIES = 1_000_000  # n x max tokens x (1 + top logprobs): bounds the size of the reply
 
@@ -340,93 +339,6 @@ class CompletionRequest(_SamplingFields):
     def to_sampling_params(self) -> SamplingParams:
         prompt_logprobs = self.logprobs if self.echo and self.logprobs is not None else None
         return self.sampling_params(self.max_tokens, self.logprobs, self.constraint(), prompt_logprobs=prompt_logprobs)
-
-
-class GenerateSamplingParams(RequestModel):
-    """SGLang's `sampling_params` for /generate."""
-
-    max_new_tokens: int = Field(128, ge=1)
-    min_new_tokens: int = Field(0, ge=0)
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = -1
-    min_p: float = Field(0.0, ge=0, le=1)
-    frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    presence_penalty: float = Field(0.0, ge=-2, le=2)
-    repetition_penalty: float = Field(1.0, gt=0)
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    no_stop_trim: bool = False
-    n: int = Field(1, ge=1, le=128)
-    seed: int | None = Field(None, alias="sampling_seed")
-    json_schema: str | None = None
-    regex: str | None = None
-    ebnf: str | None = None
-
-    # strict, as SGLang builds its SamplingParams from these keys: an unknown one is a 400 there too
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
-
-    @field_validator("stop")
-    @classmethod
-    def _bounded_stops(cls, v):
-        if isinstance(v, list) and len(v) > MAX_GENERATE_STOPS:
-            raise ValueError(f"at most {MAX_GENERATE_STOPS} stop strings")
-        return v
-
-    def constraint(self) -> Constraint | None:
-        given = [Constraint(kind, value, kind) for kind, value in
-                 (("json_schema", self.json_schema), ("regex", self.regex), ("ebnf", self.ebnf)) if value is not None]
-        if len(given) > 1:
-            raise InvalidInputError(given[1].param, "give at most one of json_schema, regex and ebnf")
-        return given[0] if given else None
-
-    def to_sampling_params(self, logprobs: int | None) -> SamplingParams:
-        return SamplingParams(
-            structured_output=self.constraint(),
-            n=self.n, max_tokens=self.max_new_tokens, min_tokens=self.min_new_tokens,
-            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
-            frequency_penalty=self.frequency_penalty, presence_penalty=self.presence_penalty,
-            repetition_penalty=self.repetition_penalty, stop=self.stop, stop_token_ids=self.stop_token_ids,
-            ignore_eos=self.ignore_eos, skip_special_tokens=self.skip_special_tokens,
-            include_stop_str_in_output=self.no_stop_trim, seed=self.seed, logprobs=logprobs,
-        )
-
-
-class GenerateRequest(RequestModel):
-    text: str | list[str] | None = None
-    input_ids: list[int] | list[list[int]] | None = None
-    sampling_params: GenerateSamplingParams = Field(default_factory=GenerateSamplingParams)
-    stream: bool = False
-    return_logprob: bool = False
-    top_logprobs_num: int = Field(0, ge=0, le=20)
-    rid: str | None = None
-    model: str | None = None
-
-    @model_validator(mode="after")
-    def _one_prompt_field(self):
-        if (self.text is None) == (self.input_ids is None):
-            raise ValueError("give exactly one of text or input_ids")
-        if isinstance(self.text, list) and not self.text or self.input_ids == []:
-            raise ValueError("the prompt list must not be empty")
-        return self
-
-    @model_validator(mode="after")
-    def _bounded_work(self):
-        sequences = len(self.prompts()[0]) * self.sampling_params.n
-        if sequences > MAX_SEQUENCES:
-            raise ValueError(f"prompts x n is {sequences}, over the limit of {MAX_SEQUENCES} sequences per request")
-        return self
-
-    def prompts(self) -> tuple[list[str | list[int]], bool]:
-        """The prompts, and whether the request was a batch (a list of prompts)."""
-        if self.text is not None:
-            return ([self.text], False) if isinstance(self.text, str) else (list(self.text), True)
-        ids = self.input_ids
-        if ids and isinstance(ids[0], list):
-            return list(ids), True
-        return [ids], False
 
 
 class BatchCreateRequest(RequestModel):
