@@ -1,7 +1,8 @@
 """A hostile client's sweep: every sampling field at its extremes (0, negative, huge, int64 edges, out of the
 vocabulary, the wrong type) on chat, completions and /generate, and oversized templates, prompts, stop lists
 and grammars. Each answer must be a 2xx, or a 4xx in OpenAI's shape, within ANSWER_BOUND_S; a normal request
-sent while it runs and one sent right after must each succeed within NORMAL_BOUND_S (two cores).
+sent while it runs and one sent right after must each succeed within NORMAL_BOUND_S (two cores). vLLM's
+structured-output names (guided_*, structured_outputs) are swept at their extremes too.
 
 Run with the reliability suite: `python -m pytest -m reliability -s`. RELIABILITY_SWEEP_FIELDS limits how
 many field sweeps run (all by default); `.ci/run` runs them all. Figures are printed as one JSON line.
@@ -62,6 +63,15 @@ def _cases():
             "name": "x", "schema": _nested(60)}}}),
         ("logprob volume", "/v1/chat/completions", {**CHAT, "n": 64, "max_tokens": 1500, "min_tokens": 1500,
                                                     "logprobs": True, "top_logprobs": 20}),
+        # vLLM's structured-output names
+        ("guided_choice", "/v1/completions", {**COMPLETION, "guided_choice": [f"c{i}" for i in range(100_000)]}),
+        ("guided_choice empty", "/v1/completions", {**COMPLETION, "guided_choice": []}),
+        ("guided_regex", "/v1/chat/completions", {**CHAT, "guided_regex": "(a|b)*" * 20_000}),
+        ("guided_grammar", "/v1/completions", {**COMPLETION, "guided_grammar": "root ::= root"}),
+        ("guided_json", "/v1/chat/completions", {**CHAT, "guided_json": _nested(60)}),
+        ("structured_outputs", "/v1/completions", {**COMPLETION, "structured_outputs": {"choice": "x", "json": 5}}),
+        ("stream_options without stream", "/v1/completions", {**COMPLETION, "stream_options": {"x": 1}}),
+        ("custom role", "/v1/chat/completions", {**CHAT, "messages": [{"role": "r" * 100_000, "content": "hi"}]}),
     ]
     for name, path, body in oversized:
         yield f"oversized {name}", path, body
