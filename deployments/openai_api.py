@@ -30,7 +30,11 @@ from deployments.generate_protocol import GenerateRequest
 from deployments.metrics import RequestCounter, node_metrics_text
 from deployments.model_clients import ModelClient
 from deployments.protocol import BatchCreateRequest, ChatCompletionRequest, CompletionRequest
+from deployments.responses.api import ResponsesAPI
+from deployments.responses.protocol import ResponsesRequest
+from deployments.responses.store import ResponseStore
 from deployments.strict_json import loads_object
+from runtime.storage import open_store
 
 
 class OpenAIFront:
@@ -50,6 +54,7 @@ class OpenAIFront:
             FileLimits(config.max_file_bytes, config.max_file_lines),
             BatchLimits(config.batch_concurrency, config.max_batch_line_bytes, config.max_file_lines),
         )
+        self.responses = ResponsesAPI(ResponseStore(open_store(config.storage_uri)))
 
     async def model_card(self, model_id: str) -> dict:
         """OpenAI's model object, with `max_model_len` as vLLM and SGLang give it (asked of a replica once)."""
@@ -59,14 +64,17 @@ class OpenAIFront:
                 "root": self.sources[model_id], "max_model_len": self._max_model_len[model_id]}
 
     def model(self, model_id: str | None) -> ModelClient:
+        return self.models[self.model_id(model_id)]
+
+    def model_id(self, model_id: str | None) -> str:
+        """The id of the model a request names; the only one served when it names none."""
         if model_id is None:
             if len(self.models) == 1:
-                return next(iter(self.models.values()))
+                return next(iter(self.models))
             raise OpenAIError(400, f"model: required when serving several models: {sorted(self.models)}", "model")
-        client = self.models.get(model_id)
-        if client is None:
+        if model_id not in self.models:
             raise OpenAIError(404, f"The model `{model_id}` does not exist.", "model", "model_not_found")
-        return client
+        return model_id
 
     async def parse(self, request: Request, model: type[BaseModel]) -> BaseModel:
         if "application/json" not in request.headers.get("content-type", ""):
@@ -252,6 +260,26 @@ async def completions(request: Request, front: OpenAIFront = Front):
 async def generate(request: Request, front: OpenAIFront = Front):
     body, model = await front.generation(request, GenerateRequest)
     return await respond(request, body, model.generate, model.generate_stream)
+
+
+@router.post("/v1/responses", openapi_extra=_json_body(ResponsesRequest))
+async def create_response(request: Request, front: OpenAIFront = Front):
+    owner = front.auth.owner(request)
+    body = await front.parse(request, ResponsesRequest)
+    model_id = front.model_id(body.model)
+    model, responses = front.models[model_id], front.responses
+    return await respond(request, body, lambda b: responses.create(b, model, model_id, owner),
+                         lambda b: responses.stream(b, model, model_id, owner))
+
+
+@router.get("/v1/responses/{response_id}")
+async def get_response(response_id: str, request: Request, front: OpenAIFront = Front):
+    return await front.responses.retrieve(_id("response", response_id), front.auth.owner(request))
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(response_id: str, request: Request, front: OpenAIFront = Front):
+    return await front.responses.delete(_id("response", response_id), front.auth.owner(request))
 
 
 # --- files ------------------------------------------------------------------------

@@ -22,6 +22,7 @@ def secure(server, tmp_path_factory):
 @pytest.mark.parametrize("method, path", [
     ("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/generate"),
     ("GET", "/v1/files"), ("GET", "/v1/batches"), ("GET", "/v1/files/file-x/content"),
+    ("POST", "/v1/responses"), ("GET", "/v1/responses/resp_x"), ("DELETE", "/v1/responses/resp_x"),
 ])
 def test_routes_need_a_key(secure, method, path):
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic key-alice"}):
@@ -60,3 +61,14 @@ def test_a_key_sees_only_its_own_files_and_batches(secure):
         bob.batches.cancel(batch.id)
     assert batch.id not in [b.id for b in bob.batches.list()]
     assert alice.batches.retrieve(batch.id).id == batch.id
+
+
+def test_a_key_sees_only_its_own_responses(secure):
+    alice = openai.Client(base_url=f"{secure}/v1", api_key=KEYS[0])
+    bob = openai.Client(base_url=f"{secure}/v1", api_key=KEYS[1])
+    response = alice.responses.create(model=MODEL_ID, input="hi", max_output_tokens=2)
+    for call in (lambda: bob.responses.retrieve(response.id), lambda: bob.responses.delete(response.id),
+                 lambda: bob.responses.create(model=MODEL_ID, input="x", previous_response_id=response.id)):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert alice.responses.retrieve(response.id).output_text == response.output_text

@@ -1,0 +1,92 @@
+"""POST /v1/responses and its stored responses: a chat completion underneath, shaped as a response.
+
+The conversation a `previous_response_id` names is loaded from the store and
+put before the new input; a stored response keeps that conversation plus its
+own reply, so the next turn needs only its id.
+"""
+
+import json
+from collections.abc import AsyncIterator
+
+from pydantic import ValidationError
+
+from deployments.errors import OpenAIError, from_validation_error
+from deployments.model_clients import ModelClient
+from deployments.protocol import ChatCompletionRequest
+from deployments.responses.events import ResponseEvents
+from deployments.responses.output import output_items, response_object, response_usage, status_of, turn_messages
+from deployments.responses.protocol import ResponsesRequest
+from deployments.responses.store import ResponseStore
+from deployments.streams import new_id
+
+
+class ResponsesAPI:
+    def __init__(self, store: ResponseStore):
+        self.store = store
+
+    async def create(self, req: ResponsesRequest, model: ModelClient, model_id: str, owner: str | None) -> dict:
+        history, chat = await self._prepare(req, owner)
+        completion = await model.chat(chat)
+        choice = completion["choices"][0]
+        logprobs = (choice["logprobs"] or {}).get("content") if req.wants_logprobs else None
+        output = output_items(choice["message"], logprobs)
+        response = response_object(req, new_id("resp_"), model_id, status_of(choice["finish_reason"]), output,
+                                   response_usage(completion["usage"]))
+        await self._save(req, owner, response, history)
+        return response
+
+    async def stream(self, req: ResponsesRequest, model: ModelClient, model_id: str,
+                     owner: str | None) -> AsyncIterator[str]:
+        """The event stream; an error before the model's first chunk raises before the first event."""
+        history, chat = await self._prepare(req, owner)
+        events = ResponseEvents(req, new_id("resp_"), model_id)
+        started = False
+        async for sse in model.chat_stream(chat):
+            for chunk in _payloads(sse):
+                if not started:
+                    started = True
+                    for event in events.start():
+                        yield event
+                if "error" in chunk:
+                    for event in events.fail(chunk["error"]):
+                        yield event
+                    return
+                for event in events.feed(chunk):
+                    yield event
+        response, last = events.finish()
+        try:
+            await self._save(req, owner, response, history)
+        except OpenAIError as e:
+            last = events.fail(e.body()["error"])
+        for event in last:
+            yield event
+
+    async def retrieve(self, response_id: str, owner: str | None) -> dict:
+        return (await self.store.load(owner, response_id))["response"]
+
+    async def delete(self, response_id: str, owner: str | None) -> dict:
+        await self.store.delete(owner, response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
+
+    async def _prepare(self, req: ResponsesRequest, owner: str | None) -> tuple[list[dict], ChatCompletionRequest]:
+        """The earlier turns' messages, and the chat request of this one."""
+        history = []
+        if req.previous_response_id is not None:
+            history = (await self.store.load(owner, req.previous_response_id, "previous_response_id"))["messages"]
+        try:
+            return history, req.to_chat(history)
+        except ValidationError as e:
+            raise from_validation_error(e) from None
+
+    async def _save(self, req: ResponsesRequest, owner: str | None, response: dict, history: list[dict]) -> None:
+        if req.store:
+            await self.store.save(owner, response, history + req.input_messages() + turn_messages(response["output"]))
+
+
+def _payloads(sse: str) -> list[dict]:
+    """The JSON payloads of one or more SSE `data:` events (the chat stream's `[DONE]` left out)."""
+    payloads = []
+    for block in sse.split("\n\n"):
+        if block.startswith("data: ") and block != "data: [DONE]":
+            payloads.append(json.loads(block[len("data: "):]))
+    return payloads

@@ -1,0 +1,138 @@
+"""A chat completion stream as the Responses API's event sequence.
+
+`response.created` and `response.in_progress`; then per output item
+`output_item.added`, its content part's `added`, the deltas
+(`reasoning_text.delta`, `output_text.delta`, `function_call_arguments.delta`),
+their `done` events and `output_item.done`; then `response.completed`, whose
+response says `incomplete` when the token limit cut it (as vLLM and SGLang
+send it: the SDK's stream helper and the agents SDK wait for
+`response.completed` and never see a `response.incomplete`). Every event carries its
+`sequence_number`, and leaves as an SSE `event:` + `data:` pair.
+"""
+
+import json
+
+from deployments.responses.output import (
+    function_call_item,
+    message_item,
+    reasoning_item,
+    response_object,
+    response_usage,
+    status_of,
+    text_part,
+)
+from deployments.responses.protocol import ResponsesRequest
+from deployments.streams import new_id
+
+
+class ResponseEvents:
+    def __init__(self, req: ResponsesRequest, response_id: str, model: str):
+        self.req = req
+        self.response_id = response_id
+        self.model = model
+        self.sequence = 0
+        self.output: list[dict] = []  # finished items
+        self.open: dict | None = None  # the reasoning or message item whose text is streaming
+        self.text = ""
+        self.logprobs: list[dict] = []
+        self.finish_reason: str | None = None
+        self.usage: dict | None = None
+
+    def event(self, kind: str, **fields) -> str:
+        payload = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+    def start(self) -> list[str]:
+        response = self.response("in_progress")
+        return [self.event("response.created", response=response),
+                self.event("response.in_progress", response=response)]
+
+    def feed(self, chunk: dict) -> list[str]:
+        """The events of one chat completion chunk (choice 0; a response has one)."""
+        if chunk.get("usage"):
+            self.usage = response_usage(chunk["usage"])
+        events = []
+        for choice in chunk["choices"]:
+            delta = choice["delta"]
+            if delta.get("reasoning_content"):
+                events += self._text("reasoning", delta["reasoning_content"], [])
+            if delta.get("content"):
+                events += self._text("message", delta["content"], (choice.get("logprobs") or {}).get("content"))
+            for call in delta.get("tool_calls") or []:
+                events += self._call(call)
+            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+        return events
+
+    def finish(self) -> tuple[dict, list[str]]:
+        """The final response and the events that end the stream."""
+        if self.open is None and not self.output:  # nothing was written: one empty message, as non-streaming
+            events = self._open("message")
+        else:
+            events = []
+        events += self._close()
+        response = self.response(status_of(self.finish_reason), self.usage)
+        return response, events + [self.event("response.completed", response=response)]
+
+    def fail(self, error: dict) -> list[str]:
+        """`error` (OpenAI's error object) ends the stream: an `error` event, then `response.failed`."""
+        failed = self.response("failed", error={"code": "server_error", "message": error["message"]})
+        return [self.event("error", code=error.get("code") or error.get("type"), message=error["message"],
+                           param=error.get("param")),
+                self.event("response.failed", response=failed)]
+
+    def response(self, status: str, usage: dict | None = None, error: dict | None = None) -> dict:
+        return response_object(self.req, self.response_id, self.model, status, list(self.output), usage, error)
+
+    # --- items ------------------------------------------------------------------------
+
+    def _text(self, kind: str, text: str, logprobs: list[dict] | None) -> list[str]:
+        events = [] if self.open is not None and self.open["type"] == kind else self._close() + self._open(kind)
+        self.text += text
+        self.logprobs += logprobs or []
+        where = {"item_id": self.open["id"], "output_index": len(self.output), "content_index": 0}
+        if kind == "reasoning":
+            return events + [self.event("response.reasoning_text.delta", **where, delta=text)]
+        return events + [self.event("response.output_text.delta", **where, delta=text, logprobs=logprobs or [])]
+
+    def _open(self, kind: str) -> list[str]:
+        if kind == "reasoning":
+            self.open, part = reasoning_item(new_id("rs_"), "", "in_progress"), {"type": "reasoning_text", "text": ""}
+        else:
+            self.open, part = message_item(new_id("msg_"), None, None, "in_progress"), text_part("", None)
+        self.text, self.logprobs = "", []
+        index = len(self.output)
+        return [self.event("response.output_item.added", output_index=index, item=self.open),
+                self.event("response.content_part.added", item_id=self.open["id"], output_index=index,
+                           content_index=0, part=part)]
+
+    def _close(self) -> list[str]:
+        if self.open is None:
+            return []
+        item_id, index, text = self.open["id"], len(self.output), self.text
+        where = {"item_id": item_id, "output_index": index, "content_index": 0}
+        if self.open["type"] == "reasoning":
+            item, part = reasoning_item(item_id, text), {"type": "reasoning_text", "text": text}
+            events = [self.event("response.reasoning_text.done", **where, text=text)]
+        else:
+            item, part = message_item(item_id, text, self.logprobs), text_part(text, self.logprobs)
+            events = [self.event("response.output_text.done", **where, text=text, logprobs=self.logprobs)]
+        events += [self.event("response.content_part.done", **where, part=part),
+                   self.event("response.output_item.done", output_index=index, item=item)]
+        self.output.append(item)
+        self.open = None
+        return events
+
+    def _call(self, call: dict) -> list[str]:
+        events = self._close()
+        item = function_call_item(new_id("fc_"), call)
+        index, arguments = len(self.output), item["arguments"]
+        where = {"item_id": item["id"], "output_index": index}
+        events += [self.event("response.output_item.added", output_index=index,
+                              item={**item, "arguments": "", "status": "in_progress"}),
+                   self.event("response.function_call_arguments.delta", **where, delta=arguments),
+                   self.event("response.function_call_arguments.done", **where, name=item["name"],
+                              arguments=arguments),
+                   self.event("response.output_item.done", output_index=index, item=item)]
+        self.output.append(item)
+        return events

@@ -1,0 +1,201 @@
+"""The body of POST /v1/responses, and how it becomes a chat completion request.
+
+A response is a chat completion underneath: `instructions` become the system
+message, the input items (and the stored conversation that
+`previous_response_id` names) become the messages, `text.format` becomes a
+response format, flat function tools become chat tools. Our sampling
+extensions (`top_k`, `seed`, `ebnf`, ...) are accepted here as on the chat
+route.
+"""
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Discriminator, Field, Tag, field_validator
+
+from deployments.protocol import ChatCompletionRequest, RequestModel, _SamplingFields
+
+# Fields passed to the chat request as they are (the rest are Responses' own, mapped in `to_chat`)
+_SAMPLING = set(_SamplingFields.model_fields) - {"n", "stream_options", "response_format", "user"}
+
+
+class TextPart(RequestModel):
+    """`input_text` in a user turn; `output_text` (or `refusal`) in an assistant turn echoed back."""
+
+    type: Literal["input_text", "output_text", "text", "refusal"]
+    text: str = ""
+    refusal: str = ""
+
+
+class MessageItem(RequestModel):
+    type: Literal["message"] = "message"
+    role: str = Field(min_length=1)
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text or part.refusal for part in self.content)
+
+
+class FunctionCallItem(RequestModel):
+    """A call the model made in an earlier turn, echoed back by a client that keeps its own history."""
+
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+
+
+class FunctionCallOutputItem(RequestModel):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[TextPart]
+
+
+class ReasoningItem(RequestModel):
+    """An earlier turn's reasoning, echoed back; chat templates drop past reasoning, so it is not rendered."""
+
+    type: Literal["reasoning"]
+
+
+_ITEM_KINDS = ("message", "function_call", "function_call_output", "reasoning")
+
+
+def _item_kind(item: Any) -> str:
+    return item.get("type", "message") if isinstance(item, dict) else getattr(item, "type", "message")
+
+
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")] | Annotated[ReasoningItem, Tag("reasoning")],
+    Discriminator(_item_kind)]
+
+
+class FunctionTool(RequestModel):
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class NamedFunction(RequestModel):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(RequestModel):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str = "response"
+    schema_: dict | None = Field(None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+    def response_format(self) -> dict:
+        if self.type != "json_schema":
+            return {"type": self.type}
+        return {"type": "json_schema", "json_schema": {"name": self.name, "schema": self.schema_ or {},
+                                                       "strict": self.strict}}
+
+
+class TextConfig(RequestModel):
+    format: TextFormat | None = None
+    verbosity: str | None = None
+
+
+class ResponsesStreamOptions(RequestModel):
+    include_obfuscation: bool | None = None
+
+
+class ResponsesRequest(_SamplingFields):
+    input: list[InputItem]  # a string is one user message
+    instructions: str | None = None
+    previous_response_id: str | None = Field(None, min_length=1)
+    max_output_tokens: int | None = Field(None, ge=1)
+    store: bool = True
+    metadata: dict[str, str] | None = None
+    text: TextConfig | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction = "auto"
+    parallel_tool_calls: bool = True
+    reasoning: dict | None = None
+    truncation: Literal["auto", "disabled"] = "disabled"
+    include: list[str] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    background: bool = False
+    stream_options: ResponsesStreamOptions | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # our extension, as on the chat route
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _known_items(cls, v):
+        if isinstance(v, str):
+            return [{"role": "user", "content": v}]
+        for item in v if isinstance(v, list) else []:
+            kind = _item_kind(item)
+            if kind not in _ITEM_KINDS:
+                raise ValueError(f"input items of type {str(kind)[:40]!r} are not supported ({', '.join(_ITEM_KINDS)} "
+                                 "are)")
+        return v
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _function_tools_only(cls, v):
+        for tool in v or []:
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            if kind != "function":
+                raise ValueError(f"tools of type {kind!r} are not supported; only function tools are")
+        return v
+
+    @field_validator("background")
+    @classmethod
+    def _no_background(cls, v):
+        if v:
+            raise ValueError("background responses are not supported; stream, or wait for the reply")
+        return v
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return "message.output_text.logprobs" in (self.include or []) or bool(self.top_logprobs)
+
+    def input_messages(self) -> list[dict]:
+        """The input as chat messages (function calls join the assistant turn they follow)."""
+        messages: list[dict] = []
+        for item in self.input:
+            if isinstance(item, MessageItem):
+                role = "system" if item.role == "developer" else item.role
+                messages.append({"role": role, "content": item.text()})
+            elif isinstance(item, FunctionCallItem):
+                call = {"id": item.call_id, "type": "function",
+                        "function": {"name": item.name, "arguments": item.arguments}}
+                last = messages[-1] if messages else None
+                if last is not None and last["role"] == "assistant":
+                    last.setdefault("tool_calls", []).append(call)
+                else:
+                    messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            elif isinstance(item, FunctionCallOutputItem):
+                output = item.output if isinstance(item.output, str) else "".join(p.text for p in item.output)
+                messages.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
+        return messages
+
+    def to_chat(self, history: list[dict]) -> ChatCompletionRequest:
+        """The chat request that generates this response, after `history` (the earlier turns' messages)."""
+        system = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        chat = {
+            **self.model_dump(include=_SAMPLING, exclude_unset=True, by_alias=True),
+            "messages": system + history + self.input_messages(),
+            "max_completion_tokens": self.max_output_tokens,
+            "parallel_tool_calls": self.parallel_tool_calls,
+            "stream_options": {"include_usage": True} if self.stream else None,
+            "chat_template_kwargs": self.chat_template_kwargs,
+            "tool_choice": self.tool_choice if isinstance(self.tool_choice, str) else
+            {"type": "function", "function": {"name": self.tool_choice.name}},
+        }
+        if self.text is not None and self.text.format is not None:
+            chat["response_format"] = self.text.format.response_format()
+        if self.tools:
+            chat["tools"] = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
+                             for t in self.tools]
+        if self.wants_logprobs:
+            chat["logprobs"], chat["top_logprobs"] = True, self.top_logprobs or 0
+        return ChatCompletionRequest.model_validate(chat)

@@ -1,0 +1,41 @@
+"""Stored responses: each one's reply and the whole conversation up to it, in the app's object store.
+
+Kept under `responses/<owner>/<id>.json` (owner: the API key's digest, or `public` with auth off), so a
+conversation continues through `previous_response_id` on any replica and after a restart, and one key
+never sees another's responses.
+"""
+
+import asyncio
+
+from deployments.errors import OpenAIError
+from runtime.storage import MissingObjectError, ObjectStore, StoreError
+
+
+class ResponseStore:
+    def __init__(self, store: ObjectStore):
+        self.store = store
+
+    async def save(self, owner: str | None, response: dict, messages: list[dict]) -> None:
+        try:
+            await asyncio.to_thread(self.store.put_json, self._key(owner, response["id"]),
+                                    {"response": response, "messages": messages})
+        except StoreError as e:
+            raise OpenAIError(503, f"the response could not be stored ({e}); retry, or send store: false") from e
+
+    async def load(self, owner: str | None, response_id: str, param: str | None = None) -> dict:
+        """`{"response", "messages"}`; a response this owner did not store is not found."""
+        try:
+            return await asyncio.to_thread(self.store.get_json, self._key(owner, response_id))
+        except MissingObjectError:
+            raise OpenAIError(404, f"Response with id '{response_id}' not found.", param, "response_not_found") \
+                from None
+        except StoreError as e:
+            raise OpenAIError(503, f"stored responses are unreachable: {e}") from e
+
+    async def delete(self, owner: str | None, response_id: str) -> None:
+        await self.load(owner, response_id)  # a 404 for a missing one
+        await asyncio.to_thread(self.store.delete, self._key(owner, response_id))
+
+    @staticmethod
+    def _key(owner: str | None, response_id: str) -> str:
+        return f"responses/{owner or 'public'}/{response_id}.json"
