@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 from deployments.choice_parser import ChoiceParser, tool_call_json
 from deployments.errors import OpenAIError
-from deployments.openai_format import TokenTexts, chat_logprobs, usage
+from deployments.openai_format import TokenTexts, chat_logprobs, prompt_logprobs_json, usage
 from deployments.protocol import ChatCompletionRequest
 from deployments.request_work import off_loop
 from deployments.streams import SSE_DONE, chunk_writer, now
@@ -56,7 +56,7 @@ class ChatHandler:
         choices = [self._choice(c, parser, req) for c, parser in zip(result.outputs, parsers)]
         completion_tokens = sum(len(c.token_ids) for c in result.outputs)
         reasoning_tokens = sum(p.reasoning_tokens for p in parsers)
-        return {
+        reply = {
             "id": request_id,
             "object": "chat.completion",
             "created": now(),
@@ -64,6 +64,11 @@ class ChatHandler:
             "choices": choices,
             "usage": usage(len(prompt), completion_tokens, result.num_cached_tokens, reasoning_tokens),
         }
+        if req.prompt_logprobs is not None:
+            reply["prompt_logprobs"] = prompt_logprobs_json(result.prompt_logprobs or [], self.texts)
+        if req.return_token_ids:
+            reply["prompt_token_ids"] = prompt
+        return reply
 
     def _choice(self, c: CompletionOutput, parser: ChoiceParser, req: ChatCompletionRequest) -> dict:
         parsed = parser.feed(c.text, c.token_ids, final=True)
@@ -73,7 +78,7 @@ class ChatHandler:
         content = parsed.content
         if calls and not content.strip():
             content = None
-        return {
+        choice = {
             "index": c.index,
             "message": {"role": "assistant", "content": content, "reasoning_content": parsed.reasoning or None,
                         "tool_calls": calls or None},
@@ -81,6 +86,9 @@ class ChatHandler:
             "finish_reason": _finish_reason(c.finish_reason, parser),
             "matched_stop": c.matched_stop,
         }
+        if req.return_token_ids:
+            choice["token_ids"] = c.token_ids
+        return choice
 
     async def stream(self, req: ChatCompletionRequest, request_id: str) -> AsyncIterator[str]:
         """Prepare (errors raise before the first chunk), then stream SSE chunks."""
@@ -92,17 +100,25 @@ class ChatHandler:
         chunk = chunk_writer(request_id, "chat.completion.chunk", self.model_id)
         parsers = [self._parser(req) for _ in range(n)]
         calls_sent = [0] * n
+        generated, cached = 0, 0  # tokens so far, for usage on every chunk (continuous_usage_stats)
+
+        def extra() -> dict:
+            return {"usage": usage(len(prompt), generated, cached)} if req.usage_on_every_chunk else {}
+
+        first = {"prompt_token_ids": prompt} if req.return_token_ids else {}
         for i in range(n):
             yield chunk([{"index": i, "delta": {"role": "assistant", "content": "", "reasoning_content": None},
-                          "logprobs": None, "finish_reason": None}])
-        completion_tokens, cached = 0, 0
+                          "logprobs": None, "finish_reason": None}], **first, **extra())
+        completion_tokens = 0
         async for delta in generator:
             cached = delta.num_cached_tokens
             for s in delta.seqs:
+                generated += len(s.token_ids)
                 parser = parsers[s.index]
                 parsed = parser.feed(s.text, s.token_ids, s.finish_reason is not None)
                 logprobs = chat_logprobs(s.logprobs, self.texts) if req.logprobs and s.logprobs else None
-                if parsed or logprobs:
+                token_ids = {"token_ids": s.token_ids} if req.return_token_ids else {}
+                if parsed or logprobs or (token_ids and s.token_ids):
                     message = {"reasoning_content": parsed.reasoning or None}  # null, not absent, as SGLang sends
                     if parsed.content or not parsed:
                         message["content"] = parsed.content
@@ -110,12 +126,13 @@ class ChatHandler:
                         message["tool_calls"] = [tool_call_json(calls_sent[s.index] + k, call)
                                                  for k, call in enumerate(parsed.tool_calls)]
                         calls_sent[s.index] += len(parsed.tool_calls)
-                    yield chunk([{"index": s.index, "delta": message, "logprobs": logprobs, "finish_reason": None}])
+                    yield chunk([{"index": s.index, "delta": message, "logprobs": logprobs, "finish_reason": None,
+                                  **token_ids}], **extra())
                 if s.finish_reason is not None:
                     completion_tokens += s.num_output_tokens
                     yield chunk([{"index": s.index, "delta": {"reasoning_content": None}, "logprobs": None,
                                   "finish_reason": _finish_reason(s.finish_reason, parser),
-                                  "matched_stop": s.matched_stop}])
+                                  "matched_stop": s.matched_stop}], **extra())
         if req.include_usage:
             reasoning_tokens = sum(p.reasoning_tokens for p in parsers)
             yield chunk([], usage=usage(len(prompt), completion_tokens, cached, reasoning_tokens))

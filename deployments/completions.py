@@ -2,7 +2,7 @@
 
 from collections.abc import AsyncIterator
 
-from deployments.openai_format import TokenTexts, completion_logprobs, usage
+from deployments.openai_format import TokenTexts, completion_logprobs, prompt_logprobs_json, usage
 from deployments.protocol import CompletionRequest
 from deployments.request_work import off_loop
 from deployments.streams import SSE_DONE, chunk_writer, merge, now
@@ -56,8 +56,13 @@ class CompletionHandler:
                 entries = (result.prompt_logprobs or [None] * len(result.prompt_token_ids)) + entries
                 ids = result.prompt_token_ids + ids
             logprobs = completion_logprobs(entries, ids, self.texts)
-        return {"index": index, "text": prompt_text + c.text, "logprobs": logprobs,
-                "finish_reason": c.finish_reason, "matched_stop": c.matched_stop}
+        choice = {"index": index, "text": prompt_text + c.text, "logprobs": logprobs,
+                  "finish_reason": c.finish_reason, "matched_stop": c.matched_stop}
+        if req.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = prompt_logprobs_json(result.prompt_logprobs or [], self.texts)
+        if req.return_token_ids:
+            choice["prompt_token_ids"], choice["token_ids"] = result.prompt_token_ids, c.token_ids
+        return choice
 
     async def stream(self, req: CompletionRequest, request_id: str) -> AsyncIterator[str]:
         params, valid = await off_loop(self._prepare, req)
@@ -78,15 +83,23 @@ class CompletionHandler:
     async def _chunks(self, req, request_id, params, valid: list[ValidRequest]) -> AsyncIterator[str]:
         prompts = [v.prompt_token_ids for v in valid]
         chunk = chunk_writer(request_id, "text_completion", self.model_id)
-        completion_tokens, cached = 0, [0] * len(prompts)
+        completion_tokens, generated, cached = 0, 0, [0] * len(prompts)
         offsets = {}  # each choice's text offset so far, for its logprobs
+        ids_sent: set[int] = set()  # choices whose prompt_token_ids went out (return_token_ids)
+
+        prompt_tokens = sum(len(p) for p in prompts)
+
+        def extra() -> dict:  # usage so far on every chunk, with continuous_usage_stats
+            return {"usage": usage(prompt_tokens, generated, sum(cached))} if req.usage_on_every_chunk else {}
+
         async for i, delta in merge(self._streams(valid, request_id, 0)):
             cached[i] = delta.num_cached_tokens
             if req.echo and i * params.n not in offsets:  # this prompt's first delta
                 for item in self._echo(req, i, prompts[i], params.n, delta.prompt_logprobs, offsets):
-                    yield chunk([item])
+                    yield chunk([item], **extra())
             for s in delta.seqs:
                 index = i * params.n + s.index
+                generated += len(s.token_ids)
                 logprobs = None
                 if req.logprobs is not None:  # every chunk of a logprobs request carries them
                     logprobs = completion_logprobs(s.logprobs or [], s.token_ids, self.texts, offsets.get(index, 0))
@@ -96,7 +109,12 @@ class CompletionHandler:
                     if s.finish_reason is not None:
                         completion_tokens += s.num_output_tokens
                         item["matched_stop"] = s.matched_stop
-                    yield chunk([item])
+                    if req.return_token_ids:
+                        item["token_ids"] = s.token_ids
+                        if index not in ids_sent:
+                            item["prompt_token_ids"] = prompts[i]
+                            ids_sent.add(index)
+                    yield chunk([item], **extra())
         if req.include_usage:
-            yield chunk([], usage=usage(sum(len(p) for p in prompts), completion_tokens, sum(cached)))
+            yield chunk([], usage=usage(prompt_tokens, completion_tokens, sum(cached)))
         yield SSE_DONE

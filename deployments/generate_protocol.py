@@ -2,7 +2,7 @@
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from deployments.protocol import MAX_SEQUENCES, MAX_STOP_TOKEN_IDS, RequestModel
+from deployments.protocol import MAX_SEQUENCES, MAX_STOP_TOKEN_IDS, RequestModel, StopRegex
 from runtime import InvalidInputError, SamplingParams
 from runtime.grammar import Constraint
 
@@ -23,6 +23,7 @@ class GenerateSamplingParams(RequestModel):
     repetition_penalty: float = Field(1.0, gt=0)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
+    stop_regex: StopRegex = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
@@ -56,7 +57,7 @@ class GenerateSamplingParams(RequestModel):
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
             frequency_penalty=self.frequency_penalty, presence_penalty=self.presence_penalty,
             repetition_penalty=self.repetition_penalty, stop=self.stop, stop_token_ids=self.stop_token_ids,
-            ignore_eos=self.ignore_eos, skip_special_tokens=self.skip_special_tokens,
+            stop_regex=self.stop_regex, ignore_eos=self.ignore_eos, skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.no_stop_trim, seed=self.seed, logprobs=logprobs,
         )
 

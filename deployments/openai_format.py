@@ -62,3 +62,21 @@ def completion_logprobs(entries: list[TokenLogprob | None], token_ids: list[int]
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+def prompt_logprobs_json(entries: list[TokenLogprob | None], texts: TokenTexts) -> list[dict | None]:
+    """vLLM's `prompt_logprobs`: per prompt token (the first has none), by token id, its logprob, rank and text,
+    and the same for the top alternatives."""
+
+    def item(logprob: float, rank: int, token_id: int) -> dict:
+        return {"logprob": logprob, "rank": rank, "decoded_token": texts(token_id)}
+
+    out: list[dict | None] = []
+    for e in entries:
+        if e is None:
+            out.append(None)
+            continue
+        entry = {str(t): item(lp, rank, t) for rank, (t, lp) in enumerate(e.top, 1)}
+        entry[str(e.token_id)] = item(e.logprob, e.rank, e.token_id)
+        out.append(entry)
+    return out

@@ -5,7 +5,7 @@ wrong type or range is a 400. Our extensions (SGLang's and vLLM's names) sit bes
 """
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -25,6 +25,12 @@ class RequestModel(BaseModel):
     infinities are refused."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+MAX_STOP_REGEX_CHARS = 1024
+# SGLang's stop_regex: up to 4 RE2 patterns (linear-time matching: no pattern can stall the engine)
+_StopPattern = Annotated[str, Field(max_length=MAX_STOP_REGEX_CHARS)]
+StopRegex = _StopPattern | Annotated[list[_StopPattern], Field(max_length=4)] | None
 
 
 class StreamOptions(RequestModel):
@@ -130,6 +136,7 @@ class _SamplingFields(RequestModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
+    stop_regex: StopRegex = None  # SGLang's
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
@@ -144,11 +151,15 @@ class _SamplingFields(RequestModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = Field(None, min_length=1)
     guided_grammar: str | None = None
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)  # vLLM's: each prompt token's logprob and top ones
+    return_token_ids: bool = False  # vLLM's: the prompt's and each choice's token ids in the reply
 
     @model_validator(mode="after")
     def _stream_options_need_a_stream(self):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("prompt_logprobs: not available when streaming (as vLLM)")
         return self
 
     @field_validator("stop")
@@ -211,6 +222,7 @@ class _SamplingFields(RequestModel):
             seed=self.seed,
             stop=self.stop,
             stop_token_ids=self.stop_token_ids,
+            stop_regex=self.stop_regex,
             ignore_eos=self.ignore_eos,
             skip_special_tokens=self.skip_special_tokens,
             logprobs=logprobs,
@@ -221,6 +233,11 @@ class _SamplingFields(RequestModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def usage_on_every_chunk(self) -> bool:
+        """vLLM's `continuous_usage_stats`: each chunk carries the usage so far (with `include_usage`)."""
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -288,7 +305,7 @@ class ChatCompletionRequest(_SamplingFields):
             raise InvalidInputError("tool_choice", "a required or named tool_choice cannot be combined with "
                                                    "response_format, regex or ebnf")
         return self.sampling_params(self.max_completion_tokens or self.max_tokens, top if self.logprobs else None,
-                                    constraint or tool)
+                                    constraint or tool, prompt_logprobs=self.prompt_logprobs)
 
 
 class CompletionRequest(_SamplingFields):
@@ -337,7 +354,9 @@ class CompletionRequest(_SamplingFields):
         return list(p)
 
     def to_sampling_params(self) -> SamplingParams:
-        prompt_logprobs = self.logprobs if self.echo and self.logprobs is not None else None
+        prompt_logprobs = self.prompt_logprobs
+        if prompt_logprobs is None and self.echo:
+            prompt_logprobs = self.logprobs
         return self.sampling_params(self.max_tokens, self.logprobs, self.constraint(), prompt_logprobs=prompt_logprobs)
 
 

@@ -5,14 +5,30 @@ O(window), and new text is only released once it no longer ends in U+FFFD,
 i.e. never half of a multi-byte UTF-8 character. Stop strings are searched in
 the text as it grows (so they match across token boundaries); text that could
 still turn out to be the start of a stop string is held back from the stream
-until it is resolved.
+until it is resolved. Stop regexes (SGLang's `stop_regex`) are searched in
+the whole output after each token with RE2, whose time is linear in the
+text, so no pattern can stall the engine; the matched text stays in the
+output (a regex match cannot be held back from a stream the way a literal's
+prefix can).
 """
 
+from functools import lru_cache
+
+import re2
 from transformers import PreTrainedTokenizerBase
 
 from runtime.parsers.tag_stream import partial_tag_len
 
 _PROMPT_CONTEXT = 5  # prompt tokens decoded with the first outputs, for correct spacing
+
+
+@lru_cache(maxsize=256)
+def stop_pattern(pattern: str) -> "re2._Regexp":
+    """A compiled stop regex (RE2 syntax); raises ValueError for one RE2 cannot compile."""
+    try:
+        return re2.compile(pattern)
+    except re2.error as e:
+        raise ValueError(f"not an RE2 regex: {e}") from None
 
 
 class IncrementalDetokenizer:
@@ -23,9 +39,11 @@ class IncrementalDetokenizer:
         stop: list[str],
         include_stop_str_in_output: bool,
         skip_special_tokens: bool,
+        stop_regex: list[str] = (),
     ):
         self.tokenizer = tokenizer
         self.stop = stop
+        self.stop_regex = [(pattern, stop_pattern(pattern)) for pattern in stop_regex]
         self.include_stop = include_stop_str_in_output
         self.skip_special_tokens = skip_special_tokens
         self._ids = list(prompt_token_ids[-_PROMPT_CONTEXT:])
@@ -39,7 +57,7 @@ class IncrementalDetokenizer:
         self._backend = None if getattr(tokenizer, "clean_up_tokenization_spaces", False) else backend
 
     def append(self, token_id: int, check_stop: bool = True) -> str | None:
-        """Add a generated token; returns the stop string it completed, if any."""
+        """Add a generated token; returns the stop string (or stop regex) it completed, if any."""
         self._ids.append(token_id)
         prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
         full = self._decode(self._ids[self._prefix_offset :])
@@ -50,12 +68,17 @@ class IncrementalDetokenizer:
         self._read_offset = len(self._ids)
         if not new:  # a token without text (a skipped special token, an id the tokenizer lacks): the window moves on
             return None
-        if not self.stop:
-            self.text += new
-            return None
-        start = max(0, len(self.text) - max(len(s) for s in self.stop) + 1)
+        start = max(0, len(self.text) - max((len(s) for s in self.stop), default=0) + 1)
         self.text += new
-        return self._find_stop(start) if check_stop else None
+        if not check_stop:
+            return None
+        return (self._find_stop(start) if self.stop else None) or self._find_stop_regex()
+
+    def _find_stop_regex(self) -> str | None:
+        for pattern, compiled in self.stop_regex:
+            if compiled.search(self.text):
+                return pattern
+        return None
 
     def _find_stop(self, start: int) -> str | None:
         best = None

@@ -114,8 +114,8 @@ class LLMEngine:
         self.scheduler.add(request)
 
     def _detokenizer(self, prompt_token_ids: list[int], params: SamplingParams) -> IncrementalDetokenizer:
-        return IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop,
-                                      params.include_stop_str_in_output, params.skip_special_tokens)
+        return IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop, params.include_stop_str_in_output,
+                                      params.skip_special_tokens, params.stop_regex)
 
     def abort(self, request_id: str) -> None:
         request = self.requests.pop(request_id, None)

@@ -2,7 +2,8 @@
 
 from dataclasses import dataclass
 
-from runtime.errors import require
+from runtime.detokenizer import stop_pattern
+from runtime.errors import InvalidInputError, require
 from runtime.grammar import Constraint
 
 
@@ -22,6 +23,7 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] | str | None = None
     stop_token_ids: list[int] | None = None
+    stop_regex: list[str] | str | None = None  # SGLang's: stop once the output matches one (RE2 syntax)
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     skip_special_tokens: bool = True
@@ -34,6 +36,12 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = [s for s in (self.stop or []) if s]
         self.stop_token_ids = list(self.stop_token_ids or [])
+        self.stop_regex = [self.stop_regex] if isinstance(self.stop_regex, str) else list(self.stop_regex or [])
+        for pattern in self.stop_regex:
+            try:
+                stop_pattern(pattern)
+            except ValueError as e:
+                raise InvalidInputError("stop_regex", f"{pattern[:100]!r}: {e}") from None
         if self.top_k == 0:
             self.top_k = -1
         require(self.n >= 1, "n", f"must be at least 1, got {self.n}")

@@ -174,6 +174,7 @@ def test_a_conversation_continues_on_another_app_sharing_the_storage(server, cli
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format.type"),
     ({"input": "x", "tool_choice": "required"}, None),
     ({"input": "x", "previous_response_id": "resp_nope"}, "previous_response_id"),
+    ({"input": "x", "previous_response_id": "../public/resp_" + "0" * 32}, "previous_response_id"),  # no paths
     ({"input": "x", "model": "no-such-model"}, "model"),
 ])
 def test_bad_requests_are_openai_errors(server, body, param):

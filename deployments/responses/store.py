@@ -6,9 +6,12 @@ never sees another's responses.
 """
 
 import asyncio
+import re
 
 from deployments.errors import OpenAIError
 from runtime.storage import MissingObjectError, ObjectStore, StoreError
+
+_ID = re.compile(r"resp_[0-9a-f]{32}")  # what new_id("resp_") makes: never a path into another owner's keys
 
 
 class ResponseStore:
@@ -24,6 +27,8 @@ class ResponseStore:
 
     async def load(self, owner: str | None, response_id: str, param: str | None = None) -> dict:
         """`{"response", "messages"}`; a response this owner did not store is not found."""
+        if not _ID.fullmatch(response_id):
+            raise OpenAIError(404, f"Response with id '{response_id[:64]}' not found.", param, "response_not_found")
         try:
             return await asyncio.to_thread(self.store.get_json, self._key(owner, response_id))
         except MissingObjectError:

@@ -2,7 +2,8 @@
 vocabulary, the wrong type) on chat, completions and /generate, and oversized templates, prompts, stop lists
 and grammars. Each answer must be a 2xx, or a 4xx in OpenAI's shape, within ANSWER_BOUND_S; a normal request
 sent while it runs and one sent right after must each succeed within NORMAL_BOUND_S (two cores). vLLM's
-structured-output names (guided_*, structured_outputs) are swept at their extremes too.
+structured-output names (guided_*, structured_outputs), SGLang's stop_regex and /v1/responses are swept at
+their extremes too.
 
 Run with the reliability suite: `python -m pytest -m reliability -s`. RELIABILITY_SWEEP_FIELDS limits how
 many field sweeps run (all by default); `.ci/run` runs them all. Figures are printed as one JSON line.
@@ -72,6 +73,15 @@ def _cases():
         ("structured_outputs", "/v1/completions", {**COMPLETION, "structured_outputs": {"choice": "x", "json": 5}}),
         ("stream_options without stream", "/v1/completions", {**COMPLETION, "stream_options": {"x": 1}}),
         ("custom role", "/v1/chat/completions", {**CHAT, "messages": [{"role": "r" * 100_000, "content": "hi"}]}),
+        # SGLang's stop_regex: patterns that backtrack exponentially in Python's re, on a long output
+        ("stop_regex", "/v1/completions", {**COMPLETION, "max_tokens": 400, "ignore_eos": True,
+                                           "stop_regex": ["(a+)+$", "(x|x)*y", "(.*)*z", "(a|aa)+$"]}),
+        ("stop_regex list", "/v1/completions", {**COMPLETION, "stop_regex": ["a"] * 100_000}),
+        ("prompt_logprobs", "/v1/completions", {**COMPLETION, "prompt": "word " * 400, "prompt_logprobs": 20}),
+        # the Responses API
+        ("responses items", "/v1/responses", {"input": [{"role": "user", "content": "hi"}] * 100_000}),
+        ("responses previous id", "/v1/responses", {"input": "hi", "previous_response_id": "../" * 10_000}),
+        ("responses tools", "/v1/responses", {"input": "hi", "tools": [{"type": "web_search"}] * 10_000}),
     ]
     for name, path, body in oversized:
         yield f"oversized {name}", path, body
