@@ -84,9 +84,23 @@ class AppConfig(StrictModel):
     batch_concurrency: int = Field(64, gt=0)
     # s3:// prefixes a batch's input_file_id may name, besides this app's own storage_uri; nothing else is read
     batch_input_prefixes: list[str] = Field(default_factory=list)
+    # Serve options of the OpenAI ingress (num_replicas, autoscaling_config, ray_actor_options, ...). Two
+    # replicas by default, which Serve spreads over nodes: losing one node never takes the app's front door.
+    ingress_deployment_config: dict[str, Any] = Field(default_factory=lambda: {"num_replicas": 2})
+    # A file:// storage_uri that every node sees (NFS, a shared volume). Without it, a file:// storage is
+    # refused on a multi-node cluster: each node would keep its own batches, files and stored responses.
+    shared_storage: bool = False
     # The model's replicas serve HTTP themselves, with no ingress hop (one model only; see direct_server.py).
     # Default: Ray Serve LLM's switch, the environment variable RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING=1.
     direct_streaming: bool = Field(default_factory=lambda: os.environ.get(DIRECT_STREAMING_ENV) == "1")
+
+    @field_validator("ingress_deployment_config")
+    @classmethod
+    def _known_ingress_options(cls, v: dict) -> dict:
+        _only_known(v, _DEPLOYMENT_OPTIONS - {"request_router_config"}, "ingress deployment")
+        if "num_replicas" in v and "autoscaling_config" in v:
+            raise ValueError("give num_replicas or autoscaling_config, not both")
+        return v
 
     @model_validator(mode="after")
     def _unique_model_ids(self):

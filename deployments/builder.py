@@ -4,7 +4,7 @@ import ray
 from ray import serve
 from ray.serve import Application, Deployment
 
-from deployments.app_config import LLMConfig, parse_app_config, replica_name
+from deployments.app_config import AppConfig, LLMConfig, parse_app_config, replica_name
 from deployments.direct_server import DirectLLMServer
 from deployments.ingress import OpenAIIngress
 from deployments.llm_server import LLMServer
@@ -15,10 +15,25 @@ def build_openai_app(args: dict) -> Application:
     """One replica deployment per model behind one OpenAI ingress; in direct streaming, the model's
     replica deployment is the ingress."""
     config = parse_app_config(args)
+    _check_storage_is_shared(config)
     if config.direct_streaming:
         return _replica(config.llm_configs[0], DirectLLMServer).bind(config)
     replicas = {c.model_id: _replica(c, LLMServer).bind(c) for c in config.llm_configs}
-    return OpenAIIngress.bind(config, replicas)
+    options = dict(config.ingress_deployment_config)
+    # no CPU reserved unless asked: like Serve's proxy, the ingress only routes; the cores go to the engines
+    actor_options = {"num_cpus": 0, **options.pop("ray_actor_options", {})}
+    return OpenAIIngress.options(ray_actor_options=actor_options, **options).bind(config, replicas)
+
+
+def _check_storage_is_shared(config: AppConfig) -> None:
+    """A file:// storage on a multi-node cluster must be declared shared: batches, files and stored responses
+    are read and written by actors on any node."""
+    if not config.storage_uri.startswith("file://") or config.shared_storage or not ray.is_initialized():
+        return
+    nodes = sum(1 for node in ray.nodes() if node["Alive"])
+    if nodes > 1:
+        raise ValueError(f"storage_uri {config.storage_uri} is a local directory, but the cluster has {nodes} nodes: "
+                         "use an s3:// storage_uri, or set shared_storage: true if every node mounts it")
 
 
 def _replica(config: LLMConfig, server_class: type) -> Deployment:

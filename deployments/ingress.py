@@ -8,8 +8,8 @@ from deployments.model_clients import RemoteModel
 from deployments.openai_api import OpenAIFront, build_app
 
 
-# No CPU reserved: like Serve's proxy, the ingress only routes; the cores go to the engines.
-@serve.deployment(max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0})
+# Replicas and resources: the app config's ingress_deployment_config (builder.py)
+@serve.deployment(max_ongoing_requests=1000)
 @serve.ingress()
 class OpenAIIngress:
     def __init__(self, config: AppConfig, replicas: dict[str, DeploymentHandle]):

@@ -89,3 +89,19 @@ def test_grafana_dashboard_queries_only_metrics_we_export():
     used = {m for e in expressions for m in re.findall(r"ray_(rayllm_[a-z0-9_]+)", e)}
     exported = {u for u in used if u in defined or re.sub(r"_(bucket|total|count|sum)$", "", u) in defined}
     assert used and exported == used
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_gcs_fault_tolerance_uses_the_shipped_redis(path):
+    manifest = yaml.safe_load(path.read_text())
+    options = manifest["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]
+    redis = {doc["kind"]: doc for doc in yaml.safe_load_all((ROOT / "k8s/redis.yaml").read_text())}
+    service = redis["Service"]
+    assert options["redisAddress"] == f"redis://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
+    secret = options["redisPassword"]["valueFrom"]["secretKeyRef"]
+    container = redis["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["env"][0]["valueFrom"]["secretKeyRef"] == secret
+    assert redis["Deployment"]["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    serve_config = yaml.safe_load(manifest["spec"]["serveConfigV2"])
+    assert serve_config["proxy_location"] == "EveryNode"
+    assert parse_app_config(serve_config["applications"][0]["args"]).ingress_deployment_config["num_replicas"] >= 2

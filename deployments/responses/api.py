@@ -53,13 +53,16 @@ class ResponsesAPI:
                     return
                 for event in events.feed(chunk):
                     yield event
-        response, last = events.finish()
+        for event in events.close():
+            yield event
+        response = events.final()
         try:
             await self._save(req, owner, response, history)
         except OpenAIError as e:
-            last = events.fail(e.body()["error"])
-        for event in last:
-            yield event
+            for event in events.fail(e.body()["error"]):
+                yield event
+            return
+        yield events.event("response.completed", response=response)
 
     async def retrieve(self, response_id: str, owner: str | None) -> dict:
         return (await self.store.load(owner, response_id))["response"]
@@ -76,11 +79,26 @@ class ResponsesAPI:
         try:
             return history, req.to_chat(history)
         except ValidationError as e:
-            raise from_validation_error(e) from None
+            raise _in_responses_terms(from_validation_error(e)) from None
 
     async def _save(self, req: ResponsesRequest, owner: str | None, response: dict, history: list[dict]) -> None:
         if req.store:
             await self.store.save(owner, response, history + req.input_messages() + turn_messages(response["output"]))
+
+
+# The chat request's fields, as the Responses request names them
+_CHAT_NAMES = {"messages": "input", "max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens",
+               "response_format": "text.format"}
+
+
+def _in_responses_terms(error: OpenAIError) -> OpenAIError:
+    """An error of the chat request built from a response request, naming the response request's fields."""
+    message, param = error.message, error.param
+    for chat_name, name in _CHAT_NAMES.items():
+        message = message.replace(chat_name, name)
+        if param is not None and (param == chat_name or param.startswith(chat_name + ".")):
+            param = name + param[len(chat_name):]
+    return OpenAIError(error.status, message, param, error.code)
 
 
 def _payloads(sse: str) -> list[dict]:

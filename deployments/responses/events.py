@@ -37,6 +37,10 @@ class ResponseEvents:
         self.logprobs: list[dict] = []
         self.finish_reason: str | None = None
         self.usage: dict | None = None
+        # held until text follows, as the non-streamed reply has them: whitespace between tool calls (which
+        # makes no message item), and the logprobs of chunks whose text a parser held back
+        self.held_space = ""
+        self.held_logprobs: list[dict] = []
 
     def event(self, kind: str, **fields) -> str:
         payload = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -55,24 +59,33 @@ class ResponseEvents:
         events = []
         for choice in chunk["choices"]:
             delta = choice["delta"]
+            self.held_logprobs += (choice.get("logprobs") or {}).get("content") or []
             if delta.get("reasoning_content"):
-                events += self._text("reasoning", delta["reasoning_content"], [])
-            if delta.get("content"):
-                events += self._text("message", delta["content"], (choice.get("logprobs") or {}).get("content"))
+                events += self._text("reasoning", delta["reasoning_content"])
+            content = delta.get("content")
+            if content and not content.strip() and (self.open is None or self.open["type"] != "message"):
+                self.held_space += content
+            elif content:
+                events += self._text("message", self.held_space + content)
+                self.held_space = ""
             for call in delta.get("tool_calls") or []:
                 events += self._call(call)
             self.finish_reason = choice.get("finish_reason") or self.finish_reason
         return events
 
-    def finish(self) -> tuple[dict, list[str]]:
-        """The final response and the events that end the stream."""
-        if self.open is None and not self.output:  # nothing was written: one empty message, as non-streaming
-            events = self._open("message")
-        else:
-            events = []
-        events += self._close()
-        response = self.response(status_of(self.finish_reason), self.usage)
-        return response, events + [self.event("response.completed", response=response)]
+    def close(self) -> list[str]:
+        """The events that finish the output items."""
+        events = []
+        replied = any(item["type"] in ("message", "function_call") for item in self.output)
+        if not replied and (self.open is None or self.open["type"] != "message"):
+            # no message and no call: one message (empty, or the whitespace held), as the non-streamed reply has
+            events = self._text("message", self.held_space) if self.held_space else self._close() + \
+                self._open("message")
+        return events + self._close()
+
+    def final(self) -> dict:
+        """The finished response (after `close`), for `response.completed`."""
+        return self.response(status_of(self.finish_reason), self.usage)
 
     def fail(self, error: dict) -> list[str]:
         """`error` (OpenAI's error object) ends the stream: an `error` event, then `response.failed`."""
@@ -86,14 +99,15 @@ class ResponseEvents:
 
     # --- items ------------------------------------------------------------------------
 
-    def _text(self, kind: str, text: str, logprobs: list[dict] | None) -> list[str]:
+    def _text(self, kind: str, text: str) -> list[str]:
         events = [] if self.open is not None and self.open["type"] == kind else self._close() + self._open(kind)
         self.text += text
-        self.logprobs += logprobs or []
         where = {"item_id": self.open["id"], "output_index": len(self.output), "content_index": 0}
         if kind == "reasoning":
             return events + [self.event("response.reasoning_text.delta", **where, delta=text)]
-        return events + [self.event("response.output_text.delta", **where, delta=text, logprobs=logprobs or [])]
+        logprobs, self.held_logprobs = self.held_logprobs, []
+        self.logprobs += logprobs
+        return events + [self.event("response.output_text.delta", **where, delta=text, logprobs=logprobs)]
 
     def _open(self, kind: str) -> list[str]:
         if kind == "reasoning":
@@ -115,6 +129,8 @@ class ResponseEvents:
             item, part = reasoning_item(item_id, text), {"type": "reasoning_text", "text": text}
             events = [self.event("response.reasoning_text.done", **where, text=text)]
         else:
+            self.logprobs += self.held_logprobs  # a parser's held-back tail: its tokens are this text's
+            self.held_logprobs = []
             item, part = message_item(item_id, text, self.logprobs), text_part(text, self.logprobs)
             events = [self.event("response.output_text.done", **where, text=text, logprobs=self.logprobs)]
         events += [self.event("response.content_part.done", **where, part=part),
@@ -124,6 +140,7 @@ class ResponseEvents:
         return events
 
     def _call(self, call: dict) -> list[str]:
+        self.held_space = ""
         events = self._close()
         item = function_call_item(new_id("fc_"), call)
         index, arguments = len(self.output), item["arguments"]

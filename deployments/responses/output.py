@@ -9,7 +9,11 @@ from deployments.streams import new_id
 def response_object(req: ResponsesRequest, response_id: str, model: str, status: str, output: list[dict],
                      usage: dict | None = None, error: dict | None = None) -> dict:
     """The whole response; the request's settings are echoed as OpenAI echoes them."""
-    fmt = req.text.format.model_dump(by_alias=True, exclude_none=True) if req.text and req.text.format else None
+    fmt = req.text.format if req.text and req.text.format else None
+    if fmt is not None and fmt.type == "json_schema":
+        fmt = {**fmt.model_dump(by_alias=True, exclude_none=True), "schema": fmt.schema_ or {}}
+    elif fmt is not None:
+        fmt = {"type": fmt.type}
     return {
         "id": response_id,
         "object": "response",
@@ -29,7 +33,7 @@ def response_object(req: ResponsesRequest, response_id: str, model: str, status:
         "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
         "tool_choice": req.tool_choice if isinstance(req.tool_choice, str) else req.tool_choice.model_dump(),
         "parallel_tool_calls": req.parallel_tool_calls,
-        "text": {"format": fmt or {"type": "text"}},
+        "text": {"format": fmt or {"type": "text"}, "verbosity": req.text.verbosity if req.text else None},
         "reasoning": req.reasoning,
         "truncation": req.truncation,
         "store": req.store,

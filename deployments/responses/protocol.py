@@ -108,7 +108,7 @@ class ResponsesStreamOptions(RequestModel):
 
 
 class ResponsesRequest(_SamplingFields):
-    input: list[InputItem]  # a string is one user message
+    input: list[InputItem] = Field(min_length=1)  # a string is one user message
     instructions: str | None = None
     previous_response_id: str | None = Field(None, min_length=1)
     max_output_tokens: int | None = Field(None, ge=1)
@@ -141,7 +141,9 @@ class ResponsesRequest(_SamplingFields):
     @field_validator("tools", mode="before")
     @classmethod
     def _function_tools_only(cls, v):
-        for tool in v or []:
+        if not isinstance(v, list):
+            return v  # pydantic's own type error
+        for tool in v:
             kind = tool.get("type") if isinstance(tool, dict) else None
             if kind != "function":
                 raise ValueError(f"tools of type {kind!r} are not supported; only function tools are")
@@ -179,11 +181,18 @@ class ResponsesRequest(_SamplingFields):
         return messages
 
     def to_chat(self, history: list[dict]) -> ChatCompletionRequest:
-        """The chat request that generates this response, after `history` (the earlier turns' messages)."""
-        system = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        """The chat request that generates this response, after `history` (the earlier turns' messages).
+        `instructions` and the input's leading system (or developer) messages become one first system message:
+        many chat templates accept a single system message, and only at the start."""
+        messages = self.input_messages()
+        leading = 0
+        while leading < len(messages) and messages[leading]["role"] == "system":
+            leading += 1
+        system_texts = [self.instructions] * bool(self.instructions) + [m["content"] for m in messages[:leading]]
+        system = [{"role": "system", "content": "\n\n".join(system_texts)}] if system_texts else []
         chat = {
             **self.model_dump(include=_SAMPLING, exclude_unset=True, by_alias=True),
-            "messages": system + history + self.input_messages(),
+            "messages": system + history + messages[leading:],
             "max_completion_tokens": self.max_output_tokens,
             "parallel_tool_calls": self.parallel_tool_calls,
             "stream_options": {"include_usage": True} if self.stream else None,

@@ -1,0 +1,28 @@
+"""Losing a node costs only what ran on it, on a real multi-node Ray cluster (see multinode_cluster.py, which
+runs in its own process: one Ray cluster per process). The figures are printed as one JSON line."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.reliability
+
+
+def test_node_losses_cost_only_what_ran_on_them(tmp_path):
+    out = tmp_path / "figures.json"
+    subprocess.run([sys.executable, "-m", "tests.reliability.multinode_cluster", str(out)], check=True, timeout=900,
+                   stdout=subprocess.DEVNULL)
+    figures = json.loads(out.read_text())
+    print(json.dumps({"reliability": "multinode", **figures}))
+
+    streams = figures["replica_node_killed"]["streams"]
+    assert set(streams) <= {"completed", "error_event"} and sum(streams.values()) == 20  # none cut, none plain
+    assert streams.get("error_event", 0) >= 1  # the killed node had streams: they ended in shape
+    assert figures["replica_node_killed"]["new_requests"]["failed"] == 0
+
+    assert figures["ingress_node_killed"]["new_requests"]["failure_window_s"] <= 2.0
+
+    batch = figures["batch_manager_killed"]
+    assert batch["all_present"] and batch["output_lines"] == batch["unique_custom_ids"] == 300
