@@ -176,6 +176,9 @@ def test_a_conversation_continues_on_another_app_sharing_the_storage(server, cli
     ({"input": "x", "previous_response_id": "resp_nope"}, "previous_response_id"),
     ({"input": "x", "previous_response_id": "../public/resp_" + "0" * 32}, "previous_response_id"),  # no paths
     ({"input": "x", "model": "no-such-model"}, "model"),
+    ({"input": "x", "tools": 5}, "tools"),
+    ({"input": []}, "input"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input"),  # nothing to answer
 ])
 def test_bad_requests_are_openai_errors(server, body, param):
     r = requests.post(f"{server.base_url}/v1/responses", json={"model": MODEL_ID, **body})
@@ -189,3 +192,26 @@ def test_json_schema_text_format(server):
                       text={"format": {"type": "json_schema", "name": "num", "schema": schema, "strict": True}})
     assert isinstance(json.loads(response["output"][0]["content"][0]["text"])["n"], int)
     assert response["text"]["format"]["name"] == "num"
+
+
+def test_instructions_and_leading_system_items_make_one_system_message(server, client):
+    response = create(server, instructions="Be brief.", max_output_tokens=2, temperature=0,
+                      input=[{"role": "developer", "content": "Use French."}, {"role": "user", "content": "hi"}])
+    reference = chat(client, [{"role": "system", "content": "Be brief.\n\nUse French."},
+                              {"role": "user", "content": "hi"}], max_tokens=2)
+    assert response["usage"]["input_tokens"] == reference.usage.prompt_tokens
+
+
+def test_streamed_and_whole_replies_have_the_same_items(server):
+    """Whitespace between two tool calls makes no message item in either; held-back text keeps its logprobs."""
+    two_calls = CALL + "\n" + CALL
+    body = {"input": "Weather?", "tools": [FLAT_WEATHER_TOOL], "max_output_tokens": 200,
+            "include": ["message.output_text.logprobs"], **forced(THOUGHT.split("It is")[0] + two_calls)}
+    whole = create(server, **body)
+    streamed = stream(server, **body)[-1]["response"]
+    assert [i["type"] for i in whole["output"]] == [i["type"] for i in streamed["output"]] == \
+        ["reasoning", "function_call", "function_call"]
+    text_body = {"input": "x", "max_output_tokens": 60, "include": ["message.output_text.logprobs"],
+                 **forced("It is <4> or <tool" + "_call> not.")}
+    whole, streamed = create(server, **text_body), stream(server, **text_body)[-1]["response"]
+    assert whole["output"][0]["content"] == streamed["output"][0]["content"]
