@@ -3,10 +3,15 @@
 The router remembers, for chunks of prompt text, which replica it last sent
 them to: that replica's prefix cache most likely still holds their KV. A
 request goes to the replica owning its longest known prefix while that
-replica's queue is within `imbalance_tolerance` of the least loaded one;
-otherwise it falls back to the less loaded of two random replicas.
+replica's queue is within `imbalance_tolerance` of the least loaded one.
+A prompt this router has not seen goes to its home replica, picked by
+rendezvous hashing of its first chunk: every router (one per ingress
+replica, each with its own memory) picks the same home, so a conversation
+stays on one replica whichever ingress its turns pass through. When the
+home is too busy too, the less loaded of two random replicas takes it.
 """
 
+import hashlib
 import random
 from collections import OrderedDict
 
@@ -23,7 +28,7 @@ class PrefixAwareRouter(RequestRouter):
         self.imbalance_tolerance = imbalance_tolerance
         self.max_prefixes = max_prefixes
         self._owners: OrderedDict[int, ReplicaID] = OrderedDict()  # prefix hash -> replica, least recent first
-        self._last: tuple[PendingRequest | None, list[int]] = (None, [])  # hashed when chosen, reused when routed
+        self._last: tuple[PendingRequest | None, tuple] = (None, ([], ""))  # hashed when chosen, reused when routed
 
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
@@ -33,22 +38,30 @@ class PrefixAwareRouter(RequestRouter):
         by_id = {r.replica_id: r for r in candidate_replicas}
         load = {rid: self.replica_queue_len_cache.get(rid) or 0 for rid in by_id}
         least = min(load.values())
-        for h in reversed(self._hashes(pending_request)):  # the longest known prefix first
+        hashes, first_chunk = self._prefix(pending_request)
+        for h in reversed(hashes):  # the longest known prefix first
             owner = self._owners.get(h)
             if owner in by_id and load[owner] <= least + self.imbalance_tolerance:
                 return [[by_id[owner]], [r for r in candidate_replicas if r.replica_id != owner]]
+        if first_chunk:
+            home = max(by_id, key=lambda rid: _rendezvous(first_chunk, rid))
+            if load[home] <= least + self.imbalance_tolerance:
+                return [[by_id[home]], [r for r in candidate_replicas if r.replica_id != home]]
         return [random.sample(candidate_replicas, 2), candidate_replicas]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: ReplicaResult) -> None:
-        for h in self._hashes(pending_request):
+        for h in self._prefix(pending_request)[0]:
             self._owners[h] = replica_id
             self._owners.move_to_end(h)
         while len(self._owners) > self.max_prefixes:
             self._owners.popitem(last=False)
 
-    def _hashes(self, pending_request: PendingRequest) -> list[int]:
+    def _prefix(self, pending_request: PendingRequest) -> tuple[list[int], str]:
+        """The prompt's chunk hashes and its first chunk (computed once per request)."""
         if self._last[0] is not pending_request:
-            self._last = (pending_request, prefix_hashes(pending_request))
+            text = _prompt_text(pending_request.args[0]) if pending_request.args else ""
+            first_chunk = text[:CHUNK_CHARS] if len(text) >= CHUNK_CHARS else ""
+            self._last = (pending_request, (prefix_hashes(text), first_chunk))
         return self._last[1]
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
@@ -57,9 +70,13 @@ class PrefixAwareRouter(RequestRouter):
             del self._owners[h]
 
 
-def prefix_hashes(pending_request: PendingRequest) -> list[int]:
-    """Chained hashes of the prompt's whole CHUNK_CHARS-character chunks (empty for unknown calls)."""
-    text = _prompt_text(pending_request.args[0]) if pending_request.args else ""
+def _rendezvous(first_chunk: str, replica_id: ReplicaID) -> bytes:
+    """A replica's score for a prompt: the same in every process (Python's own str hash is salted per process)."""
+    return hashlib.blake2b(f"{replica_id.unique_id}|{first_chunk}".encode(), digest_size=8).digest()
+
+
+def prefix_hashes(text: str) -> list[int]:
+    """Chained hashes of the prompt text's whole CHUNK_CHARS-character chunks."""
     hashes, parent = [], None
     for end in range(CHUNK_CHARS, len(text) + 1, CHUNK_CHARS):
         parent = hash((parent, text[end - CHUNK_CHARS : end]))
