@@ -14,14 +14,19 @@ Every figure is the median of PASSES passes, each with fresh questions after
 one warm-up (so the shared system prompt is cached, as in a live server): on
 two cores one pass varies by ±15%.
 
-Our server runs three times: with Ray Serve's defaults (the Python HTTP
-proxy); in Ray Serve's high-throughput mode (RAY_SERVE_THROUGHPUT_OPTIMIZED=1
-with RAY_SERVE_ENABLE_HA_PROXY=1: HAProxy in front, gRPC between replicas; with
-RAY_SERVE_CONTROL_LOOP_INTERVAL_S=1; see the README); and in that mode with
-direct streaming (the model's replica answers HTTP itself, without the ingress
-hop). The ratios use the best run.
+Our server runs in four modes: the ingress hop and direct streaming (the
+model's replica answers HTTP itself, what `serve run configs/local.yaml` runs),
+each behind Serve's Python HTTP proxy and in Ray Serve's high-throughput mode
+(RAY_SERVE_THROUGHPUT_OPTIMIZED=1 with RAY_SERVE_ENABLE_HA_PROXY=1: HAProxy in
+front, gRPC between replicas; what the KubeRay manifests set). The ratios use
+the best mode.
 The replica reserves every core of the machine (`ray_actor_options.num_cpus`),
 which sets its engine's thread count, as the offline engine uses them all.
+
+At concurrency 1 it also measures the time to first token that Serve adds:
+the p50 over TTFT_REQUESTS sequential streams of one prompt through the
+`serve run configs/local.yaml` path, against the same prompt on an in-process
+AsyncLLMEngine.
 
 Run: python -m benchmarks.online_serving
 """
@@ -43,12 +48,13 @@ from benchmarks.common import build_cpu_model, report
 from runtime import LLM, SamplingParams
 from tests.helpers import free_port, wait_until
 
-NUM_REQUESTS, CONCURRENCY, OUTPUT, PASSES = 128, 32, 64, 3
-# Ray's processes read these at start: (Serve's default, our high-throughput mode). The mode is Ray Serve's
-# own, plus a controller that reconciles once a second instead of ten times (on two cores it and the GCS it
-# queries then used 0.23 instead of 0.63 core-seconds in a pass)
-SERVE_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": ("0", "1"), "RAY_SERVE_ENABLE_HA_PROXY": ("0", "1"),
-             "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": ("0.1", "1")}
+NUM_REQUESTS, CONCURRENCY, OUTPUT, PASSES, TTFT_REQUESTS = 128, 32, 64, 3, 30
+# Ray's processes read these at start: (Serve's default, its high-throughput mode)
+SERVE_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": ("0", "1"), "RAY_SERVE_ENABLE_HA_PROXY": ("0", "1")}
+# (high-throughput mode, direct streaming) of each mode measured
+MODES = {"ingress_python_proxy": (False, False), "direct_python_proxy": (False, True),
+         "ingress_haproxy": (True, False), "direct_haproxy": (True, True)}
+DEFAULT_MODE = "direct_python_proxy"  # configs/local.yaml with nothing exported
 MODEL_ID = "bench-model"
 WORDS = ("the river runs north past old stone towns where people trade grain salt and wool "
          "while the mountains hold snow through summer and the sea brings storms in autumn").split()
@@ -120,7 +126,47 @@ def healthy(url: str) -> bool:
         return False
 
 
-def ours(path, tokenizer, high_throughput: bool, direct_streaming: bool = False) -> dict:
+async def first_token_s(base_url: str, model: str, messages) -> float:
+    """Seconds to the first content chunk of one streamed chat."""
+    async with openai.AsyncClient(base_url=base_url, api_key="none", max_retries=0) as client:
+        start = time.perf_counter()
+        stream = await client.chat.completions.create(model=model, messages=messages, max_tokens=4, temperature=0,
+                                                      stream=True)
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                return time.perf_counter() - start
+    raise AssertionError("no content")
+
+
+def served_ttft_ms(url: str, tokenizer) -> float:
+    messages = workload(tokenizer, 99)[0]
+    times = [uvloop.run(first_token_s(url, MODEL_ID, messages)) for _ in range(TTFT_REQUESTS + 2)][2:]
+    return round(1000 * statistics.median(times), 1)
+
+
+def in_process_ttft_ms(path, tokenizer) -> float:
+    """The same prompt's p50 TTFT on an in-process AsyncLLMEngine, rendered and tokenized as the server does."""
+    from runtime import AsyncLLMEngine
+    from runtime.tokenizer import encode, render_chat
+
+    engine = AsyncLLMEngine.from_options(str(path), 0.05, max_model_len=1024)
+    text = render_chat(engine.tokenizer, workload(tokenizer, 99)[0], None, None, add_generation_prompt=True)
+    params = SamplingParams(temperature=0, max_tokens=4)
+
+    async def one() -> float:
+        start = time.perf_counter()
+        valid = engine.validate(encode(engine.tokenizer, text, add_special_tokens=False), params)
+        async for delta in engine.generate(valid):
+            if any(s.text for s in delta.seqs):
+                return time.perf_counter() - start
+        raise AssertionError("no text")
+
+    times = [uvloop.run(one()) for _ in range(TTFT_REQUESTS + 2)][2:]
+    engine.shutdown()
+    return round(1000 * statistics.median(times), 1)
+
+
+def ours(path, tokenizer, high_throughput: bool, direct_streaming: bool = False, ttft: bool = False) -> dict:
     import ray
     from ray import serve
 
@@ -137,6 +183,8 @@ def ours(path, tokenizer, high_throughput: bool, direct_streaming: bool = False)
         "direct_streaming": direct_streaming}), route_prefix="/")
     url = f"http://127.0.0.1:{port}/v1"
     result = median_pass(lambda c: uvloop.run(drive(url, MODEL_ID, c, {"ignore_eos": True})), tokenizer)
+    if ttft:
+        result["ttft_concurrency_1_p50_ms"] = served_ttft_ms(url, tokenizer)
     serve.shutdown()
     ray.shutdown()
     # Ray's workers exit after shutdown returns; the next measurement must not share the cores with them
@@ -177,25 +225,28 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(path)
     offline_before = offline(path, tokenizer)["output_tok_s"]
     offline_same_concurrency_before = offline(path, tokenizer, max_num_seqs=CONCURRENCY)["output_tok_s"]
-    default_serve = ours(path, tokenizer, high_throughput=False)
-    high_throughput_serve = ours(path, tokenizer, high_throughput=True)
-    direct_serve = ours(path, tokenizer, high_throughput=True, direct_streaming=True)
+    served = {mode: ours(path, tokenizer, high_throughput, direct, ttft=mode == DEFAULT_MODE)
+              for mode, (high_throughput, direct) in MODES.items()}
+    ttft_in_process = in_process_ttft_ms(path, tokenizer)
     # again after the servers, since the machine's speed drifts within a run: the ratios use the mean
     offline_same_concurrency_after = offline(path, tokenizer, max_num_seqs=CONCURRENCY)["output_tok_s"]
     offline_after = offline(path, tokenizer)["output_tok_s"]
     offline_tps = (offline_before + offline_after) / 2
     offline_same_concurrency_tps = (offline_same_concurrency_before + offline_same_concurrency_after) / 2
-    mine = max(default_serve, high_throughput_serve, direct_serve, key=lambda r: r["output_tok_s"])
+    best = max(served, key=lambda mode: served[mode]["output_tok_s"])
+    mine = served[best]
     theirs = peer(path, tokenizer)
-    report("online_serving", requests=NUM_REQUESTS, concurrency=CONCURRENCY, ours=default_serve,
-           ours_serve_high_throughput=high_throughput_serve, ours_direct_streaming=direct_serve,
+    report("online_serving", requests=NUM_REQUESTS, concurrency=CONCURRENCY, **served,
            transformers_serve_cb=theirs, offline_engine_tok_s_before_after=[offline_before, offline_after],
            offline_engine_at_concurrency_tok_s_before_after=[offline_same_concurrency_before,
                                                              offline_same_concurrency_after],
-           throughput_ratio=round(mine["output_tok_s"] / theirs["output_tok_s"], 2),
+           best_mode=best, throughput_ratio=round(mine["output_tok_s"] / theirs["output_tok_s"], 2),
            ttft_p50_ratio=round(mine["ttft_p50_ms"] / theirs["ttft_p50_ms"], 3),
-           online_over_offline=round(mine["output_tok_s"] / offline_tps, 3),
-           online_over_offline_at_concurrency=round(mine["output_tok_s"] / offline_same_concurrency_tps, 3))
+           online_over_offline_at_concurrency={
+               mode: round(r["output_tok_s"] / offline_same_concurrency_tps, 3) for mode, r in served.items()},
+           online_over_offline_all_at_once=round(mine["output_tok_s"] / offline_tps, 3),
+           ttft_concurrency_1_p50_ms={"served_default": served[DEFAULT_MODE]["ttft_concurrency_1_p50_ms"],
+                                      "in_process_async_engine": ttft_in_process})
 
 
 if __name__ == "__main__":

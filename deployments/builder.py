@@ -1,5 +1,7 @@
 """`deployments:build_openai_app`: the Serve application for a config's `args`."""
 
+import os
+
 import ray
 from ray import serve
 from ray.serve import Application, Deployment
@@ -17,7 +19,9 @@ def build_openai_app(args: dict) -> Application:
     config = parse_app_config(args)
     _check_storage_is_shared(config)
     if config.direct_streaming:
-        return _replica(config.llm_configs[0], DirectLLMServer).bind(config)
+        # Under HAProxy, HAProxy picks the replica for HTTP requests and Serve refuses a custom router on the
+        # ingress deployment: the replica, its own ingress here, keeps Serve's default router
+        return _replica(config.llm_configs[0], DirectLLMServer, prefix_routing=not _haproxy()).bind(config)
     replicas = {c.model_id: _replica(c, LLMServer).bind(c) for c in config.llm_configs}
     options = dict(config.ingress_deployment_config)
     # no CPU reserved unless asked: like Serve's proxy, the ingress only routes; the cores go to the engines
@@ -36,12 +40,19 @@ def _check_storage_is_shared(config: AppConfig) -> None:
                          "use an s3:// storage_uri, or set shared_storage: true if every node mounts it")
 
 
-def _replica(config: LLMConfig, server_class: type) -> Deployment:
+def _haproxy() -> bool:
+    """Whether Serve runs HAProxy in place of its Python proxy (Ray Serve's switch, read from the environment
+    of the process that builds the app, as Serve itself reads it)."""
+    return os.environ.get("RAY_SERVE_ENABLE_HA_PROXY", "0") == "1"
+
+
+def _replica(config: LLMConfig, server_class: type, prefix_routing: bool = True) -> Deployment:
     """The model's replica deployment, with its Serve options and resources (a GPU when wanted, a bundle
     per tensor-parallel rank)."""
     options = {"name": replica_name(config.model_id), **config.deployment_config}
     options.setdefault("max_ongoing_requests", 256)
-    options.setdefault("request_router_config", {"request_router_class": PrefixAwareRouter})
+    if prefix_routing:
+        options.setdefault("request_router_config", {"request_router_class": PrefixAwareRouter})
     actor_options = dict(options.pop("ray_actor_options", {}))
     if "num_gpus" not in actor_options and _wants_gpu(config):
         actor_options["num_gpus"] = 1

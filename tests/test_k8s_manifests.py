@@ -105,3 +105,12 @@ def test_gcs_fault_tolerance_uses_the_shipped_redis(path):
     serve_config = yaml.safe_load(manifest["spec"]["serveConfigV2"])
     assert serve_config["proxy_location"] == "EveryNode"
     assert parse_app_config(serve_config["applications"][0]["args"]).ingress_deployment_config["num_replicas"] >= 2
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_every_ray_container_starts_in_serves_high_throughput_mode(path):
+    cluster = yaml.safe_load(path.read_text())["spec"]["rayClusterConfig"]
+    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    for group in groups:
+        env = {e["name"]: e["value"] for e in group["template"]["spec"]["containers"][0]["env"]}
+        assert env == {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
