@@ -8,6 +8,7 @@ from runtime.config import EngineConfig
 from runtime.engine import LLMEngine, ValidRequest
 from runtime.errors import InvalidInputError, RequestFailedError
 from runtime.llm import LLM
+from runtime.lora import LoRARequest
 from runtime.outputs import CompletionOutput, RequestDelta, RequestOutput, SequenceDelta, TokenLogprob
 from runtime.sampling_params import SamplingParams
 
@@ -19,6 +20,7 @@ __all__ = [
     "InvalidInputError",
     "LLM",
     "LLMEngine",
+    "LoRARequest",
     "RequestDelta",
     "RequestFailedError",
     "RequestOutput",

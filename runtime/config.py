@@ -38,6 +38,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enforce_eager: bool = False  # GPU: no CUDA graphs (every decode step launches its kernels one by one)
     seed: int = 0
+    enable_lora: bool = False  # serve LoRA adapters (runtime.lora), each request with at most one
+    max_loras: int = 4  # adapter slots on the device; the least recently used idle one is replaced
+    max_lora_rank: int = 16
     attention_backend: str = "auto"  # torch | cpu | triton | flash; auto: flash, else triton on GPU; cpu (the C++
     # kernel) on CPU where it applies, else torch
 
@@ -55,3 +58,5 @@ class EngineConfig:
         require(self.block_size >= 1, "block_size", "must be at least 1")
         require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]")
         require(self.kv_cache_bytes is None or self.kv_cache_bytes > 0, "kv_cache_bytes", "must be positive")
+        require(self.max_loras >= 1, "max_loras", "must be at least 1")
+        require(self.max_lora_rank >= 1, "max_lora_rank", "must be at least 1")

@@ -17,6 +17,7 @@ from runtime.distributed import destroy_tp_group, free_address
 from runtime.errors import InvalidInputError, describe, require
 from runtime.grammar import Constraint, Grammar, GrammarCompiler
 from runtime.kv_cache import BlockManager
+from runtime.lora import AdapterSlots, LoRAAdapter, LoRARequest, load_adapter
 from runtime.model_runner import ModelRunner
 from runtime.model_spec import ModelSpec
 from runtime.outputs import RequestDelta, SequenceDelta
@@ -36,6 +37,7 @@ class ValidRequest:
     params: SamplingParams
     max_tokens: int  # resolved against the context
     grammar: Grammar | None = None  # the structured-output constraint, when compiled ahead of queueing
+    adapter: LoRAAdapter | None = None  # the LoRA adapter it runs with, read and checked
 
 
 class LLMEngine:
@@ -59,7 +61,9 @@ class LLMEngine:
                 destroy_tp_group()
             raise
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.adapter_slots = AdapterSlots(config.max_loras) if config.enable_lora else None
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
+                                   self.adapter_slots)
         self.requests: dict[str, Request] = {}
         self._grammars: GrammarCompiler | None = None
 
@@ -69,8 +73,14 @@ class LLMEngine:
 
     # --- requests -----------------------------------------------------------
 
-    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> ValidRequest:
-        """Check a request against the model and context: the one place requests are checked."""
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams,
+                 lora: LoRARequest | None = None) -> ValidRequest:
+        """Check a request against the model and context: the one place requests are checked. A LoRA adapter
+        is read from disk here, off the engine's thread when the caller is."""
+        adapter = None
+        if lora is not None:
+            require(self.config.enable_lora, "model", "this engine serves no LoRA adapters (enable_lora)")
+            adapter = load_adapter(lora, self.spec.hf_config, self.config.max_lora_rank)
         limit = self.spec.max_model_len
         n = len(prompt_token_ids)
         require(n > 0, "prompt", "must not be empty")
@@ -84,11 +94,11 @@ class LLMEngine:
             bad = next((t for t in ids if not 0 <= t < vocab), None)
             require(bad is None, field, f"token id {bad} is outside the vocabulary [0, {vocab})")
         if params.max_tokens is None:
-            return ValidRequest(list(prompt_token_ids), params, limit - n)
+            return ValidRequest(list(prompt_token_ids), params, limit - n, adapter=adapter)
         require(n + params.max_tokens <= limit, "max_tokens",
                 f"this model's maximum context length is {limit} tokens; the prompt has {n} tokens and "
                 f"max_tokens is {params.max_tokens}, {n + params.max_tokens} in total")
-        return ValidRequest(list(prompt_token_ids), params, params.max_tokens)
+        return ValidRequest(list(prompt_token_ids), params, params.max_tokens, adapter=adapter)
 
     def compile_grammar(self, constraint: Constraint) -> Grammar:
         """Compile a structured-output constraint (cached); thread-safe, so callers may do it off-loop."""
@@ -97,9 +107,9 @@ class LLMEngine:
         return self._grammars.compile(constraint)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    priority: int = 0) -> None:
+                    priority: int = 0, lora: LoRARequest | None = None) -> None:
         """Validate a request and queue it."""
-        self.enqueue(request_id, self.validate(prompt_token_ids, params), priority)
+        self.enqueue(request_id, self.validate(prompt_token_ids, params, lora), priority)
 
     def enqueue(self, request_id: str, valid: ValidRequest, priority: int = 0) -> None:
         """Queue a validated request. A constrained request's grammar is compiled here unless it comes compiled."""
@@ -108,7 +118,8 @@ class LLMEngine:
         prompt, params, grammar = valid.prompt_token_ids, valid.params, valid.grammar
         if params.structured_output is not None and grammar is None:
             grammar = self.compile_grammar(params.structured_output)
-        request = Request(request_id, prompt, params, priority, lambda: self._detokenizer(prompt, params), grammar)
+        request = Request(request_id, prompt, params, priority, lambda: self._detokenizer(prompt, params), grammar,
+                          valid.adapter)
         request.max_tokens = valid.max_tokens
         self.requests[request_id] = request
         self.scheduler.add(request)

@@ -133,7 +133,10 @@ class BlockManager:
         hashes = seq.block_hashes
         while len(hashes) <= index:
             i = len(hashes)
-            # without prefix caching only siblings (n > 1) share: the chain starts at the request
-            parent = hashes[i - 1] if i else (None if self.enable_prefix_caching else seq.request.request_id)
+            # without prefix caching only siblings (n > 1) share: the chain starts at the request; with it, at
+            # the request's LoRA adapter (the same tokens under another adapter have other keys and values)
+            adapter = seq.request.adapter
+            start = adapter.name if adapter is not None else None
+            parent = hashes[i - 1] if i else (start if self.enable_prefix_caching else seq.request.request_id)
             hashes.append(hash((parent, self._tokens(seq, i))))
         return hashes[index]

@@ -3,6 +3,7 @@
 import itertools
 
 from runtime.engine import LLMEngine
+from runtime.lora import LoRARequest
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
 from runtime.tokenizer import encode, render_chat
@@ -24,8 +25,10 @@ class LLM:
         self,
         prompts: Prompt | list[Prompt],
         params: SamplingParams | list[SamplingParams] | None = None,
+        lora_request: LoRARequest | list[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion; one output per prompt, in order."""
+        """Run every prompt to completion; one output per prompt, in order. `lora_request` names the LoRA
+        adapter (one for all prompts, or one per prompt; the engine needs `enable_lora=True`)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = params or SamplingParams()
@@ -33,12 +36,15 @@ class LLM:
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"params: {len(params)} given for {len(prompts)} prompts")
+        loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
+        if len(loras) != len(prompts):
+            raise ValueError(f"lora_request: {len(loras)} given for {len(prompts)} prompts")
         outputs: dict[str, RequestOutput] = {}
         try:
-            for prompt, p in zip(prompts, params):
+            for prompt, p, lora in zip(prompts, params, loras):
                 text, ids = (prompt, encode(self.tokenizer, prompt)) if isinstance(prompt, str) else (None, prompt)
                 request_id = f"llm-{next(self._ids)}"
-                self.engine.add_request(request_id, ids, p)
+                self.engine.add_request(request_id, ids, p, lora=lora)
                 outputs[request_id] = RequestOutput.empty(request_id, ids, p.n, text)
             while self.engine.has_unfinished_requests():
                 for delta in self.engine.step():

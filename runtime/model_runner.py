@@ -5,7 +5,7 @@ chunks); logits are computed only where a token is sampled, plus prompt
 positions of requests that asked for prompt logprobs.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -13,6 +13,7 @@ from kernels import AttentionMetadata, choose_attention_backend
 from runtime.config import EngineConfig
 from runtime.distributed import all_reduce_min, broadcast_from_rank0, destroy_tp_group, init_tp_group
 from runtime.errors import InvalidInputError, describe
+from runtime.lora import LoRAAdapter, attach_lora, load_into_slot
 from runtime.model_spec import ModelSpec
 from runtime.models import CausalLM, load_weights, pack_linear_weights
 from runtime.outputs import TokenLogprob
@@ -43,6 +44,8 @@ class StepInputs:
     num_decodes: int
     logit_rows: list[int]  # rows of the flattened batch whose logits are sampled from
     prompt_spans: list[tuple[int, int]]  # (first row, count) of prompt positions needing logprobs
+    lora_slots: list[int] = field(default_factory=list)  # each sequence's adapter slot (-1: none), with LoRA
+    lora_loads: list[tuple[int, LoRAAdapter]] = field(default_factory=list)  # applied before the forward
 
 
 class ModelRunner:
@@ -72,9 +75,12 @@ class ModelRunner:
         load_weights(self.model, spec.path)
         pack_linear_weights(self.model)
         self.model.eval()
+        self.lora_batch = None
+        if config.enable_lora:
+            self.lora_batch = attach_lora(self.model, config.max_loras, config.max_lora_rank, spec.dtype, self.device)
         self.sampler = Sampler(eos_token_ids, self.device)
         use_graphs = (self.device.type == "cuda" and not config.enforce_eager and config.tensor_parallel_size == 1
-                      and self.attention_backend.supports_cuda_graphs)
+                      and self.attention_backend.supports_cuda_graphs and not config.enable_lora)
         self.graphs = None
         self.num_blocks = self._allocate_kv_cache(use_graphs)
         if use_graphs:
@@ -194,7 +200,7 @@ class ModelRunner:
 
     def prepare(self, batch: ScheduledBatch) -> tuple[StepInputs, list[tuple[Sequence, int]]]:
         """The step's inputs, and the sequences (with their first position) whose prompt logprobs it computes."""
-        inputs = StepInputs([], [], [], [], [], batch.num_decodes, [], [])
+        inputs = StepInputs([], [], [], [], [], batch.num_decodes, [], [], lora_loads=batch.lora_loads)
         prompt_seqs = []
         offset = 0
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
@@ -204,6 +210,8 @@ class ModelRunner:
             inputs.query_lens.append(n)
             inputs.context_lens.append(start + n)
             inputs.block_tables.append(seq.block_table)
+            if self.lora_batch is not None:
+                inputs.lora_slots.append(-1 if seq.lora_slot is None else seq.lora_slot)
             if start + n == seq.num_tokens:
                 inputs.logit_rows.append(offset + n - 1)
             if seq.params.prompt_logprobs is not None and seq.index == 0 and start < seq.num_prompt_tokens - 1:
@@ -228,6 +236,10 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, inputs: StepInputs) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The forward pass and the logits rank 0 needs (the LM head is a collective, so all ranks run it)."""
+        if self.lora_batch is not None:
+            for slot, adapter in inputs.lora_loads:
+                load_into_slot(self.model, slot, adapter)
+            self.lora_batch.set(inputs.lora_slots, inputs.query_lens, self.device)
         if self.graphs is not None and self.graphs.fits(len(inputs.query_lens), inputs.num_decodes,
                                                         max(map(len, inputs.block_tables)), bool(inputs.prompt_spans)):
             return self.graphs.run(inputs.input_ids, inputs.positions, inputs.context_lens, inputs.block_tables,

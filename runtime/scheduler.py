@@ -14,6 +14,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from runtime.kv_cache import BlockManager
+from runtime.lora import AdapterSlots, LoRAAdapter
 from runtime.sequence import Request, Sequence, SequenceStatus
 
 
@@ -22,6 +23,7 @@ class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)  # decodes first
     num_new_tokens: list[int] = field(default_factory=list)
     num_decodes: int = 0
+    lora_loads: list[tuple[int, LoRAAdapter]] = field(default_factory=list)  # (slot, adapter) to load first
 
     @property
     def sampled(self) -> list[Sequence]:
@@ -33,7 +35,9 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 adapters: AdapterSlots | None = None):
+        self.adapters = adapters  # LoRA slots: a sequence is admitted only once its adapter has one
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.blocks = block_manager
@@ -51,6 +55,7 @@ class Scheduler:
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
             self.blocks.free(seq)
+            self._unpin(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.num_waiting -= 1
         seq.status = SequenceStatus.FINISHED
@@ -78,7 +83,7 @@ class Scheduler:
                 budget -= n
         if not preempted:
             budget = self._admit(scheduled, budget)
-        batch = ScheduledBatch()
+        batch = ScheduledBatch(lora_loads=self.adapters.take_pending() if self.adapters is not None else [])
         for seq, n in sorted(scheduled.items(), key=lambda item: item[1] != 1):
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)
@@ -94,7 +99,7 @@ class Scheduler:
             hits = self.blocks.cached_prefix(seq)
             cached = len(hits) * self.blocks.block_size
             n = min(seq.num_tokens - cached, budget)
-            if not self.blocks.can_admit(hits, cached + n):
+            if not self.blocks.can_admit(hits, cached + n) or not self._pin(seq):
                 break
             heapq.heappop(self.waiting)
             self.num_waiting -= 1
@@ -108,9 +113,23 @@ class Scheduler:
             budget -= n
         return budget
 
+    def _pin(self, seq: Sequence) -> bool:
+        """Pin a slot holding the sequence's adapter (loading it if need be); False when every slot is busy."""
+        adapter = seq.request.adapter
+        if adapter is None:
+            return True
+        seq.lora_slot = self.adapters.acquire(adapter)
+        return seq.lora_slot is not None
+
+    def _unpin(self, seq: Sequence) -> None:
+        if seq.lora_slot is not None:
+            self.adapters.release(seq.lora_slot)
+            seq.lora_slot = None
+
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.blocks.free(seq)
+        self._unpin(seq)
         seq.num_computed_tokens = 0
         self._push_waiting(seq)
         self.num_preemptions += 1

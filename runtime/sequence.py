@@ -12,6 +12,7 @@ import torch
 
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.grammar import Grammar, Matcher
+from runtime.lora.adapter import LoRAAdapter
 from runtime.outputs import TokenLogprob
 from runtime.sampling_params import SamplingParams
 
@@ -33,8 +34,10 @@ class Request:
         priority: int,
         make_detokenizer: Callable[[], IncrementalDetokenizer],
         grammar: Grammar | None = None,
+        adapter: LoRAAdapter | None = None,
     ):
         self.request_id = request_id
+        self.adapter = adapter  # the LoRA adapter it runs with; its name also keys its prefix-cache blocks
         self.prompt_token_ids = prompt_token_ids
         self.params = params
         self.max_tokens = params.max_tokens  # resolved against the context by the engine
@@ -76,6 +79,7 @@ class Sequence:
         self.matched_stop: int | str | None = None
         self.generator: torch.Generator | None = None  # made by the sampler for seeded requests
         self.matcher = Matcher(grammar) if grammar is not None else None  # structured output state
+        self.lora_slot: int | None = None  # the adapter slot pinned while it runs
 
     @property
     def priority(self) -> int:

@@ -83,7 +83,8 @@ class MLP(nn.Module):
         self.down_proj = RowParallelLinear(size, config.hidden_size, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda or x.shape[0] <= _CPU_MLP_ROWS:
+        # with LoRA, every projection sees the whole step: its adapters' rows are the step's rows
+        if x.is_cuda or x.shape[0] <= _CPU_MLP_ROWS or self.down_proj.lora is not None:
             return self.down_proj(self._gated(x))
         blocks = [self.down_proj(self._gated(rows), reduce=False) for rows in x.split(_CPU_MLP_ROWS)]
         return all_reduce(torch.cat(blocks))  # one collective for the whole step, not one per block

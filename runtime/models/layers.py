@@ -36,17 +36,21 @@ def pack_linear_weights(model: nn.Module) -> None:
 
 
 class _Projection:
-    """A module whose `weight` multiplies its input: through the packed copy once there is one."""
+    """A module whose `weight` multiplies its input: through the packed copy once there is one, plus the
+    step's LoRA adapters when the engine serves them (`runtime.lora.layers`)."""
 
     packed: torch.Tensor | None = None
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.packed)
+        out = linear(x, self.weight, self.bias, self.packed)
+        return out if self.lora is None else self.lora.add_to(out, x)
 
 
 class _Linear(_Projection, nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
+        self.weight_shape = (out_features, in_features)  # this rank's, kept once a packed copy replaces `weight`
+        self.lora = None  # the adapter slots (runtime.lora.layers), when the engine serves LoRA
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
         self.bias = None
@@ -142,6 +146,7 @@ class VocabParallelEmbedding(nn.Module):
 
 class ParallelLMHead(_Projection, VocabParallelEmbedding):
     bias = None
+    lora = None  # adapters never target the LM head
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = all_gather_last_dim(self.project(hidden))

@@ -1,0 +1,113 @@
+"""Adapter slots on the model's projections, and the per-step map of tokens to slots.
+
+Each projection (fused q/k/v, o, fused gate/up, down) gets `A` [slots, R, in]
+and `B` [slots, out, R], where R is the rank limit times the number of
+projections fused in it: a fused projection's parts each own R/parts columns
+of B, on their own rows, so one product serves all parts. A slot's unused
+rank is zeros, which add nothing. Tensor parallelism shards the slots the way
+the base weight is sharded: B's rows on column-parallel projections, A's
+columns on row-parallel ones (whose partial sums are reduced with the base's).
+
+A step's tokens are grouped by slot once (`LoRABatch`); every projection then
+adds, per group, `(x A^T) B^T` for that group's rows: one pair of matmuls per
+adapter in the batch, never a forward per adapter.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from runtime.distributed import tp_rank, tp_size
+from runtime.lora.adapter import LoRAAdapter
+
+
+class LoRABatch:
+    """The current step's groups: (slot, the rows of the flattened batch that use it, or None for all)."""
+
+    def __init__(self):
+        self.groups: list[tuple[int, torch.Tensor | None]] = []
+
+    def set(self, seq_slots: list[int], query_lens: list[int], device: torch.device) -> None:
+        slots = [s for s, n in zip(seq_slots, query_lens) for _ in range(n)]
+        distinct = sorted(set(slots) - {-1})
+        if len(distinct) == 1 and -1 not in slots:
+            self.groups = [(distinct[0], None)]
+            return
+        token_slots = torch.tensor(slots, device=device)
+        self.groups = [(s, (token_slots == s).nonzero().squeeze(1)) for s in distinct]
+
+
+@dataclass(frozen=True)
+class Part:
+    """One projection of a fused weight: its PEFT module name, and its rows in this rank's output."""
+
+    module: str
+    offset: int
+    size: int
+    shard: int  # which shard of the full rows this rank holds
+
+
+class LoRAWeights(nn.Module):
+    def __init__(self, parts: list[Part], in_features: int, input_shard: int | None, slots: int, max_rank: int,
+                 batch: LoRABatch, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        self.parts, self.max_rank, self.batch = parts, max_rank, batch
+        self.input_shard = input_shard  # row-parallel: which slice of the input features this rank holds
+        out = sum(p.size for p in parts)
+        self.register_buffer("a", torch.zeros(slots, max_rank * len(parts), in_features, dtype=dtype, device=device))
+        self.register_buffer("b", torch.zeros(slots, out, max_rank * len(parts), dtype=dtype, device=device))
+
+    def load(self, slot: int, layer: int, adapter: LoRAAdapter) -> None:
+        """Write this layer's part of `adapter` into `slot` (zeros where it has no weights)."""
+        self.a[slot].zero_()
+        self.b[slot].zero_()
+        in_features = self.a.shape[2]
+        for j, part in enumerate(self.parts):
+            pair = adapter.weights.get((layer, part.module))
+            if pair is None:
+                continue
+            a, b = pair
+            if self.input_shard is not None:
+                a = a[:, self.input_shard * in_features : (self.input_shard + 1) * in_features]
+            b = b[part.shard * part.size : (part.shard + 1) * part.size]
+            cols = slice(j * self.max_rank, j * self.max_rank + adapter.rank)
+            self.a[slot, cols] = a.to(self.a.dtype)
+            self.b[slot, part.offset : part.offset + part.size, cols] = b.to(self.b.dtype)
+
+    def add_to(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        for slot, rows in self.batch.groups:
+            if rows is None:
+                out += (x @ self.a[slot].T) @ self.b[slot].T
+            else:
+                out.index_add_(0, rows, (x[rows] @ self.a[slot].T) @ self.b[slot].T)
+        return out
+
+
+def attach_lora(model: nn.Module, slots: int, max_rank: int, dtype: torch.dtype, device: torch.device) -> LoRABatch:
+    """Give every decoder projection its adapter slots; returns the batch map they all read."""
+    batch, rank, tp = LoRABatch(), tp_rank(), tp_size()
+
+    def weights(parts: list[Part], in_features: int, input_shard: int | None = None) -> LoRAWeights:
+        return LoRAWeights(parts, in_features, input_shard, slots, max_rank, batch, dtype, device)
+
+    for layer in model.model.layers:
+        qkv, o = layer.self_attn.qkv_proj, layer.self_attn.o_proj
+        q_size, kv_size = qkv.num_heads * qkv.head_dim, qkv.num_kv_heads * qkv.head_dim
+        kv_shard = rank // qkv.kv_replicas
+        qkv.lora = weights([Part("q_proj", 0, q_size, rank), Part("k_proj", q_size, kv_size, kv_shard),
+                            Part("v_proj", q_size + kv_size, kv_size, kv_shard)], qkv.weight_shape[1])
+        o.lora = weights([Part("o_proj", 0, o.weight_shape[0], 0)], o.weight_shape[1], input_shard=rank)
+        gate_up, down = layer.mlp.gate_up_proj, layer.mlp.down_proj
+        size = gate_up.out_features[0] // tp
+        gate_up.lora = weights([Part("gate_proj", 0, size, rank), Part("up_proj", size, size, rank)],
+                               gate_up.weight_shape[1])
+        down.lora = weights([Part("down_proj", 0, down.weight_shape[0], 0)], down.weight_shape[1], input_shard=rank)
+    return batch
+
+
+def load_into_slot(model: nn.Module, slot: int, adapter: LoRAAdapter) -> None:
+    for i, layer in enumerate(model.model.layers):
+        for projection in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                           layer.mlp.down_proj):
+            projection.lora.load(slot, i, adapter)
