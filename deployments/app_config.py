@@ -46,8 +46,25 @@ class ExperimentalConfigs(StrictModel):
     stream_batching_interval_ms: float = Field(default=50, ge=0)
 
 
+class LoraConfig(StrictModel):
+    """Ray Serve LLM's names: adapters are `<dynamic_lora_loading_path>/<name>/` in PEFT's format, and a
+    request names one as `model: "<model_id>:<name>"`."""
+
+    dynamic_lora_loading_path: str
+    max_num_adapters_per_replica: int = Field(4, ge=1)  # the engine's adapter slots
+    max_lora_rank: int = Field(16, ge=1)
+
+    @field_validator("dynamic_lora_loading_path")
+    @classmethod
+    def _known_scheme(cls, v: str) -> str:
+        if not v.startswith(("file://", "s3://")):
+            raise ValueError("must start with file:// or s3://")
+        return v
+
+
 class LLMConfig(StrictModel):
     model_loading_config: ModelLoadingConfig
+    lora_config: LoraConfig | None = None
     experimental_configs: ExperimentalConfigs = Field(default_factory=ExperimentalConfigs)
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
     deployment_config: dict[str, Any] = Field(default_factory=dict)
@@ -71,6 +88,14 @@ class LLMConfig(StrictModel):
     @property
     def model_id(self) -> str:
         return self.model_loading_config.model_id
+
+    @property
+    def engine_options(self) -> dict[str, Any]:
+        """`engine_kwargs`, with the LoRA options `lora_config` implies."""
+        if self.lora_config is None:
+            return self.engine_kwargs
+        return {**self.engine_kwargs, "enable_lora": True, "max_loras": self.lora_config.max_num_adapters_per_replica,
+                "max_lora_rank": self.lora_config.max_lora_rank}
 
 
 class AppConfig(StrictModel):

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 from deployments.choice_parser import ChoiceParser, tool_call_json
 from deployments.errors import OpenAIError
+from deployments.lora_adapters import Adapters
 from deployments.openai_format import TokenTexts, chat_logprobs, prompt_logprobs_json, usage
 from deployments.protocol import ChatCompletionRequest
 from deployments.request_work import off_loop
@@ -18,9 +19,10 @@ from runtime.tokenizer import encode, render_chat
 
 
 class ChatHandler:
-    def __init__(self, engine: AsyncLLMEngine, model_id: str, texts: TokenTexts,
+    def __init__(self, engine: AsyncLLMEngine, model_id: str, texts: TokenTexts, adapters: Adapters,
                  reasoning_parser: str | None = None, tool_call_parser: str | None = None):
         self.engine = engine
+        self.adapters = adapters
         self.model_id = model_id
         self.texts = texts
         self.reasoning_parser = reasoning_parser
@@ -40,7 +42,7 @@ class ChatHandler:
         except Exception as e:  # the template rejected the conversation (jinja raise_exception, bad kwargs)
             raise OpenAIError(400, f"messages: the chat template could not render them: {e}", "messages") from e
         prompt = encode(tokenizer, text, add_special_tokens=False)
-        return self.engine.validate(prompt, params)
+        return self.engine.validate(prompt, params, self.adapters.request_for(req.model))
 
     def _parser(self, req: ChatCompletionRequest) -> ChoiceParser:
         return ChoiceParser(self.reasoning_parser if req.separate_reasoning else None,

@@ -2,6 +2,7 @@
 
 from collections.abc import AsyncIterator
 
+from deployments.lora_adapters import Adapters
 from deployments.openai_format import TokenTexts, completion_logprobs, prompt_logprobs_json, usage
 from deployments.protocol import CompletionRequest
 from deployments.request_work import off_loop
@@ -11,8 +12,9 @@ from runtime.tokenizer import encode
 
 
 class CompletionHandler:
-    def __init__(self, engine: AsyncLLMEngine, model_id: str, texts: TokenTexts):
+    def __init__(self, engine: AsyncLLMEngine, model_id: str, texts: TokenTexts, adapters: Adapters):
         self.engine = engine
+        self.adapters = adapters
         self.model_id = model_id
         self.texts = texts
 
@@ -20,7 +22,8 @@ class CompletionHandler:
         """Called on a worker thread: chat templates and tokenizing never hold up the replica's event loop."""
         params = req.to_sampling_params()
         prompts = [encode(self.engine.tokenizer, p) if isinstance(p, str) else list(p) for p in req.prompts()]
-        return params, [self.engine.validate(ids, params) for ids in prompts]  # all checked before any starts
+        lora = self.adapters.request_for(req.model)
+        return params, [self.engine.validate(ids, params, lora) for ids in prompts]  # all checked before any starts
 
     def _streams(self, valid: list[ValidRequest], request_id, priority):
         return [self.engine.generate(v, f"{request_id}-{i}", priority) for i, v in enumerate(valid)]

@@ -4,6 +4,7 @@ import time
 from collections.abc import AsyncIterator
 
 from deployments.generate_protocol import GenerateRequest
+from deployments.lora_adapters import Adapters
 from deployments.request_work import off_loop
 from deployments.streams import SSE_DONE, merge, new_id, sse
 from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput, ValidRequest
@@ -11,15 +12,17 @@ from runtime.tokenizer import encode
 
 
 class GenerateHandler:
-    def __init__(self, engine: AsyncLLMEngine):
+    def __init__(self, engine: AsyncLLMEngine, adapters: Adapters):
         self.engine = engine
+        self.adapters = adapters
 
     def _prepare(self, req: GenerateRequest):
         """Called on a worker thread: chat templates and tokenizing never hold up the replica's event loop."""
         params = req.sampling_params.to_sampling_params(req.top_logprobs_num if req.return_logprob else None)
         prompts, batched = req.prompts()
         ids = [encode(self.engine.tokenizer, p) if isinstance(p, str) else list(p) for p in prompts]
-        valid = [self.engine.validate(prompt, params) for prompt in ids]  # all checked before any starts
+        lora = self.adapters.request_for(req.model)
+        valid = [self.engine.validate(prompt, params, lora) for prompt in ids]  # all checked before any starts
         base = req.rid or new_id("")
         request_ids = [base if len(ids) == 1 else f"{base}-{i}" for i in range(len(ids))]
         return params, valid, batched, request_ids

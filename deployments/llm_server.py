@@ -13,6 +13,7 @@ from deployments.completions import CompletionHandler
 from deployments.errors import OpenAIError, error_body
 from deployments.generate import GenerateHandler
 from deployments.generate_protocol import GenerateRequest
+from deployments.lora_adapters import AdapterSource, NoAdapters
 from deployments.metrics import EngineGauges, RequestMetrics
 from deployments.openai_format import TokenTexts
 from deployments.protocol import ChatCompletionRequest, CompletionRequest
@@ -27,12 +28,13 @@ class LLMServer:
         # new tokens reach this process at most once per interval: fewer wake-ups, SSE events and hops per token
         interval_s = config.experimental_configs.stream_batching_interval_ms / 1000
         self.engine = AsyncLLMEngine.from_options(config.model_loading_config.source, interval_s,
-                                                  RequestMetrics(self.model_id), **config.engine_kwargs)
+                                                  RequestMetrics(self.model_id), **config.engine_options)
         texts = TokenTexts(self.engine.tokenizer)
-        self.chat_handler = ChatHandler(self.engine, self.model_id, texts, config.reasoning_parser,
+        adapters = AdapterSource(self.model_id, config.lora_config) if config.lora_config else NoAdapters(self.model_id)
+        self.chat_handler = ChatHandler(self.engine, self.model_id, texts, adapters, config.reasoning_parser,
                                         config.tool_call_parser)
-        self.completion_handler = CompletionHandler(self.engine, self.model_id, texts)
-        self.generate_handler = GenerateHandler(self.engine)
+        self.completion_handler = CompletionHandler(self.engine, self.model_id, texts, adapters)
+        self.generate_handler = GenerateHandler(self.engine, adapters)
         threading.Thread(target=self._report_gauges, args=(EngineGauges(self.model_id),), name="gauges",
                          daemon=True).start()
 

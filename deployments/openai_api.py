@@ -27,6 +27,7 @@ from deployments.batch.files import FileLimits
 from deployments.batch.job import BatchLimits
 from deployments.errors import OpenAIError, error_body, from_validation_error
 from deployments.generate_protocol import GenerateRequest
+from deployments.lora_adapters import AdapterSource, NoAdapters, adapter_name
 from deployments.metrics import RequestCounter, node_metrics_text
 from deployments.model_clients import ModelClient
 from deployments.protocol import BatchCreateRequest, ChatCompletionRequest, CompletionRequest
@@ -44,6 +45,10 @@ class OpenAIFront:
         self.config = config
         self.models = models
         self.sources = {c.model_id: c.model_loading_config.source for c in config.llm_configs}
+        self.adapters = {c.model_id: AdapterSource(c.model_id, c.lora_config) if c.lora_config else
+                         NoAdapters(c.model_id) for c in config.llm_configs}
+        self.lora_paths = {c.model_id: c.lora_config.dynamic_lora_loading_path.rstrip("/")
+                           for c in config.llm_configs if c.lora_config}
         self.created = int(time.time())
         self._max_model_len: dict[str, int] = {}
         self.auth = ApiKeys(config.api_keys)
@@ -67,14 +72,28 @@ class OpenAIFront:
         return self.models[self.model_id(model_id)]
 
     def model_id(self, model_id: str | None) -> str:
-        """The id of the model a request names; the only one served when it names none."""
+        """The id of the model a request names (`<model_id>:<adapter>` names the model's LoRA adapter, which its
+        replica looks up); the only one served when it names none."""
         if model_id is None:
             if len(self.models) == 1:
                 return next(iter(self.models))
             raise OpenAIError(400, f"model: required when serving several models: {sorted(self.models)}", "model")
-        if model_id not in self.models:
-            raise OpenAIError(404, f"The model `{model_id}` does not exist.", "model", "model_not_found")
-        return model_id
+        if model_id in self.models:
+            return model_id
+        base = next((m for m in self.models if adapter_name(model_id, m)), None)
+        if base is None:
+            raise OpenAIError(404, f"The model `{model_id[:200]}` does not exist.", "model", "model_not_found")
+        return base
+
+    async def model_cards(self) -> list[dict]:
+        """Every model, then its LoRA adapters (`<model_id>:<adapter>`, parent the model)."""
+        cards = []
+        for model_id in self.models:
+            card = await self.model_card(model_id)
+            names = await asyncio.to_thread(self.adapters[model_id].names)
+            cards += [card] + [{**card, "id": f"{model_id}:{name}", "parent": model_id,
+                                "root": f"{self.lora_paths[model_id]}/{name}"} for name in names]
+        return cards
 
     async def parse(self, request: Request, model: type[BaseModel]) -> BaseModel:
         if "application/json" not in request.headers.get("content-type", ""):
@@ -215,14 +234,16 @@ Front = Depends(_front)
 @router.get("/v1/models")
 async def list_models(request: Request, front: OpenAIFront = Front):
     front.auth.owner(request)
-    return {"object": "list", "data": [await front.model_card(m) for m in front.models]}
+    return {"object": "list", "data": await front.model_cards()}
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, request: Request, front: OpenAIFront = Front):
     front.auth.owner(request)
-    front.model(model_id)
-    return await front.model_card(model_id)
+    card = next((c for c in await front.model_cards() if c["id"] == model_id), None)
+    if card is None:
+        raise OpenAIError(404, f"The model `{model_id[:200]}` does not exist.", "model", "model_not_found")
+    return card
 
 
 @router.get("/metrics")

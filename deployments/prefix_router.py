@@ -9,6 +9,11 @@ rendezvous hashing of its first chunk: every router (one per ingress
 replica, each with its own memory) picks the same home, so a conversation
 stays on one replica whichever ingress its turns pass through. When the
 home is too busy too, the less loaded of two random replicas takes it.
+
+A request for a LoRA adapter (`model: "<model_id>:<adapter>"`) is homed by
+its adapter instead, so an adapter's requests meet on the replica that has
+it loaded; its chunk hashes start from the adapter's name, as the engine's
+prefix cache keys them.
 """
 
 import hashlib
@@ -38,13 +43,13 @@ class PrefixAwareRouter(RequestRouter):
         by_id = {r.replica_id: r for r in candidate_replicas}
         load = {rid: self.replica_queue_len_cache.get(rid) or 0 for rid in by_id}
         least = min(load.values())
-        hashes, first_chunk = self._prefix(pending_request)
+        hashes, home_key = self._prefix(pending_request)
         for h in reversed(hashes):  # the longest known prefix first
             owner = self._owners.get(h)
             if owner in by_id and load[owner] <= least + self.imbalance_tolerance:
                 return [[by_id[owner]], [r for r in candidate_replicas if r.replica_id != owner]]
-        if first_chunk:
-            home = max(by_id, key=lambda rid: _rendezvous(first_chunk, rid))
+        if home_key:
+            home = max(by_id, key=lambda rid: _rendezvous(home_key, rid))
             if load[home] <= least + self.imbalance_tolerance:
                 return [[by_id[home]], [r for r in candidate_replicas if r.replica_id != home]]
         return [random.sample(candidate_replicas, 2), candidate_replicas]
@@ -57,11 +62,14 @@ class PrefixAwareRouter(RequestRouter):
             self._owners.popitem(last=False)
 
     def _prefix(self, pending_request: PendingRequest) -> tuple[list[int], str]:
-        """The prompt's chunk hashes and its first chunk (computed once per request)."""
+        """The prompt's chunk hashes and its home key: its adapter, else its first chunk (once per request)."""
         if self._last[0] is not pending_request:
-            text = _prompt_text(pending_request.args[0]) if pending_request.args else ""
-            first_chunk = text[:CHUNK_CHARS] if len(text) >= CHUNK_CHARS else ""
-            self._last = (pending_request, (prefix_hashes(text), first_chunk))
+            request = pending_request.args[0] if pending_request.args else None
+            text = _prompt_text(request)
+            model = getattr(request, "model", None)
+            adapter = model if isinstance(model, str) and ":" in model else None
+            home = adapter or (text[:CHUNK_CHARS] if len(text) >= CHUNK_CHARS else "")
+            self._last = (pending_request, (prefix_hashes(text, adapter), home))
         return self._last[1]
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
@@ -70,14 +78,14 @@ class PrefixAwareRouter(RequestRouter):
             del self._owners[h]
 
 
-def _rendezvous(first_chunk: str, replica_id: ReplicaID) -> bytes:
-    """A replica's score for a prompt: the same in every process (Python's own str hash is salted per process)."""
-    return hashlib.blake2b(f"{replica_id.unique_id}|{first_chunk}".encode(), digest_size=8).digest()
+def _rendezvous(key: str, replica_id: ReplicaID) -> bytes:
+    """A replica's score for a home key: the same in every process (Python's str hash is salted per process)."""
+    return hashlib.blake2b(f"{replica_id.unique_id}|{key}".encode(), digest_size=8).digest()
 
 
-def prefix_hashes(text: str) -> list[int]:
-    """Chained hashes of the prompt text's whole CHUNK_CHARS-character chunks."""
-    hashes, parent = [], None
+def prefix_hashes(text: str, adapter: str | None = None) -> list[int]:
+    """Chained hashes of the prompt text's whole CHUNK_CHARS-character chunks, from the adapter's name."""
+    hashes, parent = [], adapter
     for end in range(CHUNK_CHARS, len(text) + 1, CHUNK_CHARS):
         parent = hash((parent, text[end - CHUNK_CHARS : end]))
         hashes.append(parent)

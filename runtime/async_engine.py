@@ -28,6 +28,7 @@ from typing import Protocol
 
 from runtime.engine import LLMEngine, ValidRequest
 from runtime.errors import InvalidInputError, RequestFailedError
+from runtime.lora import LoRARequest
 from runtime.outputs import RequestDelta
 from runtime.sampling_params import SamplingParams
 
@@ -101,9 +102,11 @@ class AsyncLLMEngine:
         """`healthy`, and every tensor-parallel worker answers (blocks up to a few seconds)."""
         return self.healthy and self.engine.healthy()
 
-    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> ValidRequest:
-        """The request checked against the model (`InvalidInputError` if it is bad), ready for `generate`."""
-        return self.engine.validate(prompt_token_ids, params)
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams,
+                 lora: LoRARequest | None = None) -> ValidRequest:
+        """The request checked against the model (`InvalidInputError` if it is bad), ready for `generate`; a
+        LoRA adapter is read here, on the caller's thread."""
+        return self.engine.validate(prompt_token_ids, params, lora)
 
     async def generate(self, request: ValidRequest, request_id: str | None = None,
                        priority: int = 0) -> AsyncIterator[RequestDelta]:

@@ -7,6 +7,8 @@ handling) finishes that request with an error; the step goes on for the others.
 """
 
 import logging
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
@@ -66,6 +68,8 @@ class LLMEngine:
                                    self.adapter_slots)
         self.requests: dict[str, Request] = {}
         self._grammars: GrammarCompiler | None = None
+        self._adapters: OrderedDict[tuple[str, str], LoRAAdapter] = OrderedDict()  # read adapters, LRU
+        self._adapters_lock = threading.Lock()  # validate runs on the callers' threads
 
     @classmethod
     def from_options(cls, model: str, **engine_kwargs) -> "LLMEngine":
@@ -80,7 +84,7 @@ class LLMEngine:
         adapter = None
         if lora is not None:
             require(self.config.enable_lora, "model", "this engine serves no LoRA adapters (enable_lora)")
-            adapter = load_adapter(lora, self.spec.hf_config, self.config.max_lora_rank)
+            adapter = self._read_adapter(lora)
         limit = self.spec.max_model_len
         n = len(prompt_token_ids)
         require(n > 0, "prompt", "must not be empty")
@@ -99,6 +103,21 @@ class LLMEngine:
                 f"this model's maximum context length is {limit} tokens; the prompt has {n} tokens and "
                 f"max_tokens is {params.max_tokens}, {n + params.max_tokens} in total")
         return ValidRequest(list(prompt_token_ids), params, params.max_tokens, adapter=adapter)
+
+    def _read_adapter(self, lora: LoRARequest) -> LoRAAdapter:
+        """An adapter read once and kept while recently used (adapters are immutable by name and path)."""
+        key = (lora.name, lora.path)
+        with self._adapters_lock:
+            adapter = self._adapters.get(key)
+            if adapter is not None:
+                self._adapters.move_to_end(key)
+                return adapter
+        adapter = load_adapter(lora, self.spec.hf_config, self.config.max_lora_rank)
+        with self._adapters_lock:
+            self._adapters[key] = adapter
+            while len(self._adapters) > 4 * self.config.max_loras:
+                self._adapters.popitem(last=False)
+        return adapter
 
     def compile_grammar(self, constraint: Constraint) -> Grammar:
         """Compile a structured-output constraint (cached); thread-safe, so callers may do it off-loop."""

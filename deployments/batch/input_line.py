@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from deployments.errors import from_validation_error
+from deployments.lora_adapters import adapter_name
 from deployments.protocol import ChatCompletionRequest, CompletionRequest
 from deployments.strict_json import loads_object
 
@@ -22,7 +23,7 @@ class LineError(ValueError):
 @dataclass
 class BatchRequest:
     custom_id: str
-    model: str
+    model: str  # the served model whose replicas run it
     body: ChatCompletionRequest | CompletionRequest
 
 
@@ -53,13 +54,15 @@ def parse_line(raw: bytes, endpoint: str, models: set[str], seen: set[str], max_
     model = body.get("model")
     if model is None and len(models) == 1:
         model = next(iter(models))
-    if model not in models:
+    # `<model_id>:<adapter>` runs on the model's replicas, which look the adapter up
+    base = model if model in models else next((m for m in models if adapter_name(model, m)), None)
+    if base is None:
         raise LineError(f"body.model: unknown model {model!r}; available: {sorted(models)}", custom_id)
     try:
         request = ENDPOINTS[endpoint].model_validate(body)
     except ValidationError as e:
         raise LineError(f"body.{from_validation_error(e)}", custom_id) from None
-    return BatchRequest(custom_id, model, request)
+    return BatchRequest(custom_id, base, request)
 
 
 def peek_custom_id(raw: bytes) -> str | None:

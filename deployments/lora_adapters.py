@@ -1,0 +1,95 @@
+"""LoRA adapters named by requests: `model: "<model_id>:<adapter>"`.
+
+An adapter's PEFT files live under the model's `lora_config.dynamic_lora_loading_path`
+(`file://` or `s3://`, through the same object-store layer as batch files, so
+boto3's credential chain applies) and are fetched once per replica into a
+local directory, which the engine then reads. Fetching runs on the request's
+worker thread, never on the event loop or the engine's thread; S3 calls have
+boto3's timeouts and retries. A name that is not there is a 404, as an
+unknown model is.
+"""
+
+import re
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+from deployments.app_config import LoraConfig
+from deployments.errors import OpenAIError
+from runtime import LoRARequest
+from runtime.storage import MissingObjectError, StoreError, open_store
+
+FILES = ("adapter_config.json", "adapter_model.safetensors")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def not_found(model: str) -> OpenAIError:
+    return OpenAIError(404, f"The model `{model[:200]}` does not exist.", "model", "model_not_found")
+
+
+def adapter_name(model: str | None, model_id: str) -> str | None:
+    """The adapter a request's `model` names for the model `model_id` (None: the base model itself)."""
+    if not isinstance(model, str) or model == model_id or not model.startswith(model_id + ":"):
+        return None
+    return model[len(model_id) + 1:]
+
+
+class NoAdapters:
+    """A model without `lora_config`: it has no adapters, so a request naming one names no model we serve."""
+
+    def __init__(self, model_id: str):
+        self.model_id = model_id
+
+    def names(self) -> list[str]:
+        return []
+
+    def request_for(self, model: str | None) -> None:
+        if adapter_name(model, self.model_id) is not None:
+            raise not_found(model)
+        return None
+
+
+class AdapterSource:
+    def __init__(self, model_id: str, config: LoraConfig):
+        self.model_id = model_id
+        self.store = open_store(config.dynamic_lora_loading_path)
+        self._cache = Path(tempfile.mkdtemp(prefix="lora-adapters-"))
+        self._fetching = threading.Lock()
+
+    def names(self) -> list[str]:
+        """Every adapter under the loading path (a folder holding an adapter_config.json)."""
+        return sorted({key.split("/")[0] for key in self.store.list("") if key.endswith("/" + FILES[0])
+                       and key.count("/") == 1 and _NAME.fullmatch(key.split("/")[0])})
+
+    def request_for(self, model: str | None) -> LoRARequest | None:
+        """The LoRARequest of the adapter `model` names, its files fetched to local disk (blocking)."""
+        name = adapter_name(model, self.model_id)
+        if name is None:
+            return None
+        if not _NAME.fullmatch(name):
+            raise not_found(model)
+        local = self._cache / name
+        with self._fetching:
+            if not local.is_dir():
+                self._fetch(name, local, model)
+        return LoRARequest(name, str(local))
+
+    def _fetch(self, name: str, local: Path, model: str) -> None:
+        staging = Path(tempfile.mkdtemp(dir=self._cache, prefix=".fetch-"))
+        try:
+            for file in FILES:
+                try:
+                    (staging / file).write_bytes(self.store.get(f"{name}/{file}"))
+                except MissingObjectError:
+                    if file == FILES[0]:
+                        raise not_found(model) from None
+                    raise OpenAIError(400, f"LoRA adapter {name!r}: missing {file}", "model") from None
+                except StoreError as e:
+                    raise OpenAIError(503, f"LoRA adapter {name!r} could not be fetched: {e}") from None
+            staging.rename(local)  # whole or not at all
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+Adapters = AdapterSource | NoAdapters
