@@ -23,16 +23,36 @@ from runtime.lora.adapter import LoRAAdapter
 
 
 class LoRABatch:
-    """The current step's groups: (slot, the rows of the flattened batch that use it, or None for all)."""
+    """How the current step's rows use the adapter slots, planned once per step for every projection.
+
+    The usual plan is one batched product for all adapters: the rows of each adapter in the step, padded to
+    the longest group, go through `bmm` with their slots' A and B stacked (so a step costs the same few ops
+    whatever the number of adapters). When padding would more than double the rows (a long prefill beside
+    a few decodes), each group runs on its own instead.
+    """
 
     def __init__(self):
-        self.groups: list[tuple[int, torch.Tensor | None]] = []
+        self.groups: list[tuple[int, torch.Tensor | None]] = []  # (slot, its rows, or None for all): the loop
+        self.stacked = None  # (slots, index [G, L], rows, valid) for the batched product
 
     def set(self, seq_slots: list[int], query_lens: list[int], device: torch.device) -> None:
         slots = [s for s, n in zip(seq_slots, query_lens) for _ in range(n)]
         distinct = sorted(set(slots) - {-1})
+        self.stacked = None
         if len(distinct) == 1 and -1 not in slots:
             self.groups = [(distinct[0], None)]
+            return
+        members = {s: [row for row, slot in enumerate(slots) if slot == s] for s in distinct}
+        longest = max((len(rows) for rows in members.values()), default=0)
+        used = sum(len(rows) for rows in members.values())
+        if len(distinct) > 1 and len(distinct) * longest <= 2 * used:
+            index = [rows + [rows[0]] * (longest - len(rows)) for rows in members.values()]  # pad with a real row
+            valid = [g * longest + i for g, rows in enumerate(members.values()) for i in range(len(rows))]
+            rows = [row for group in members.values() for row in group]
+            self.stacked = (torch.tensor(distinct, device=device), torch.tensor(index, device=device),
+                            torch.tensor(rows, device=device),
+                            None if used == len(distinct) * longest else torch.tensor(valid, device=device))
+            self.groups = []
             return
         token_slots = torch.tensor(slots, device=device)
         self.groups = [(s, (token_slots == s).nonzero().squeeze(1)) for s in distinct]
@@ -76,6 +96,11 @@ class LoRAWeights(nn.Module):
             self.b[slot, part.offset : part.offset + part.size, cols] = b.to(self.b.dtype)
 
     def add_to(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        if self.batch.stacked is not None:
+            slots, index, rows, valid = self.batch.stacked
+            shrunk = torch.bmm(x[index], self.a[slots].transpose(1, 2))  # [adapters, rows, R]
+            delta = torch.bmm(shrunk, self.b[slots].transpose(1, 2)).flatten(0, 1)
+            return out.index_add_(0, rows, delta if valid is None else delta[valid])
         for slot, rows in self.batch.groups:
             if rows is None:
                 out += (x @ self.a[slot].T) @ self.b[slot].T
