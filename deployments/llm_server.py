@@ -80,7 +80,7 @@ class LLMServer:
         return self.engine.max_model_len
 
     async def stats(self) -> dict:
-        return {**self.engine.stats(), "rss_bytes": _rss_bytes()}
+        return {**self.engine.stats(), "rss_bytes": _rss_bytes(), "pid": os.getpid()}
 
 
 def _rss_bytes() -> int:

@@ -275,4 +275,5 @@ class LLMEngine:
             "num_preemptions": self.scheduler.num_preemptions,
             "prefix_cache_hit_tokens": bm.hit_tokens,
             "prefix_cache_queried_tokens": bm.queried_tokens,
+            "lora_adapters_loaded": [n for n in self.adapter_slots.names if n] if self.adapter_slots else [],
         }

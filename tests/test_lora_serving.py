@@ -110,3 +110,28 @@ def test_a_batch_line_names_an_adapter(server, staged, lora_app):
     rows = [json.loads(line) for line in client.files.content(done.output_file_id).text.splitlines()]
     got = {row["custom_id"]: row["response"]["body"]["choices"][0]["token_ids"] for row in rows}
     assert got == {name: chat_tokens(lora_app, f"{MODEL_ID}:{name}") for name in NAMES}
+
+
+def test_each_adapter_is_served_by_one_of_two_replicas(server, staged, tmp_path_factory):
+    from ray import serve
+
+    from deployments.app_config import replica_name
+
+    args = app_args(server.model_dir, f"file://{tmp_path_factory.mktemp('lora2-storage')}")
+    args["llm_configs"][0]["lora_config"] = {"dynamic_lora_loading_path": f"s3://{BUCKET}/adapters",
+                                             "max_num_adapters_per_replica": 4}
+    args["llm_configs"][0]["deployment_config"] = {"num_replicas": 2}
+    with another_app(server, "lora2", args) as url:
+        for _ in range(4):
+            for name in NAMES:
+                chat_tokens(url, f"{MODEL_ID}:{name}")
+        handle = serve.get_deployment_handle(replica_name(MODEL_ID), app_name="lora2")
+        replicas = {}
+        for _ in range(100):  # ask until both replicas have answered
+            stats = handle.stats.remote().result()
+            replicas[stats["pid"]] = stats["lora_adapters_loaded"]
+            if len(replicas) == 2:
+                break
+    assert len(replicas) == 2
+    loaded = [name for names in replicas.values() for name in names]
+    assert sorted(loaded) == sorted(NAMES)  # each adapter on exactly one replica: 12 requests, 3 loads
