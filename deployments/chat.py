@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 from deployments.choice_parser import ChoiceParser, tool_call_json
 from deployments.errors import OpenAIError
-from deployments.lora_adapters import Adapters
+from deployments.lora_adapters import ModelAdapters
 from deployments.openai_format import TokenTexts, chat_logprobs, prompt_logprobs_json, usage
 from deployments.protocol import ChatCompletionRequest
 from deployments.request_work import off_loop
@@ -19,7 +19,7 @@ from runtime.tokenizer import encode, render_chat
 
 
 class ChatHandler:
-    def __init__(self, engine: AsyncLLMEngine, model_id: str, texts: TokenTexts, adapters: Adapters,
+    def __init__(self, engine: AsyncLLMEngine, model_id: str, texts: TokenTexts, adapters: ModelAdapters,
                  reasoning_parser: str | None = None, tool_call_parser: str | None = None):
         self.engine = engine
         self.adapters = adapters
@@ -62,7 +62,7 @@ class ChatHandler:
             "id": request_id,
             "object": "chat.completion",
             "created": now(),
-            "model": self.model_id,
+            "model": self.adapters.model_name(req.model),
             "choices": choices,
             "usage": usage(len(prompt), completion_tokens, result.num_cached_tokens, reasoning_tokens),
         }
@@ -99,7 +99,7 @@ class ChatHandler:
         return self._chunks(req, request_id, valid.prompt_token_ids, valid.params.n, generator)
 
     async def _chunks(self, req, request_id, prompt, n, generator) -> AsyncIterator[str]:
-        chunk = chunk_writer(request_id, "chat.completion.chunk", self.model_id)
+        chunk = chunk_writer(request_id, "chat.completion.chunk", self.adapters.model_name(req.model))
         parsers = [self._parser(req) for _ in range(n)]
         calls_sent = [0] * n
         generated, cached = 0, 0  # tokens so far, for usage on every chunk (continuous_usage_stats)

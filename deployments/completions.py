@@ -2,7 +2,7 @@
 
 from collections.abc import AsyncIterator
 
-from deployments.lora_adapters import Adapters
+from deployments.lora_adapters import ModelAdapters
 from deployments.openai_format import TokenTexts, completion_logprobs, prompt_logprobs_json, usage
 from deployments.protocol import CompletionRequest
 from deployments.request_work import off_loop
@@ -12,7 +12,7 @@ from runtime.tokenizer import encode
 
 
 class CompletionHandler:
-    def __init__(self, engine: AsyncLLMEngine, model_id: str, texts: TokenTexts, adapters: Adapters):
+    def __init__(self, engine: AsyncLLMEngine, model_id: str, texts: TokenTexts, adapters: ModelAdapters):
         self.engine = engine
         self.adapters = adapters
         self.model_id = model_id
@@ -44,7 +44,7 @@ class CompletionHandler:
             "id": request_id,
             "object": "text_completion",
             "created": now(),
-            "model": self.model_id,
+            "model": self.adapters.model_name(req.model),
             "choices": choices,
             "usage": usage(sum(len(p) for p in prompts), completion_tokens, sum(r.num_cached_tokens for r in results)),
         }
@@ -85,7 +85,7 @@ class CompletionHandler:
 
     async def _chunks(self, req, request_id, params, valid: list[ValidRequest]) -> AsyncIterator[str]:
         prompts = [v.prompt_token_ids for v in valid]
-        chunk = chunk_writer(request_id, "text_completion", self.model_id)
+        chunk = chunk_writer(request_id, "text_completion", self.adapters.model_name(req.model))
         completion_tokens, generated, cached = 0, 0, [0] * len(prompts)
         offsets = {}  # each choice's text offset so far, for its logprobs
         ids_sent: set[int] = set()  # choices whose prompt_token_ids went out (return_token_ids)

@@ -4,7 +4,7 @@ import time
 from collections.abc import AsyncIterator
 
 from deployments.generate_protocol import GenerateRequest
-from deployments.lora_adapters import Adapters
+from deployments.lora_adapters import ModelAdapters
 from deployments.request_work import off_loop
 from deployments.streams import SSE_DONE, merge, new_id, sse
 from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput, ValidRequest
@@ -12,7 +12,7 @@ from runtime.tokenizer import encode
 
 
 class GenerateHandler:
-    def __init__(self, engine: AsyncLLMEngine, adapters: Adapters):
+    def __init__(self, engine: AsyncLLMEngine, adapters: ModelAdapters):
         self.engine = engine
         self.adapters = adapters
 

@@ -13,7 +13,7 @@ from deployments.completions import CompletionHandler
 from deployments.errors import OpenAIError, error_body
 from deployments.generate import GenerateHandler
 from deployments.generate_protocol import GenerateRequest
-from deployments.lora_adapters import AdapterSource, NoAdapters
+from deployments.lora_adapters import adapters_of
 from deployments.metrics import EngineGauges, RequestMetrics
 from deployments.openai_format import TokenTexts
 from deployments.protocol import ChatCompletionRequest, CompletionRequest
@@ -30,7 +30,7 @@ class LLMServer:
         self.engine = AsyncLLMEngine.from_options(config.model_loading_config.source, interval_s,
                                                   RequestMetrics(self.model_id), **config.engine_options)
         texts = TokenTexts(self.engine.tokenizer)
-        adapters = AdapterSource(self.model_id, config.lora_config) if config.lora_config else NoAdapters(self.model_id)
+        adapters = adapters_of(config)
         self.chat_handler = ChatHandler(self.engine, self.model_id, texts, adapters, config.reasoning_parser,
                                         config.tool_call_parser)
         self.completion_handler = CompletionHandler(self.engine, self.model_id, texts, adapters)

@@ -15,7 +15,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from deployments.app_config import LoraConfig
+from deployments.app_config import LLMConfig, LoraConfig
 from deployments.errors import OpenAIError
 from runtime import LoRARequest
 from runtime.storage import MissingObjectError, StoreError, open_store
@@ -35,8 +35,9 @@ def adapter_name(model: str | None, model_id: str) -> str | None:
     return model[len(model_id) + 1:]
 
 
-class NoAdapters:
-    """A model without `lora_config`: it has no adapters, so a request naming one names no model we serve."""
+class ModelAdapters:
+    """A model's LoRA adapters: none, for a model without `lora_config` (a request naming one then names no
+    model we serve); `AdapterSource` for one with it."""
 
     def __init__(self, model_id: str):
         self.model_id = model_id
@@ -44,15 +45,19 @@ class NoAdapters:
     def names(self) -> list[str]:
         return []
 
+    def model_name(self, model: str | None) -> str:
+        """What replies name as their model: the model, or `<model_id>:<adapter>` for an adapter's."""
+        return model if adapter_name(model, self.model_id) is not None else self.model_id
+
     def request_for(self, model: str | None) -> None:
         if adapter_name(model, self.model_id) is not None:
             raise not_found(model)
         return None
 
 
-class AdapterSource:
+class AdapterSource(ModelAdapters):
     def __init__(self, model_id: str, config: LoraConfig):
-        self.model_id = model_id
+        super().__init__(model_id)
         self.store = open_store(config.dynamic_lora_loading_path)
         self._cache = Path(tempfile.mkdtemp(prefix="lora-adapters-"))
         self._fetching = threading.Lock()
@@ -92,4 +97,6 @@ class AdapterSource:
             shutil.rmtree(staging, ignore_errors=True)
 
 
-Adapters = AdapterSource | NoAdapters
+
+def adapters_of(config: LLMConfig) -> ModelAdapters:
+    return AdapterSource(config.model_id, config.lora_config) if config.lora_config else ModelAdapters(config.model_id)

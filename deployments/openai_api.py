@@ -27,7 +27,7 @@ from deployments.batch.files import FileLimits
 from deployments.batch.job import BatchLimits
 from deployments.errors import OpenAIError, error_body, from_validation_error
 from deployments.generate_protocol import GenerateRequest
-from deployments.lora_adapters import AdapterSource, NoAdapters, adapter_name
+from deployments.lora_adapters import adapter_name, adapters_of
 from deployments.metrics import RequestCounter, node_metrics_text
 from deployments.model_clients import ModelClient
 from deployments.protocol import BatchCreateRequest, ChatCompletionRequest, CompletionRequest
@@ -45,8 +45,7 @@ class OpenAIFront:
         self.config = config
         self.models = models
         self.sources = {c.model_id: c.model_loading_config.source for c in config.llm_configs}
-        self.adapters = {c.model_id: AdapterSource(c.model_id, c.lora_config) if c.lora_config else
-                         NoAdapters(c.model_id) for c in config.llm_configs}
+        self.adapters = {c.model_id: adapters_of(c) for c in config.llm_configs}
         self.lora_paths = {c.model_id: c.lora_config.dynamic_lora_loading_path.rstrip("/")
                            for c in config.llm_configs if c.lora_config}
         self.created = int(time.time())

@@ -63,6 +63,7 @@ def chat_tokens(url: str, model: str) -> list[int]:
                                                           "temperature": 0, "ignore_eos": True,
                                                           "return_token_ids": True})
     assert r.status_code == 200, r.text
+    assert r.json()["model"] == model  # an adapter's reply names the adapter, as vLLM's
     return r.json()["choices"][0]["token_ids"]
 
 
