@@ -6,6 +6,7 @@ which starts its own Ray: HAProxy is switched on by the environment Ray's proces
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import openai
@@ -17,6 +18,7 @@ from tests.conftest import MODEL_ID
 from tests.helpers import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
+SERVE = str(Path(sys.executable).parent / "serve")  # the CLI of the Ray this interpreter imports
 HAPROXY = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
 MODES = {"ingress": ({}, False), "haproxy": (HAPROXY, False), "direct": ({}, True), "direct+haproxy": (HAPROXY, True)}
 
@@ -50,7 +52,7 @@ def test_each_mode_starts_and_streams_a_chat(mode, qwen2_model, tmp_path):
     config.write_text(yaml.safe_dump(local_config(qwen2_model, tmp_path / "storage", port, direct)))
     env = {k: v for k, v in os.environ.items() if k not in HAPROXY and k != "RAY_ADDRESS"}
     log = open(tmp_path / "serve.log", "wb")
-    server = subprocess.Popen(["serve", "run", str(config)], cwd=tmp_path, env={**env, **env_overrides},
+    server = subprocess.Popen([SERVE, "run", str(config)], cwd=tmp_path, env={**env, **env_overrides},
                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
