@@ -14,7 +14,8 @@ Every figure is the median of PASSES passes, each with fresh questions after
 one warm-up (so the shared system prompt is cached, as in a live server): on
 two cores one pass varies by ±15%.
 
-Our server runs in four modes: the ingress hop and direct streaming (the
+Our server runs configs/local.yaml's application (its stream batching
+interval included) in four modes: the ingress hop and direct streaming (the
 model's replica answers HTTP itself, what `serve run configs/local.yaml` runs),
 each behind Serve's Python HTTP proxy and in Ray Serve's high-throughput mode
 (RAY_SERVE_THROUGHPUT_OPTIMIZED=1 with RAY_SERVE_ENABLE_HA_PROXY=1: HAProxy in
@@ -37,12 +38,16 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from contextlib import contextmanager
+from pathlib import Path
 
 import openai
 import psutil
 import requests
 import uvloop
+import yaml
 
 from benchmarks.common import build_cpu_model, report
 from runtime import LLM, SamplingParams
@@ -149,12 +154,12 @@ def in_process_ttft_ms(path, tokenizer) -> float:
     from runtime import AsyncLLMEngine
     from runtime.tokenizer import encode, render_chat
 
-    engine = AsyncLLMEngine.from_options(str(path), 0.05, max_model_len=1024)
-    text = render_chat(engine.tokenizer, workload(tokenizer, 99)[0], None, None, add_generation_prompt=True)
+    engine = AsyncLLMEngine.from_options(str(path), 0.1, max_model_len=1024)
     params = SamplingParams(temperature=0, max_tokens=4)
 
     async def one() -> float:
-        start = time.perf_counter()
+        start = time.perf_counter()  # the template is rendered inside, as a server must
+        text = render_chat(engine.tokenizer, workload(tokenizer, 99)[0], None, None, add_generation_prompt=True)
         valid = engine.validate(encode(engine.tokenizer, text, add_special_tokens=False), params)
         async for delta in engine.generate(valid):
             if any(s.text for s in delta.seqs):
@@ -166,7 +171,21 @@ def in_process_ttft_ms(path, tokenizer) -> float:
     return round(1000 * statistics.median(times), 1)
 
 
-def ours(path, tokenizer, high_throughput: bool, direct_streaming: bool = False, ttft: bool = False) -> dict:
+def local_config_args(path, direct_streaming: bool) -> dict:
+    """configs/local.yaml's application, on the benchmark model, its replica on every core."""
+    args = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/local.yaml").read_text())
+    args = args["applications"][0]["args"]
+    llm = args["llm_configs"][0]
+    llm["model_loading_config"] = {"model_id": MODEL_ID, "model_source": str(path)}
+    llm["engine_kwargs"] = {**llm.get("engine_kwargs", {}), "max_model_len": 1024}
+    llm["deployment_config"]["ray_actor_options"]["num_cpus"] = os.cpu_count()
+    return {**args, "storage_uri": f"file://{tempfile.mkdtemp(prefix='bench-storage-')}",
+            "direct_streaming": direct_streaming}
+
+
+@contextmanager
+def serving(path, high_throughput: bool, direct_streaming: bool):
+    """Our app on a fresh Ray, in one mode; yields its OpenAI base URL."""
     import ray
     from ray import serve
 
@@ -176,19 +195,22 @@ def ours(path, tokenizer, high_throughput: bool, direct_streaming: bool = False,
     ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(build_openai_app({"llm_configs": [{
-        "model_loading_config": {"model_id": MODEL_ID, "model_source": str(path)},
-        "engine_kwargs": {"max_model_len": 1024},
-        "deployment_config": {"ray_actor_options": {"num_cpus": os.cpu_count()}}}],
-        "direct_streaming": direct_streaming}), route_prefix="/")
-    url = f"http://127.0.0.1:{port}/v1"
-    result = median_pass(lambda c: uvloop.run(drive(url, MODEL_ID, c, {"ignore_eos": True})), tokenizer)
-    if ttft:
-        result["ttft_concurrency_1_p50_ms"] = served_ttft_ms(url, tokenizer)
-    serve.shutdown()
-    ray.shutdown()
-    # Ray's workers exit after shutdown returns; the next measurement must not share the cores with them
-    wait_until(lambda: not any(p.name().startswith("ray::") for p in psutil.process_iter()), timeout=60, every=0.5)
+    serve.run(build_openai_app(local_config_args(path, direct_streaming)), route_prefix="/")
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        # Ray's workers exit after shutdown returns; the next measurement must not share the cores with them
+        wait_until(lambda: not any(p.name().startswith("ray::") for p in psutil.process_iter()), timeout=60,
+                   every=0.5)
+
+
+def ours(path, tokenizer, high_throughput: bool, direct_streaming: bool = False, ttft: bool = False) -> dict:
+    with serving(path, high_throughput, direct_streaming) as url:
+        result = median_pass(lambda c: uvloop.run(drive(url, MODEL_ID, c, {"ignore_eos": True})), tokenizer)
+        if ttft:
+            result["ttft_concurrency_1_p50_ms"] = served_ttft_ms(url, tokenizer)
     return result
 
 

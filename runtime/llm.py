@@ -61,9 +61,10 @@ class LLM:
         params: SamplingParams | list[SamplingParams] | None = None,
         chat_template_kwargs: dict | None = None,
         tools: list[dict] | None = None,
+        lora_request: LoRARequest | list[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation or a list of them, through the chat template."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         texts = [render_chat(self.tokenizer, c, tools, chat_template_kwargs) for c in conversations]
         prompts = [encode(self.tokenizer, text, add_special_tokens=False) for text in texts]
-        return self.generate(prompts, params)
+        return self.generate(prompts, params, lora_request)
