@@ -157,9 +157,11 @@ def in_process_ttft_ms(path, tokenizer) -> float:
     engine = AsyncLLMEngine.from_options(str(path), 0.1, max_model_len=1024)
     params = SamplingParams(temperature=0, max_tokens=4)
 
+    messages = workload(tokenizer, 99)[0]
+
     async def one() -> float:
         start = time.perf_counter()  # the template is rendered inside, as a server must
-        text = render_chat(engine.tokenizer, workload(tokenizer, 99)[0], None, None, add_generation_prompt=True)
+        text = render_chat(engine.tokenizer, messages, None, None, add_generation_prompt=True)
         valid = engine.validate(encode(engine.tokenizer, text, add_special_tokens=False), params)
         async for delta in engine.generate(valid):
             if any(s.text for s in delta.seqs):
@@ -247,9 +249,9 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(path)
     offline_before = offline(path, tokenizer)["output_tok_s"]
     offline_same_concurrency_before = offline(path, tokenizer, max_num_seqs=CONCURRENCY)["output_tok_s"]
+    ttft_in_process = in_process_ttft_ms(path, tokenizer)  # before the servers: Ray leaves nothing running yet
     served = {mode: ours(path, tokenizer, high_throughput, direct, ttft=mode == DEFAULT_MODE)
               for mode, (high_throughput, direct) in MODES.items()}
-    ttft_in_process = in_process_ttft_ms(path, tokenizer)
     # again after the servers, since the machine's speed drifts within a run: the ratios use the mean
     offline_same_concurrency_after = offline(path, tokenizer, max_num_seqs=CONCURRENCY)["output_tok_s"]
     offline_after = offline(path, tokenizer)["output_tok_s"]
