@@ -11,6 +11,8 @@ traffic is admitted first.
 import asyncio
 import logging
 import re
+import threading
+import time
 
 import ray
 from ray import serve
@@ -44,8 +46,11 @@ class BatchManager:
         self.tasks: dict[str, asyncio.Task] = {}
         self._loading: asyncio.Task | None = None
         # resume at once, on first start and on every restart by Ray, not on the first API call: a batch
-        # nobody polls still finishes (the call runs once __init__ returns)
-        ray.get_runtime_context().current_actor.resume.remote()
+        # nobody polls still finishes. The call to itself runs once __init__ returns; it is made from a thread
+        # and repeated until answered, because a call made while Ray restarts the actor can fail or be lost
+        # (CI saw a restarted manager that never resumed). Resuming twice is harmless: the load runs once.
+        threading.Thread(target=_call_until_answered, args=(ray.get_runtime_context().current_actor,),
+                         name="resume", daemon=True).start()
 
     async def resume(self) -> None:
         """Load every batch and restart the unfinished ones, retrying while the storage is unreachable."""
@@ -170,3 +175,16 @@ class BatchManager:
         if job is None or job.progress.owner != owner:
             raise OpenAIError(404, f"No batch with id {batch_id!r}", "batch_id", "batch_not_found")
         return job
+
+
+def _call_until_answered(manager) -> None:
+    """`manager.resume()`, asked again every 30 s (or 1 s after a failure) until one call returns."""
+    while True:
+        try:
+            ray.get(manager.resume.remote(), timeout=30)
+            return
+        except ray.exceptions.GetTimeoutError:
+            continue
+        except Exception as e:  # the actor is not reachable yet
+            logger.info("batch manager resume: %r; asking again", e)
+            time.sleep(1)
