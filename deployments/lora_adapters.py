@@ -59,7 +59,7 @@ class AdapterSource(ModelAdapters):
     def __init__(self, model_id: str, config: LoraConfig):
         super().__init__(model_id)
         self.store = open_store(config.dynamic_lora_loading_path)
-        self._cache = Path(tempfile.mkdtemp(prefix="lora-adapters-"))
+        self._cache: Path | None = None  # made on the first fetch: an ingress only lists adapters
         self._fetching = threading.Lock()
 
     def names(self) -> list[str]:
@@ -74,11 +74,15 @@ class AdapterSource(ModelAdapters):
             return None
         if not _NAME.fullmatch(name):
             raise not_found(model)
-        local = self._cache / name
-        with self._fetching:
-            if not local.is_dir():
-                self._fetch(name, local, model)
-        return LoRARequest(name, str(local))
+        cache = self._cache
+        if cache is None or not (cache / name).is_dir():  # fetched before: no wait behind another fetch
+            with self._fetching:  # one fetch at a time
+                if self._cache is None:
+                    self._cache = Path(tempfile.mkdtemp(prefix="lora-adapters-"))
+                cache = self._cache
+                if not (cache / name).is_dir():
+                    self._fetch(name, cache / name, model)
+        return LoRARequest(name, str(cache / name))
 
     def _fetch(self, name: str, local: Path, model: str) -> None:
         staging = Path(tempfile.mkdtemp(dir=self._cache, prefix=".fetch-"))

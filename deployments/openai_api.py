@@ -27,7 +27,7 @@ from deployments.batch.files import FileLimits
 from deployments.batch.job import BatchLimits
 from deployments.errors import OpenAIError, error_body, from_validation_error
 from deployments.generate_protocol import GenerateRequest
-from deployments.lora_adapters import adapter_name, adapters_of
+from deployments.lora_adapters import adapter_name, adapters_of, not_found
 from deployments.metrics import RequestCounter, node_metrics_text
 from deployments.model_clients import ModelClient
 from deployments.protocol import BatchCreateRequest, ChatCompletionRequest, CompletionRequest
@@ -81,7 +81,7 @@ class OpenAIFront:
             return model_id
         base = next((m for m in self.models if adapter_name(model_id, m)), None)
         if base is None:
-            raise OpenAIError(404, f"The model `{model_id[:200]}` does not exist.", "model", "model_not_found")
+            raise not_found(model_id)
         return base
 
     async def model_cards(self) -> list[dict]:
@@ -241,7 +241,7 @@ async def get_model(model_id: str, request: Request, front: OpenAIFront = Front)
     front.auth.owner(request)
     card = next((c for c in await front.model_cards() if c["id"] == model_id), None)
     if card is None:
-        raise OpenAIError(404, f"The model `{model_id[:200]}` does not exist.", "model", "model_not_found")
+        raise not_found(model_id)
     return card
 
 

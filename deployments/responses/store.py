@@ -27,20 +27,29 @@ class ResponseStore:
 
     async def load(self, owner: str | None, response_id: str, param: str | None = None) -> dict:
         """`{"response", "messages"}`; a response this owner did not store is not found."""
-        if not _ID.fullmatch(response_id):
-            raise OpenAIError(404, f"Response with id '{response_id[:64]}' not found.", param, "response_not_found")
+        key = self._key(owner, response_id, param)
         try:
-            return await asyncio.to_thread(self.store.get_json, self._key(owner, response_id))
+            return await asyncio.to_thread(self.store.get_json, key)
         except MissingObjectError:
-            raise OpenAIError(404, f"Response with id '{response_id}' not found.", param, "response_not_found") \
-                from None
+            raise _not_found(response_id, param) from None
         except StoreError as e:
             raise OpenAIError(503, f"stored responses are unreachable: {e}") from e
 
     async def delete(self, owner: str | None, response_id: str) -> None:
-        await self.load(owner, response_id)  # a 404 for a missing one
-        await asyncio.to_thread(self.store.delete, self._key(owner, response_id))
+        key = self._key(owner, response_id)
+        try:
+            if await asyncio.to_thread(self.store.size, key) is None:
+                raise _not_found(response_id)
+            await asyncio.to_thread(self.store.delete, key)
+        except StoreError as e:
+            raise OpenAIError(503, f"stored responses are unreachable: {e}") from e
 
     @staticmethod
-    def _key(owner: str | None, response_id: str) -> str:
+    def _key(owner: str | None, response_id: str, param: str | None = None) -> str:
+        if not _ID.fullmatch(response_id):
+            raise _not_found(response_id, param)
         return f"responses/{owner or 'public'}/{response_id}.json"
+
+
+def _not_found(response_id: str, param: str | None = None) -> OpenAIError:
+    return OpenAIError(404, f"Response with id '{response_id[:64]}' not found.", param, "response_not_found")

@@ -36,13 +36,18 @@ class LoRABatch:
         self.stacked = None  # (slots, index [G, L], rows, valid) for the batched product
 
     def set(self, seq_slots: list[int], query_lens: list[int], device: torch.device) -> None:
-        slots = [s for s, n in zip(seq_slots, query_lens) for _ in range(n)]
-        distinct = sorted(set(slots) - {-1})
+        members: dict[int, list[int]] = {}  # slot -> its rows of the flattened batch, in one pass over sequences
+        offset = 0
+        for slot, n in zip(seq_slots, query_lens):
+            members.setdefault(slot, []).extend(range(offset, offset + n))
+            offset += n
+        base = members.pop(-1, None)
+        members = dict(sorted(members.items()))
+        distinct = list(members)
         self.stacked = None
-        if len(distinct) == 1 and -1 not in slots:
+        if len(distinct) == 1 and base is None:
             self.groups = [(distinct[0], None)]
             return
-        members = {s: [row for row, slot in enumerate(slots) if slot == s] for s in distinct}
         longest = max((len(rows) for rows in members.values()), default=0)
         used = sum(len(rows) for rows in members.values())
         if len(distinct) > 1 and len(distinct) * longest <= 2 * used:
@@ -54,8 +59,7 @@ class LoRABatch:
                             None if used == len(distinct) * longest else torch.tensor(valid, device=device))
             self.groups = []
             return
-        token_slots = torch.tensor(slots, device=device)
-        self.groups = [(s, (token_slots == s).nonzero().squeeze(1)) for s in distinct]
+        self.groups = [(s, torch.tensor(rows, device=device)) for s, rows in members.items()]
 
 
 @dataclass(frozen=True)
