@@ -15,7 +15,7 @@ from deployments.protocol import ChatCompletionRequest
 from deployments.request_work import off_loop
 from deployments.streams import SSE_DONE, chunk_writer, now
 from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput, ValidRequest
-from runtime.tokenizer import encode, render_chat
+from runtime.tokenizer import render_chat
 
 
 class ChatHandler:
@@ -41,7 +41,7 @@ class ChatHandler:
                                add_generation_prompt=req.add_generation_prompt and not req.continue_final_message)
         except Exception as e:  # the template rejected the conversation (jinja raise_exception, bad kwargs)
             raise OpenAIError(400, f"messages: the chat template could not render them: {e}", "messages") from e
-        prompt = encode(tokenizer, text, add_special_tokens=False)
+        prompt = self.engine.encode(text, add_special_tokens=False)
         return self.engine.validate(prompt, params, self.adapters.request_for(req.model))
 
     def _parser(self, req: ChatCompletionRequest) -> ChoiceParser:

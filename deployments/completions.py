@@ -8,7 +8,6 @@ from deployments.protocol import CompletionRequest
 from deployments.request_work import off_loop
 from deployments.streams import SSE_DONE, chunk_writer, merge, now
 from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput, ValidRequest
-from runtime.tokenizer import encode
 
 
 class CompletionHandler:
@@ -21,7 +20,7 @@ class CompletionHandler:
     def _prepare(self, req: CompletionRequest):
         """Called on a worker thread: chat templates and tokenizing never hold up the replica's event loop."""
         params = req.to_sampling_params()
-        prompts = [encode(self.engine.tokenizer, p) if isinstance(p, str) else list(p) for p in req.prompts()]
+        prompts = [self.engine.encode(p) if isinstance(p, str) else list(p) for p in req.prompts()]
         lora = self.adapters.request_for(req.model)
         return params, [self.engine.validate(ids, params, lora) for ids in prompts]  # all checked before any starts
 

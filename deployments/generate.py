@@ -8,7 +8,6 @@ from deployments.lora_adapters import ModelAdapters
 from deployments.request_work import off_loop
 from deployments.streams import SSE_DONE, merge, new_id, sse
 from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput, ValidRequest
-from runtime.tokenizer import encode
 
 
 class GenerateHandler:
@@ -20,7 +19,7 @@ class GenerateHandler:
         """Called on a worker thread: chat templates and tokenizing never hold up the replica's event loop."""
         params = req.sampling_params.to_sampling_params(req.top_logprobs_num if req.return_logprob else None)
         prompts, batched = req.prompts()
-        ids = [encode(self.engine.tokenizer, p) if isinstance(p, str) else list(p) for p in prompts]
+        ids = [self.engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         lora = self.adapters.request_for(req.model)
         valid = [self.engine.validate(prompt, params, lora) for prompt in ids]  # all checked before any starts
         base = req.rid or new_id("")

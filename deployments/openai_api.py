@@ -31,6 +31,7 @@ from deployments.lora_adapters import adapter_name, adapters_of, not_found
 from deployments.metrics import RequestCounter, node_metrics_text
 from deployments.model_clients import ModelClient
 from deployments.protocol import BatchCreateRequest, ChatCompletionRequest, CompletionRequest
+from deployments.request_work import off_loop
 from deployments.responses.api import ResponsesAPI
 from deployments.responses.protocol import ResponsesRequest
 from deployments.responses.store import ResponseStore
@@ -60,12 +61,16 @@ class OpenAIFront:
         )
         self.responses = ResponsesAPI(ResponseStore(open_store(config.storage_uri)))
 
-    async def model_card(self, model_id: str) -> dict:
-        """OpenAI's model object, with `max_model_len` as vLLM and SGLang give it (asked of a replica once)."""
+    async def max_model_len(self, model_id: str) -> int:
+        """A model's context length, asked of a replica once."""
         if model_id not in self._max_model_len:
             self._max_model_len[model_id] = await self.models[model_id].max_model_len()
+        return self._max_model_len[model_id]
+
+    async def model_card(self, model_id: str) -> dict:
+        """OpenAI's model object, with `max_model_len` as vLLM and SGLang give it."""
         return {"id": model_id, "object": "model", "created": self.created, "owned_by": "rayllm-engine",
-                "root": self.sources[model_id], "max_model_len": self._max_model_len[model_id]}
+                "root": self.sources[model_id], "max_model_len": await self.max_model_len(model_id)}
 
     def model(self, model_id: str | None) -> ModelClient:
         return self.models[self.model_id(model_id)]
@@ -104,22 +109,52 @@ class OpenAIFront:
         raw = await request.body()
         if len(raw) > limit:
             raise OpenAIError(413, f"request body is over {limit} bytes")
-        try:
-            data = loads_object(raw)
-        except ValueError as e:
-            raise OpenAIError(400, f"the body: {e}") from None
+        # parsing and validating megabytes takes a second of CPU: off the event loop, which other requests share
+        data = await off_loop(_load, raw)
+        await self._check_conversation_fits(data)
         known = {name for name, f in model.model_fields.items() for name in (name, f.alias) if name}
         request.state.ignored_fields = sorted(key for key in data if key not in known)
+        return await off_loop(_validate, model, data)
+
+    async def _check_conversation_fits(self, data: dict) -> None:
+        """Refuse a conversation with more turns than its model's context has tokens (every message the chat
+        template renders takes at least one), before the work of validating and rendering them all. Reasoning
+        items, which are not rendered, do not count."""
+        turns = data.get("messages", data.get("input"))
+        if not isinstance(turns, list) or not isinstance(data.get("model"), str | None):
+            return
         try:
-            return model.model_validate(data)
-        except ValidationError as e:
-            raise from_validation_error(e) from None
+            model_id = self.model_id(data.get("model"))
+        except OpenAIError:
+            return  # validation or the route answers for the model
+        limit = await self.max_model_len(model_id)
+        if len(turns) < limit:
+            return
+        rendered = sum(1 for t in turns if not (isinstance(t, dict) and t.get("type") == "reasoning"))
+        field = "messages" if "messages" in data else "input"
+        if rendered >= limit:
+            raise OpenAIError(400, f"{field}: {rendered} turns cannot fit this model's maximum context length of "
+                                   f"{limit} tokens (each takes at least one token)", field)
 
     async def generation(self, request: Request, model: type[BaseModel]) -> tuple[BaseModel, ModelClient]:
         """A generation route's parsed body and the client of the model it names."""
         self.auth.owner(request)
         body = await self.parse(request, model)
         return body, self.model(body.model)
+
+
+def _load(raw: bytes) -> dict:
+    try:
+        return loads_object(raw)
+    except ValueError as e:
+        raise OpenAIError(400, f"the body: {e}") from None
+
+
+def _validate(model: type[BaseModel], data: dict) -> BaseModel:
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise from_validation_error(e) from None
 
 
 async def respond(request: Request, body, reply: Callable[..., Awaitable],

@@ -89,6 +89,9 @@ class AsyncLLMEngine:
     def tokenizer(self):
         return self.engine.tokenizer
 
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.engine.encode(text, add_special_tokens)
+
     @property
     def max_model_len(self) -> int:
         return self.engine.spec.max_model_len

@@ -26,7 +26,7 @@ from runtime.outputs import RequestDelta, SequenceDelta
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Scheduler
 from runtime.sequence import Request, Sequence
-from runtime.tokenizer import eos_token_ids, load_tokenizer
+from runtime.tokenizer import TokenCountBound, encode, eos_token_ids, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ class LLMEngine:
         self.spec = ModelSpec.resolve(config)
         self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(self.spec.tokenizer)
         self.eos_token_ids = eos_token_ids(self.spec.path, self.tokenizer)
+        self.token_count_bound = TokenCountBound(self.tokenizer)
         self.workers = None
         address = None
         if config.tensor_parallel_size > 1:
@@ -76,6 +77,13 @@ class LLMEngine:
         return cls(EngineConfig(model=model, **engine_kwargs))
 
     # --- requests -----------------------------------------------------------
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """A prompt's token ids; a text that cannot fit the context by a cheap bound is refused untokenized."""
+        limit, fewest = self.spec.max_model_len, self.token_count_bound.fewest_tokens(text)
+        require(fewest < limit, "prompt",
+                f"this model's maximum context length is {limit} tokens, and the prompt has at least {fewest} tokens")
+        return encode(self.tokenizer, text, add_special_tokens)
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams,
                  lora: LoRARequest | None = None) -> ValidRequest:

@@ -6,7 +6,7 @@ from runtime.engine import LLMEngine
 from runtime.lora import LoRARequest
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
-from runtime.tokenizer import encode, render_chat
+from runtime.tokenizer import render_chat
 
 Prompt = str | list[int]
 
@@ -42,7 +42,7 @@ class LLM:
         outputs: dict[str, RequestOutput] = {}
         try:
             for prompt, p, lora in zip(prompts, params, loras):
-                text, ids = (prompt, encode(self.tokenizer, prompt)) if isinstance(prompt, str) else (None, prompt)
+                text, ids = (prompt, self.engine.encode(prompt)) if isinstance(prompt, str) else (None, prompt)
                 request_id = f"llm-{next(self._ids)}"
                 self.engine.add_request(request_id, ids, p, lora=lora)
                 outputs[request_id] = RequestOutput.empty(request_id, ids, p.n, text)
@@ -66,5 +66,5 @@ class LLM:
         """Generate replies to one conversation or a list of them, through the chat template."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         texts = [render_chat(self.tokenizer, c, tools, chat_template_kwargs) for c in conversations]
-        prompts = [encode(self.tokenizer, text, add_special_tokens=False) for text in texts]
+        prompts = [self.engine.encode(text, add_special_tokens=False) for text in texts]
         return self.generate(prompts, params, lora_request)

@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from tokenizers import pre_tokenizers
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
 
@@ -37,3 +38,34 @@ def render_chat(
 
 def encode(tokenizer: PreTrainedTokenizerBase, text: str, add_special_tokens: bool = True) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+
+class TokenCountBound:
+    """A lower bound on a text's token count at the cost of one pass over its bytes, so that a text far too long
+    for the context is refused without being tokenized (tokenizing megabytes takes seconds of a replica's CPU).
+
+    When every byte has a token (byte-level BPE with all 256 byte symbols, or BPE with byte fallback), no token
+    stands for more bytes of the normalized text than its own spelling has in UTF-8, so a text of B bytes has at
+    least B / (longest spelling) tokens. A tokenizer that can drop or merge unknown characters gets no bound."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase):
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        vocab = tokenizer.get_vocab()
+        self.normalizer = backend.normalizer if backend is not None else None
+        self.bytes_per_token = max(len(token.encode()) for token in vocab) if _every_byte_has_a_token(backend, vocab) \
+            else None
+
+    def fewest_tokens(self, text: str) -> int:
+        if self.bytes_per_token is None:
+            return 0
+        normalized = self.normalizer.normalize_str(text) if self.normalizer is not None else text
+        return len(normalized.encode()) // self.bytes_per_token
+
+
+def _every_byte_has_a_token(backend, vocab: dict[str, int]) -> bool:
+    if backend is None:
+        return False
+    if getattr(backend.model, "byte_fallback", False):
+        return True
+    byte_level = backend.pre_tokenizer is not None and b'"type":"ByteLevel"' in backend.pre_tokenizer.__getstate__()
+    return byte_level and all(symbol in vocab for symbol in pre_tokenizers.ByteLevel.alphabet())

@@ -52,6 +52,32 @@ def test_bad_requests_are_rejected_and_others_still_run(qwen2_model):
     assert llm.generate([[5, 6, 7]], GREEDY)[0].outputs[0].finish_reason == "length"
 
 
+TEXTS = ["hello world", "word " * 300, "é" * 90 + "e\u0301" * 40, "<|im_start|>user\nhi<|im_end|>" * 20,
+         "日本語のテキスト" * 30, "🙂" * 50, " " * 500]
+
+
+def test_a_text_far_over_the_context_is_refused_before_it_is_tokenized(qwen2_model):
+    llm = LLM(str(qwen2_model), max_model_len=64)
+    bound = llm.engine.token_count_bound
+    assert all(0 < bound.fewest_tokens(t) <= len(llm.tokenizer.encode(t)) for t in TEXTS[1:])
+    with pytest.raises(InvalidInputError, match="the prompt has at least 357142 tokens") as e:
+        llm.generate("word " * 1_000_000, GREEDY)
+    assert e.value.param == "prompt"
+    with pytest.raises(InvalidInputError, match=r"the prompt has \d+ tokens"):  # under the bound: counted exactly
+        llm.generate("word " * 70, GREEDY)
+
+
+def test_a_tokenizer_that_can_drop_characters_gets_no_bound():
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from runtime.tokenizer import TokenCountBound
+
+    wordpiece = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1},
+                                                                                    unk_token="[UNK]")))
+    assert TokenCountBound(wordpiece).fewest_tokens("x" * 10**6) == 0
+
+
 @pytest.mark.parametrize(
     "kwargs, param",
     [

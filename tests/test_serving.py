@@ -195,6 +195,24 @@ def test_too_long_prompt_message_has_the_token_counts(server):
     assert "512" in message and "prompt has" in message
 
 
+def test_a_prompt_far_over_the_context_is_refused_by_its_size(server):
+    """Megabytes of prompt are refused by a bound on their token count, without rendering or tokenizing them."""
+    chat = requests.post(f"{server.base_url}/v1/chat/completions",
+                         json={"messages": [{"role": "user", "content": "hi"}] * 600, "max_tokens": 1})
+    assert chat.status_code == 400 and chat.json()["error"]["param"] == "messages"
+    assert chat.json()["error"]["message"].startswith("messages: 600 turns cannot fit")
+    text = requests.post(f"{server.base_url}/v1/completions", json={"prompt": "word " * 1_000_000})
+    assert text.status_code == 400 and text.json()["error"]["param"] == "prompt"
+    assert "512 tokens, and the prompt has at least" in text.json()["error"]["message"]
+
+
+def test_echoed_reasoning_items_do_not_count_as_turns(server):
+    items = [{"type": "reasoning", "id": f"rs_{i}", "summary": []} for i in range(600)]
+    response = requests.post(f"{server.base_url}/v1/responses",
+                             json={"input": [*items, {"role": "user", "content": "hi"}], "max_output_tokens": 2})
+    assert response.status_code == 200 and response.json()["usage"]["output_tokens"] == 2
+
+
 @pytest.mark.parametrize("body", [{"text": []}, {"input_ids": []}, {"input_ids": [[]]}, {"text": [""]}])
 def test_empty_generate_prompts_are_400(server, body):
     """Found by the fuzz suite: an empty prompt list once crashed the router with a 500."""
