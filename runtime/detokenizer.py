@@ -5,13 +5,16 @@ O(window), and new text is only released once it no longer ends in U+FFFD,
 i.e. never half of a multi-byte UTF-8 character. Stop strings are searched in
 the text as it grows (so they match across token boundaries); text that could
 still turn out to be the start of a stop string is held back from the stream
-until it is resolved. Stop regexes (SGLang's `stop_regex`) are searched in
-the whole output after each token with RE2, whose time is linear in the
-text, so no pattern can stall the engine; the matched text stays in the
-output (a regex match cannot be held back from a stream the way a literal's
-prefix can).
+until it is resolved. Stop regexes (SGLang's `stop_regex`) are searched with
+RE2, whose time is linear in the text, so no pattern can stall the engine:
+after each token, only in the tail that a new match could span when the
+pattern's longest match is bounded (as SGLang bounds it), in the whole output
+when it is not (`+`, `*`). The matched text stays in the output (a regex
+match cannot be held back from a stream the way a literal's prefix can).
 """
 
+import re._constants
+import re._parser
 from functools import lru_cache
 
 import re2
@@ -31,6 +34,18 @@ def stop_pattern(pattern: str) -> "re2._Regexp":
         raise ValueError(f"not an RE2 regex: {e}") from None
 
 
+@lru_cache(maxsize=256)
+def longest_match(pattern: str) -> int | None:
+    """The most characters a match can span, by Python's regex parser; None when unbounded or unparsed (RE2
+    syntax Python lacks, such as \\pL). Never less than the pattern's own length: where RE2 reads as literal
+    what Python reads as a repeat (`a{,3}`), the match is at most the pattern's text."""
+    try:
+        longest = re._parser.parse(pattern).getwidth()[1]
+    except (re.error, OverflowError, RecursionError):
+        return None
+    return max(longest, len(pattern)) if longest < re._constants.MAXREPEAT else None
+
+
 class IncrementalDetokenizer:
     def __init__(
         self,
@@ -43,7 +58,7 @@ class IncrementalDetokenizer:
     ):
         self.tokenizer = tokenizer
         self.stop = stop
-        self.stop_regex = [(pattern, stop_pattern(pattern)) for pattern in stop_regex]
+        self.stop_regex = [(pattern, stop_pattern(pattern), longest_match(pattern)) for pattern in stop_regex]
         self.include_stop = include_stop_str_in_output
         self.skip_special_tokens = skip_special_tokens
         self._ids = list(prompt_token_ids[-_PROMPT_CONTEXT:])
@@ -68,22 +83,23 @@ class IncrementalDetokenizer:
         self._read_offset = len(self._ids)
         if not new:  # a token without text (a skipped special token, an id the tokenizer lacks): the window moves on
             return None
-        start = max(0, len(self.text) - max((len(s) for s in self.stop), default=0) + 1)
+        checked = len(self.text)
         self.text += new
         if not check_stop:
             return None
-        return (self._find_stop(start) if self.stop else None) or self._find_stop_regex()
+        return (self._find_stop(checked) if self.stop else None) or self._find_stop_regex(checked)
 
-    def _find_stop_regex(self) -> str | None:
-        for pattern, compiled in self.stop_regex:
-            if compiled.search(self.text):
+    def _find_stop_regex(self, checked: int) -> str | None:
+        """A match not found before this token ends in its text, so it starts at most `longest` characters before."""
+        for pattern, compiled, longest in self.stop_regex:
+            if compiled.search(self.text, 0 if longest is None else max(0, checked - longest)):
                 return pattern
         return None
 
-    def _find_stop(self, start: int) -> str | None:
+    def _find_stop(self, checked: int) -> str | None:
         best = None
         for s in self.stop:
-            pos = self.text.find(s, start)
+            pos = self.text.find(s, max(0, checked - len(s) + 1))
             if pos != -1 and (best is None or pos < best[0]):
                 best = (pos, s)
         if best is None:

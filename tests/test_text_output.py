@@ -57,3 +57,27 @@ def test_stop_string_across_token_boundary_in_generation(qwen2_model):
     assert choice.text == full.text[:cut]
     assert choice.token_ids == full.token_ids[: len(choice.token_ids)]
     assert stop not in choice.text
+
+
+def test_a_stop_regex_stops_at_the_first_token_whose_text_completes_a_match(qwen2_model):
+    """The tail searched for a bounded pattern finds every match the whole text has, at the same token;
+    `\\b` and `^` still see the text before the tail."""
+    import random
+
+    import re2
+
+    from runtime.detokenizer import longest_match
+
+    tokenizer = LLM(str(qwen2_model), dtype="float32", max_model_len=128).tokenizer
+    patterns = [r"end\d{2}", r"\bab", "^x", r"a\B", "b[ac]{2,5}d", "(ab)+c", "é{3}"]
+    assert [longest_match(p) for p in patterns] == [8, 4, 2, 3, 11, None, 4]
+    assert longest_match("a{1,20}") == 20 and longest_match(r"\pL") is None
+    rng = random.Random(0)
+    for _ in range(200):
+        text = "".join(rng.choice(["a", "b", "c", "d", " ", "end", "4", "x", "é"]) for _ in range(60))
+        ids = tokenizer.encode(text)
+        for pattern in patterns:
+            detok = IncrementalDetokenizer(tokenizer, [], [], False, skip_special_tokens=True, stop_regex=[pattern])
+            stopped_at = next((i for i, t in enumerate(ids) if detok.append(t)), None)
+            whole = [re2.search(pattern, tokenizer.decode(ids[: i + 1])) for i in range(len(ids))]
+            assert stopped_at == next((i for i, m in enumerate(whole) if m), None), (pattern, text)
