@@ -121,7 +121,7 @@ class OpenAIFront:
         template renders takes at least one), before the work of validating and rendering them all. Reasoning
         items, which are not rendered, do not count."""
         turns = data.get("messages", data.get("input"))
-        if not isinstance(turns, list) or not isinstance(data.get("model"), str | None):
+        if not isinstance(turns, list) or len(turns) < _FEW_TURNS or not isinstance(data.get("model"), str | None):
             return
         try:
             model_id = self.model_id(data.get("model"))
@@ -141,6 +141,9 @@ class OpenAIFront:
         self.auth.owner(request)
         body = await self.parse(request, model)
         return body, self.model(body.model)
+
+
+_FEW_TURNS = 256  # cheap to validate and render whatever the context: not worth asking a replica its length
 
 
 def _load(raw: bytes) -> dict:
