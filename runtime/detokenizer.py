@@ -90,9 +90,12 @@ class IncrementalDetokenizer:
         return (self._find_stop(checked) if self.stop else None) or self._find_stop_regex(checked)
 
     def _find_stop_regex(self, checked: int) -> str | None:
-        """A match not found before this token ends in its text, so it starts at most `longest` characters before."""
+        """A match not found before this token ends in its text, so it starts at most `longest` characters before.
+        That tail is searched as a slice with one character before it, which `\\b` and `(?m)^` look at (a search
+        from an offset into the whole text would cost RE2's wrapper a pass over all of it)."""
         for pattern, compiled, longest in self.stop_regex:
-            if compiled.search(self.text, 0 if longest is None else max(0, checked - longest)):
+            start = 0 if longest is None else max(0, checked - longest)
+            if compiled.search(self.text[start - 1:], 1) if start else compiled.search(self.text):
                 return pattern
         return None
 
