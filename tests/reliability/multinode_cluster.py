@@ -104,13 +104,15 @@ def kill_node(cluster, node_id: str) -> float:
 
 
 def summary(results: list[tuple[float, float, bool, str]], since: float) -> dict:
+    """The probes from a second before the kill on. A probe in flight at the kill ran on the node (its failure is
+    `failed_in_flight`); the failure window is how long after the kill a probe sent after it could still fail."""
     after = [r for r in results if r[0] >= since - 1]
     latencies = sorted(r[1] for r in after)
     failures = [r for r in after if not r[2]]
+    new_failures = [r for r in failures if r[0] >= since]
     return {
-        "requests": len(after), "failed": len(failures),
-        "failure_window_s": round(max(r[0] + r[1] for r in failures) - min(r[0] for r in failures), 2)
-        if failures else 0.0,
+        "requests": len(after), "failed": len(failures), "failed_in_flight": len(failures) - len(new_failures),
+        "failure_window_s": round(max(r[0] + r[1] for r in new_failures) - since, 2) if new_failures else 0.0,
         "p50_s": round(statistics.median(latencies), 3) if latencies else None,
         "p99_s": round(latencies[int(0.99 * (len(latencies) - 1))], 3) if latencies else None,
         "failures": [r[3] for r in failures[:5]],
