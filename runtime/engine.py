@@ -80,7 +80,11 @@ class LLMEngine:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """A prompt's token ids; a text that cannot fit the context by a cheap bound is refused untokenized."""
-        limit, fewest = self.spec.max_model_len, self.token_count_bound.fewest_tokens(text)
+        limit = self.spec.max_model_len
+        try:
+            fewest = self.token_count_bound.fewest_tokens(text)
+        except UnicodeEncodeError as e:  # a lone surrogate, which no tokenizer takes
+            raise InvalidInputError("prompt", f"not valid Unicode: {e.reason} at character {e.start}") from None
         require(fewest < limit, "prompt",
                 f"this model's maximum context length is {limit} tokens, and the prompt has at least {fewest} tokens")
         return encode(self.tokenizer, text, add_special_tokens)

@@ -65,6 +65,8 @@ def test_a_text_far_over_the_context_is_refused_before_it_is_tokenized(qwen2_mod
     assert e.value.param == "prompt"
     with pytest.raises(InvalidInputError, match=r"the prompt has \d+ tokens"):  # under the bound: counted exactly
         llm.generate("word " * 70, GREEDY)
+    with pytest.raises(InvalidInputError, match="not valid Unicode: surrogates not allowed at character 1"):
+        llm.generate("a\ud800b", GREEDY)
 
 
 def test_a_tokenizer_that_can_drop_characters_gets_no_bound():
