@@ -11,7 +11,8 @@ from ray import serve
 
 from deployments.app_config import AppConfig
 from deployments.llm_server import LLMServer
-from deployments.openai_api import OpenAIFront, build_app
+from deployments.openai_api import build_app
+from deployments.openai_front import OpenAIFront
 
 
 @serve.ingress()

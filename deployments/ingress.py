@@ -5,7 +5,8 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments.app_config import AppConfig
 from deployments.model_clients import RemoteModel
-from deployments.openai_api import OpenAIFront, build_app
+from deployments.openai_api import build_app
+from deployments.openai_front import OpenAIFront
 
 
 # Replicas and resources: the app config's ingress_deployment_config (builder.py)
