@@ -2,12 +2,21 @@
 
 import dataclasses
 import os
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from deployments.errors import field_path
 from runtime import EngineConfig
+
+
+def _known_scheme(uri: str) -> str:
+    if not uri.startswith(("file://", "s3://")):
+        raise ValueError("must start with file:// or s3://")
+    return uri
+
+
+StorageUri = Annotated[str, AfterValidator(_known_scheme)]  # where the object-store layer can reach
 
 DIRECT_STREAMING_ENV = "RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING"
 _ENGINE_OPTIONS = {f.name for f in dataclasses.fields(EngineConfig) if f.init} - {"model"}
@@ -50,16 +59,9 @@ class LoraConfig(StrictModel):
     """Ray Serve LLM's names: adapters are `<dynamic_lora_loading_path>/<name>/` in PEFT's format, and a
     request names one as `model: "<model_id>:<name>"`."""
 
-    dynamic_lora_loading_path: str
+    dynamic_lora_loading_path: StorageUri
     max_num_adapters_per_replica: int = Field(4, ge=1)  # the engine's adapter slots
     max_lora_rank: int = Field(16, ge=1)
-
-    @field_validator("dynamic_lora_loading_path")
-    @classmethod
-    def _known_scheme(cls, v: str) -> str:
-        if not v.startswith(("file://", "s3://")):
-            raise ValueError("must start with file:// or s3://")
-        return v
 
 
 class LLMConfig(StrictModel):
@@ -100,7 +102,7 @@ class LLMConfig(StrictModel):
 
 class AppConfig(StrictModel):
     llm_configs: list[LLMConfig] = Field(min_length=1)
-    storage_uri: str = "file://./rayllm-storage"
+    storage_uri: StorageUri = "file://./rayllm-storage"
     api_key: str | list[str] | None = None  # when set, every route but /health needs one of these keys
     max_request_bytes: int = Field(16 * 1024 * 1024, gt=0)
     max_file_bytes: int = Field(512 * 1024 * 1024, gt=0)
@@ -156,13 +158,6 @@ class AppConfig(StrictModel):
         """Whether a batch may read its input from `uri` (an s3:// object): only under the allowed prefixes."""
         prefixes = [*self.batch_input_prefixes, *([self.storage_uri] if self.storage_uri.startswith("s3://") else [])]
         return any(uri.startswith(p if p.endswith("/") else p + "/") for p in prefixes)
-
-    @field_validator("storage_uri")
-    @classmethod
-    def _known_scheme(cls, v: str) -> str:
-        if not v.startswith(("file://", "s3://")):
-            raise ValueError("must start with file:// or s3://")
-        return v
 
 
 def replica_name(model_id: str) -> str:

@@ -7,10 +7,10 @@ from ray import serve
 from ray.serve import Application, Deployment
 
 from deployments.app_config import AppConfig, LLMConfig, parse_app_config, replica_name
-from deployments.direct_server import DirectLLMServer
-from deployments.ingress import OpenAIIngress
-from deployments.llm_server import LLMServer
+from deployments.http.ingress import OpenAIIngress
 from deployments.prefix_router import PrefixAwareRouter
+from deployments.replica.direct_server import DirectLLMServer
+from deployments.replica.server import LLMServer
 
 
 def build_openai_app(args: dict) -> Application:

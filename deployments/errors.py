@@ -1,7 +1,11 @@
 """Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`."""
 
+from contextlib import contextmanager
+from dataclasses import dataclass
+
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from ray.exceptions import RayTaskError
 
 _TYPES = {
     400: "invalid_request_error",
@@ -32,9 +36,42 @@ class OpenAIError(Exception):
         return JSONResponse(self.body(), status_code=self.status)
 
 
+def model_not_found(model: str) -> OpenAIError:
+    return OpenAIError(404, f"The model `{model[:200]}` does not exist.", "model", "model_not_found")
+
+
+@dataclass(frozen=True)
+class StreamError:
+    """An error after a stream's first chunk. It is the stream's last item; the HTTP edge sends it as OpenAI's
+    in-band `data: {"error": ...}` event before `[DONE]` (the status line was sent with the first chunk)."""
+
+    status: int
+    message: str
+    param: str | None = None
+
+    @classmethod
+    def of(cls, e: OpenAIError) -> "StreamError":
+        return cls(e.status, e.message, e.param)
+
+    def body(self) -> dict:
+        return error_body(self.status, self.message, self.param)
+
+
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
     kind = _TYPES.get(status, "internal_error" if status >= 500 else "invalid_request_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+@contextmanager
+def remote_errors():
+    """Re-raise an `OpenAIError` raised in another process as itself (Ray wraps what an actor or a replica
+    raises in a RayTaskError)."""
+    try:
+        yield
+    except RayTaskError as e:
+        if isinstance(e.cause, OpenAIError):
+            raise e.cause from None
+        raise
 
 
 def field_path(loc: tuple) -> str:

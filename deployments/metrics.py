@@ -1,132 +1,23 @@
 """Metrics through Ray's metrics API, so Ray's Prometheus export (and KubeRay's scraping) carries them.
 
-Names start with `rayllm_` (Ray's exporter adds its `ray_` prefix). The ingress's
-/metrics serves the local node's export, filtered to them, for runs without a
-Prometheus.
+Names start with `rayllm_` (Ray's exporter adds its `ray_` prefix). Each process records its own: the HTTP
+side counts requests (http/metrics.py), a replica times its engine's streams and reports its gauges
+(replica/metrics.py), the batch manager counts batch outcomes (`count_batch`).
 """
 
-import time
-from dataclasses import dataclass, field
+from ray.util.metrics import Counter
 
-import ray
-import requests
-from ray.util.metrics import Counter, Gauge, Histogram
-
-from runtime import RequestDelta
-
-_LATENCY = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120]
 _metrics: dict = {}
 
 
-def _metric(kind, name: str, description: str, tags: tuple[str, ...], **kw):
+def metric(kind, name: str, description: str, tags: tuple[str, ...], **kw):
     """One metric object per process, created on first use (Ray metrics live in the process that records)."""
     if name not in _metrics:
         _metrics[name] = kind(name, description=description, tag_keys=tags, **kw)
     return _metrics[name]
 
 
-class RequestCounter:
-    """ASGI middleware counting HTTP requests by route and status when the response starts.
-
-    Plain ASGI on purpose: Starlette's `@app.middleware("http")` relays every
-    streamed chunk through an extra task and memory stream.
-    """
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-
-        async def counting_send(message):
-            if message["type"] == "http.response.start":
-                route = getattr(scope.get("route"), "path", "unmatched")
-                _metric(Counter, "rayllm_requests", "HTTP requests by route and status", ("route", "status")).inc(
-                    1, tags={"route": route, "status": str(message["status"])})
-            await send(message)
-
-        await self.app(scope, receive, counting_send)
-
-
 def count_batch(kind: str, outcome: str) -> None:
     """`kind` is "request" (outcome completed/failed) or "batch" (outcome: its final status)."""
-    _metric(Counter, "rayllm_batch_events", "Batch requests and batches by outcome", ("kind", "outcome")).inc(
+    metric(Counter, "rayllm_batch_events", "Batch requests and batches by outcome", ("kind", "outcome")).inc(
         1, tags={"kind": kind, "outcome": outcome})
-
-
-class RequestMetrics:
-    """The engine's `StreamObserver` on a replica: time to first token, inter-token and end-to-end latency,
-    tokens by kind, per model."""
-
-    def __init__(self, model_id: str):
-        self.tags = {"model": model_id}
-        m = ("model",)
-        self._ttft = _metric(Histogram, "rayllm_time_to_first_token_seconds", "Time to first token", m,
-                             boundaries=_LATENCY)
-        self._itl = _metric(Histogram, "rayllm_inter_token_latency_seconds", "Time between tokens", m,
-                            boundaries=_LATENCY)
-        self._e2e = _metric(Histogram, "rayllm_e2e_latency_seconds", "Request latency in the engine", m,
-                            boundaries=_LATENCY)
-        self._tokens = _metric(Counter, "rayllm_tokens", "Tokens by kind: prompt, generation, cached",
-                               ("model", "kind"))
-        self._open: dict[str, _Timing] = {}
-
-    def started(self, request_id: str) -> None:
-        self._open[request_id] = _Timing()
-
-    def delta(self, request_id: str, delta: RequestDelta) -> None:
-        timing = self._open[request_id]
-        now = time.perf_counter()
-        tokens = sum(len(s.token_ids) for s in delta.seqs)
-        if timing.generated == 0:
-            self._ttft.observe(now - timing.start, tags=self.tags)
-        elif tokens:  # a delta may carry several steps' tokens: their mean gap
-            self._itl.observe((now - timing.last) / tokens, tags=self.tags)
-        timing.generated += tokens
-        timing.last = now
-        timing.prompt, timing.cached = delta.num_prompt_tokens, delta.num_cached_tokens
-
-    def ended(self, request_id: str) -> None:
-        timing = self._open.pop(request_id)
-        self._e2e.observe(time.perf_counter() - timing.start, tags=self.tags)
-        for kind, value in (("prompt", timing.prompt), ("generation", timing.generated), ("cached", timing.cached)):
-            if value > 0:  # Ray's counters refuse a zero increment
-                self._tokens.inc(value, tags={**self.tags, "kind": kind})
-
-
-@dataclass
-class _Timing:
-    start: float = field(default_factory=time.perf_counter)
-    last: float = 0.0
-    generated: int = 0
-    prompt: int = 0
-    cached: int = 0
-
-
-class EngineGauges:
-    """Running and waiting sequences, KV-cache usage and prefix-cache hit rate, from the engine's stats."""
-
-    def __init__(self, model_id: str):
-        self.tags = {"model": model_id}
-        self._gauges = {name: _metric(Gauge, f"rayllm_{name}", text, ("model",)) for name, text in [
-            ("running_requests", "Sequences running"), ("waiting_requests", "Sequences waiting"),
-            ("kv_cache_usage", "Fraction of KV-cache blocks in use"),
-            ("prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / looked up"),
-        ]}
-
-    def update(self, stats: dict) -> None:
-        used = 1 - stats["num_free_blocks"] / stats["num_blocks"]
-        queried = stats["prefix_cache_queried_tokens"]
-        for name, value in (("running_requests", stats["num_running"]), ("waiting_requests", stats["num_waiting"]),
-                            ("kv_cache_usage", used),
-                            ("prefix_cache_hit_rate", stats["prefix_cache_hit_tokens"] / queried if queried else 0)):
-            self._gauges[name].set(value, tags=self.tags)
-
-
-def node_metrics_text() -> str:
-    """This node's Prometheus export from Ray, keeping only our metric families."""
-    node_id = ray.get_runtime_context().get_node_id()
-    node = next(n for n in ray.nodes() if n["NodeID"] == node_id)
-    text = requests.get(f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics", timeout=5).text
-    return "".join(line + "\n" for line in text.splitlines() if "rayllm_" in line)

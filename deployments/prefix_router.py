@@ -22,8 +22,8 @@ from collections import OrderedDict
 
 from ray.serve.request_router import PendingRequest, ReplicaID, ReplicaResult, RequestRouter, RunningReplica
 
-from deployments.generate_protocol import GenerateRequest
-from deployments.protocol import ChatCompletionRequest, CompletionRequest
+from deployments.api.generate_protocol import GenerateRequest
+from deployments.api.protocol import ChatCompletionRequest, CompletionRequest
 
 CHUNK_CHARS = 64
 

@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator, Callable
 
 from ray import ObjectRef
 from ray.actor import ActorHandle
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
+from ray.exceptions import ActorDiedError, ActorUnavailableError
 
 from deployments.batch.files import FileLimits, FileStore
 from deployments.batch.job import BatchLimits
 from deployments.batch.manager import BatchManager
-from deployments.errors import OpenAIError
+from deployments.errors import OpenAIError, remote_errors
 from runtime.storage import open_store
 
 NAMESPACE = "rayllm"
@@ -77,11 +77,8 @@ class BatchAPI:
         for attempt in (0, 1):
             manager = self._manager or self._get_or_create()
             try:
-                return await send(manager)
-            except RayTaskError as e:
-                if isinstance(e.cause, OpenAIError):
-                    raise e.cause from None
-                raise
+                with remote_errors():
+                    return await send(manager)
             except (ActorDiedError, ActorUnavailableError):
                 self._manager = None
                 if attempt:

@@ -4,10 +4,10 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from deployments.api.protocol import ChatCompletionRequest, CompletionRequest
+from deployments.api.strict_json import loads_object
 from deployments.errors import from_validation_error
-from deployments.lora_adapters import adapter_name
-from deployments.protocol import ChatCompletionRequest, CompletionRequest
-from deployments.strict_json import loads_object
+from deployments.replica.adapters import adapter_name
 
 ENDPOINTS = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
 

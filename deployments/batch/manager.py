@@ -17,13 +17,13 @@ import time
 import ray
 from ray import serve
 
+from deployments.api.protocol import ChatCompletionRequest
 from deployments.batch.files import FileLimits, FileStore, paginate
 from deployments.batch.input_line import ENDPOINTS, BatchRequest
 from deployments.batch.job import BatchJob, BatchLimits
 from deployments.batch.state import TERMINAL, BatchState, new_batch
+from deployments.clients import RemoteModel
 from deployments.errors import OpenAIError
-from deployments.model_clients import RemoteModel
-from deployments.protocol import ChatCompletionRequest
 from runtime.storage import StoreError, open_s3_object, open_store
 
 logger = logging.getLogger(__name__)

@@ -7,17 +7,16 @@ import threading
 import time
 from collections.abc import AsyncIterator
 
+from deployments.api.chat import ChatHandler
+from deployments.api.completions import CompletionHandler
+from deployments.api.format import TokenTexts, new_id
+from deployments.api.generate import GenerateHandler
+from deployments.api.generate_protocol import GenerateRequest
+from deployments.api.protocol import ChatCompletionRequest, CompletionRequest
 from deployments.app_config import LLMConfig
-from deployments.chat import ChatHandler
-from deployments.completions import CompletionHandler
-from deployments.errors import OpenAIError, error_body
-from deployments.generate import GenerateHandler
-from deployments.generate_protocol import GenerateRequest
-from deployments.lora_adapters import adapters_of
-from deployments.metrics import EngineGauges, RequestMetrics
-from deployments.openai_format import TokenTexts
-from deployments.protocol import ChatCompletionRequest, CompletionRequest
-from deployments.streams import SSE_DONE, new_id, sse
+from deployments.errors import OpenAIError, StreamError
+from deployments.replica.adapters import adapters_of
+from deployments.replica.metrics import EngineGauges, RequestMetrics
 from runtime import AsyncLLMEngine, EngineDeadError, InvalidInputError, RequestFailedError
 
 logger = logging.getLogger("ray.serve")
@@ -43,26 +42,26 @@ class LLMServer:
             gauges.update(self.engine.stats())
             time.sleep(1)
 
-    # --- the ModelClient interface: replies, or SSE streams; errors raise OpenAIError before any chunk ---
+    # --- the ModelClient interface (clients.py): replies, or streams of chunks ---
 
     async def chat(self, req: ChatCompletionRequest, request_id: str | None = None, priority: int = 0) -> dict:
-        return await _answer(self.chat_handler.complete(req, request_id or new_id("chatcmpl-"), priority))
+        return await _reply(self.chat_handler.complete(req, request_id or new_id("chatcmpl-"), priority))
 
     async def completions(self, req: CompletionRequest, request_id: str | None = None, priority: int = 0) -> dict:
-        return await _answer(self.completion_handler.complete(req, request_id or new_id("cmpl-"), priority))
+        return await _reply(self.completion_handler.complete(req, request_id or new_id("cmpl-"), priority))
 
     async def generate(self, req: GenerateRequest) -> dict | list:
-        return await _answer(self.generate_handler.complete(req))
+        return await _reply(self.generate_handler.complete(req))
 
-    async def chat_stream(self, req: ChatCompletionRequest) -> AsyncIterator[str]:
+    async def chat_stream(self, req: ChatCompletionRequest) -> AsyncIterator[dict | StreamError]:
         async for chunk in _stream(self.chat_handler.stream(req, new_id("chatcmpl-"))):
             yield chunk
 
-    async def completions_stream(self, req: CompletionRequest) -> AsyncIterator[str]:
+    async def completions_stream(self, req: CompletionRequest) -> AsyncIterator[dict | StreamError]:
         async for chunk in _stream(self.completion_handler.stream(req, new_id("cmpl-"))):
             yield chunk
 
-    async def generate_stream(self, req: GenerateRequest) -> AsyncIterator[str]:
+    async def generate_stream(self, req: GenerateRequest) -> AsyncIterator[dict | StreamError]:
         async for chunk in _stream(self.generate_handler.stream(req)):
             yield chunk
 
@@ -101,16 +100,16 @@ def _to_openai(e: Exception) -> OpenAIError:
     return OpenAIError(500, f"internal error: {type(e).__name__}")
 
 
-async def _answer(work):
+async def _reply(work):
     try:
         return await work
     except Exception as e:
         raise _to_openai(e) from None
 
 
-async def _stream(prepare) -> AsyncIterator[str]:
+async def _stream(prepare) -> AsyncIterator[dict | StreamError]:
     """The chunks of a prepared stream; a failure to prepare raises, a failure after the first chunk is
-    reported in-band and ends the stream."""
+    the stream's last item."""
     try:
         chunks = await prepare
     except Exception as e:
@@ -119,6 +118,4 @@ async def _stream(prepare) -> AsyncIterator[str]:
         async for chunk in chunks:
             yield chunk
     except Exception as e:  # the stream already started: report in-band, then end it
-        err = _to_openai(e)
-        yield sse(error_body(err.status, err.message, err.param))
-        yield SSE_DONE
+        yield StreamError.of(_to_openai(e))

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator
 
-from deployments.protocol import ChatCompletionRequest, RequestModel, _SamplingFields
+from deployments.api.protocol import ChatCompletionRequest, RequestModel, _SamplingFields
 
 # Fields passed to the chat request as they are (the rest are Responses' own, mapped in `to_chat`)
 _SAMPLING = set(_SamplingFields.model_fields) - {"n", "stream_options", "response_format", "user"}

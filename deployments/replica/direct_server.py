@@ -10,16 +10,17 @@ through handles, still route by prefix).
 from ray import serve
 
 from deployments.app_config import AppConfig
-from deployments.llm_server import LLMServer
-from deployments.openai_api import build_app
-from deployments.openai_front import OpenAIFront
+from deployments.http.front import OpenAIFront
+from deployments.http.routes import build_app
+from deployments.replica.server import LLMServer
 
 
 @serve.ingress()
 class DirectLLMServer(LLMServer):
     def __init__(self, config: AppConfig):
         super().__init__(config.llm_configs[0])
-        self.front = OpenAIFront(config, {self.model_id: self})  # the replica is its own ModelClient
+        # the replica is its own ModelClient
+        self.front = OpenAIFront.for_app(config, {self.model_id: self}, serve.get_replica_context().app_name)
 
     def __serve_build_asgi_app__(self):
         return build_app(self.front)

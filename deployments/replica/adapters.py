@@ -16,16 +16,12 @@ import threading
 from pathlib import Path
 
 from deployments.app_config import LLMConfig, LoraConfig
-from deployments.errors import OpenAIError
+from deployments.errors import OpenAIError, model_not_found
 from runtime import LoRARequest
 from runtime.storage import MissingObjectError, StoreError, open_store
 
 FILES = ("adapter_config.json", "adapter_model.safetensors")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-
-
-def not_found(model: str) -> OpenAIError:
-    return OpenAIError(404, f"The model `{model[:200]}` does not exist.", "model", "model_not_found")
 
 
 def adapter_name(model: str | None, model_id: str) -> str | None:
@@ -51,7 +47,7 @@ class ModelAdapters:
 
     def request_for(self, model: str | None) -> None:
         if adapter_name(model, self.model_id) is not None:
-            raise not_found(model)
+            raise model_not_found(model)
         return None
 
 
@@ -73,7 +69,7 @@ class AdapterSource(ModelAdapters):
         if name is None:
             return None
         if not _NAME.fullmatch(name):
-            raise not_found(model)
+            raise model_not_found(model)
         cache = self._cache
         if cache is None or not (cache / name).is_dir():  # fetched before: no wait behind another fetch
             with self._fetching:  # one fetch at a time
@@ -92,7 +88,7 @@ class AdapterSource(ModelAdapters):
                     (staging / file).write_bytes(self.store.get(f"{name}/{file}"))
                 except MissingObjectError:
                     if file == FILES[0]:
-                        raise not_found(model) from None
+                        raise model_not_found(model) from None
                     raise OpenAIError(400, f"LoRA adapter {name!r}: missing {file}", "model") from None
                 except StoreError as e:
                     raise OpenAIError(503, f"LoRA adapter {name!r} could not be fetched: {e}") from None

@@ -7,13 +7,12 @@ and the model has a tool-call parser, tool-call blocks become `tool_calls`.
 
 from collections.abc import AsyncIterator
 
-from deployments.choice_parser import ChoiceParser, tool_call_json
+from deployments.api.choice_parser import ChoiceParser, tool_call_json
+from deployments.api.format import TokenTexts, chat_logprobs, chunk_builder, now, prompt_logprobs_json, usage
+from deployments.api.protocol import ChatCompletionRequest
 from deployments.errors import OpenAIError
-from deployments.lora_adapters import ModelAdapters
-from deployments.openai_format import TokenTexts, chat_logprobs, prompt_logprobs_json, usage
-from deployments.protocol import ChatCompletionRequest
-from deployments.request_work import off_loop
-from deployments.streams import SSE_DONE, chunk_writer, now
+from deployments.replica.adapters import ModelAdapters
+from deployments.work_pool import off_loop
 from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput, ValidRequest
 from runtime.tokenizer import render_chat
 
@@ -92,14 +91,14 @@ class ChatHandler:
             choice["token_ids"] = c.token_ids
         return choice
 
-    async def stream(self, req: ChatCompletionRequest, request_id: str) -> AsyncIterator[str]:
-        """Prepare (errors raise before the first chunk), then stream SSE chunks."""
+    async def stream(self, req: ChatCompletionRequest, request_id: str) -> AsyncIterator[dict]:
+        """Prepare (errors raise before the first chunk), then stream the chunks."""
         valid = await self.engine.compile(await off_loop(self._prepare, req))  # bad grammar: refused before streaming
         generator = self.engine.generate(valid, request_id)
         return self._chunks(req, request_id, valid.prompt_token_ids, valid.params.n, generator)
 
-    async def _chunks(self, req, request_id, prompt, n, generator) -> AsyncIterator[str]:
-        chunk = chunk_writer(request_id, "chat.completion.chunk", self.adapters.model_name(req.model))
+    async def _chunks(self, req, request_id, prompt, n, generator) -> AsyncIterator[dict]:
+        chunk = chunk_builder(request_id, "chat.completion.chunk", self.adapters.model_name(req.model))
         parsers = [self._parser(req) for _ in range(n)]
         calls_sent = [0] * n
         generated, cached = 0, 0  # tokens so far, for usage on every chunk (continuous_usage_stats)
@@ -138,7 +137,6 @@ class ChatHandler:
         if req.include_usage:
             reasoning_tokens = sum(p.reasoning_tokens for p in parsers)
             yield chunk([], usage=usage(len(prompt), completion_tokens, cached, reasoning_tokens))
-        yield SSE_DONE
 
 
 def _finish_reason(reason: str | None, parser: ChoiceParser) -> str | None:

@@ -2,11 +2,11 @@
 
 from collections.abc import AsyncIterator
 
-from deployments.lora_adapters import ModelAdapters
-from deployments.openai_format import TokenTexts, completion_logprobs, prompt_logprobs_json, usage
-from deployments.protocol import CompletionRequest
-from deployments.request_work import off_loop
-from deployments.streams import SSE_DONE, chunk_writer, merge, now
+from deployments.api.format import TokenTexts, chunk_builder, completion_logprobs, now, prompt_logprobs_json, usage
+from deployments.api.merge import merge
+from deployments.api.protocol import CompletionRequest
+from deployments.replica.adapters import ModelAdapters
+from deployments.work_pool import off_loop
 from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput, ValidRequest
 
 
@@ -66,7 +66,7 @@ class CompletionHandler:
             choice["prompt_token_ids"], choice["token_ids"] = result.prompt_token_ids, c.token_ids
         return choice
 
-    async def stream(self, req: CompletionRequest, request_id: str) -> AsyncIterator[str]:
+    async def stream(self, req: CompletionRequest, request_id: str) -> AsyncIterator[dict]:
         params, valid = await off_loop(self._prepare, req)
         valid = [await self.engine.compile(v) for v in valid]  # a bad grammar is refused before the stream starts
         return self._chunks(req, request_id, params, valid)
@@ -82,9 +82,9 @@ class CompletionHandler:
             offsets[i * n + j] = sum(len(t) for t in logprobs["tokens"]) if logprobs else 0
         return [{"index": i * n + j, "text": text, "logprobs": logprobs, "finish_reason": None} for j in range(n)]
 
-    async def _chunks(self, req, request_id, params, valid: list[ValidRequest]) -> AsyncIterator[str]:
+    async def _chunks(self, req, request_id, params, valid: list[ValidRequest]) -> AsyncIterator[dict]:
         prompts = [v.prompt_token_ids for v in valid]
-        chunk = chunk_writer(request_id, "text_completion", self.adapters.model_name(req.model))
+        chunk = chunk_builder(request_id, "text_completion", self.adapters.model_name(req.model))
         completion_tokens, generated, cached = 0, 0, [0] * len(prompts)
         offsets = {}  # each choice's text offset so far, for its logprobs
         ids_sent: set[int] = set()  # choices whose prompt_token_ids went out (return_token_ids)
@@ -119,4 +119,3 @@ class CompletionHandler:
                     yield chunk([item], **extra())
         if req.include_usage:
             yield chunk([], usage=usage(prompt_tokens, completion_tokens, sum(cached)))
-        yield SSE_DONE

@@ -1,27 +1,28 @@
 """How the HTTP routes reach a model: one typed interface, two implementations.
 
-`ModelClient` is what a route calls: chat, completions and /generate, each as
-one reply or a stream of SSE strings, and a health probe. `LLMServer` (the
-replica) implements it in-process, which is what direct streaming uses;
-`RemoteModel` implements it over a Serve handle to the model's replicas,
-which is what the ingress and the batch manager use. Errors are
-`OpenAIError`s, raised by a call or by a stream before its first chunk; once
-a stream has started, an error is an SSE error event in the stream.
+This is the only interface that crosses a Ray hop: the HTTP routes and the
+batch manager reach a model through it, and nothing else of a replica.
+`ModelClient` is what they call: chat, completions and /generate, each as one
+reply or a stream of chunks (dicts, serialised to SSE only at the HTTP edge:
+api/sse.py), and a health probe. `LLMServer` (the replica) implements it
+in-process, which is what direct streaming uses; `RemoteModel` implements it
+over a Serve handle to the model's replicas, which is what the ingress and the
+batch manager use. Errors are `OpenAIError`s, raised by a call or by a stream
+before its first chunk; once a stream has started, an error is its last item,
+a `StreamError`.
 """
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import contextmanager
 from typing import Protocol
 
-from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.exceptions import ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
-from deployments.errors import OpenAIError, error_body
-from deployments.generate_protocol import GenerateRequest
-from deployments.protocol import ChatCompletionRequest, CompletionRequest
-from deployments.streams import SSE_DONE, sse
+from deployments.api.generate_protocol import GenerateRequest
+from deployments.api.protocol import ChatCompletionRequest, CompletionRequest
+from deployments.errors import OpenAIError, StreamError, remote_errors
 
 logger = logging.getLogger("ray.serve")
 
@@ -34,11 +35,11 @@ class ModelClient(Protocol):
 
     async def generate(self, req: GenerateRequest) -> dict | list: ...
 
-    def chat_stream(self, req: ChatCompletionRequest) -> AsyncIterator[str]: ...
+    def chat_stream(self, req: ChatCompletionRequest) -> AsyncIterator[dict | StreamError]: ...
 
-    def completions_stream(self, req: CompletionRequest) -> AsyncIterator[str]: ...
+    def completions_stream(self, req: CompletionRequest) -> AsyncIterator[dict | StreamError]: ...
 
-    def generate_stream(self, req: GenerateRequest) -> AsyncIterator[str]: ...
+    def generate_stream(self, req: GenerateRequest) -> AsyncIterator[dict | StreamError]: ...
 
     async def healthy(self) -> bool: ...
 
@@ -59,22 +60,22 @@ class RemoteModel:
         self.streaming = handle.options(stream=True)
 
     async def chat(self, req: ChatCompletionRequest, request_id: str | None = None, priority: int = 0) -> dict:
-        return await _call(lambda: self.handle.chat.remote(req, request_id, priority))
+        return await _reply(lambda: self.handle.chat.remote(req, request_id, priority))
 
     async def completions(self, req: CompletionRequest, request_id: str | None = None, priority: int = 0) -> dict:
-        return await _call(lambda: self.handle.completions.remote(req, request_id, priority))
+        return await _reply(lambda: self.handle.completions.remote(req, request_id, priority))
 
     async def generate(self, req: GenerateRequest) -> dict | list:
-        return await _call(lambda: self.handle.generate.remote(req))
+        return await _reply(lambda: self.handle.generate.remote(req))
 
-    def chat_stream(self, req: ChatCompletionRequest) -> AsyncIterator[str]:
-        return _relay(lambda: self.streaming.chat_stream.remote(req))
+    def chat_stream(self, req: ChatCompletionRequest) -> AsyncIterator[dict | StreamError]:
+        return _stream(lambda: self.streaming.chat_stream.remote(req))
 
-    def completions_stream(self, req: CompletionRequest) -> AsyncIterator[str]:
-        return _relay(lambda: self.streaming.completions_stream.remote(req))
+    def completions_stream(self, req: CompletionRequest) -> AsyncIterator[dict | StreamError]:
+        return _stream(lambda: self.streaming.completions_stream.remote(req))
 
-    def generate_stream(self, req: GenerateRequest) -> AsyncIterator[str]:
-        return _relay(lambda: self.streaming.generate_stream.remote(req))
+    def generate_stream(self, req: GenerateRequest) -> AsyncIterator[dict | StreamError]:
+        return _stream(lambda: self.streaming.generate_stream.remote(req))
 
     async def healthy(self) -> bool:
         return await self.handle.healthy.remote()
@@ -88,37 +89,26 @@ _REPLICA_LOST = (RayActorError, ActorUnavailableError, ReplicaUnavailableError)
 _LOST_MESSAGE = "the model replica serving this request was lost (its node or process died); retry the request"
 
 
-@contextmanager
-def _replica_errors():
-    """Re-raise a replica's `OpenAIError` as itself (Ray wraps what a replica raises in a RayTaskError)."""
-    try:
-        yield
-    except RayTaskError as e:
-        if isinstance(e.cause, OpenAIError):
-            raise e.cause from None
-        raise
-
-
-async def _call(send: Callable[[], Awaitable]):
+async def _reply(send: Callable[[], Awaitable]):
     """`send()`'s reply; once more on another replica if the first one is lost, then a 503."""
     for attempt in (0, 1):
         try:
-            with _replica_errors():
+            with remote_errors():
                 return await send()
         except _REPLICA_LOST as e:
             logger.warning("replica lost (attempt %d): %r", attempt + 1, e)
     raise OpenAIError(503, _LOST_MESSAGE)
 
 
-async def _relay(send: Callable[[], DeploymentResponseGenerator]) -> AsyncIterator[str]:
-    """A replica's SSE chunks. Lost before the first chunk: asked once more. Lost after: an error event and
-    `[DONE]` end the stream."""
+async def _stream(send: Callable[[], DeploymentResponseGenerator]) -> AsyncIterator[dict | StreamError]:
+    """A replica's chunks. Lost before the first chunk: asked once more. Lost after: a `StreamError` ends
+    the stream."""
     started = False
     for attempt in (0, 1):
         responses = send()
         finished = False
         try:
-            with _replica_errors():
+            with remote_errors():
                 async for chunk in responses:
                     started = True
                     yield chunk
@@ -128,15 +118,13 @@ async def _relay(send: Callable[[], DeploymentResponseGenerator]) -> AsyncIterat
             finished = True  # nothing left to cancel
             logger.warning("replica lost mid-stream (attempt %d, started=%s): %r", attempt + 1, started, e)
             if started:
-                yield sse(error_body(503, _LOST_MESSAGE))
-                yield SSE_DONE
+                yield StreamError(503, _LOST_MESSAGE)
                 return
         except Exception as e:  # any other failure of the hop, once the client has chunks: in-band, in shape
             if not started:
                 raise
             logger.exception("stream relay failed")
-            yield sse(error_body(500, f"the stream failed: {type(e).__name__}"))
-            yield SSE_DONE
+            yield StreamError(500, f"the stream failed: {type(e).__name__}")
             return
         finally:
             if not finished:  # closed early (a rejection, a client gone): stop the replica's stream and request

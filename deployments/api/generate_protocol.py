@@ -2,7 +2,7 @@
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from deployments.protocol import MAX_SEQUENCES, MAX_STOP_TOKEN_IDS, RequestModel, StopRegex
+from deployments.api.protocol import MAX_SEQUENCES, MAX_STOP_TOKEN_IDS, RequestModel, StopRegex
 from runtime import InvalidInputError, SamplingParams
 from runtime.grammar import Constraint
 

@@ -1,37 +1,7 @@
-"""Helpers for streamed responses: SSE framing, ids, and merging per-prompt streams."""
+"""Several engine streams (one per prompt of a request) as one, in arrival order."""
 
 import asyncio
-import json
-import time
-import uuid
 from collections.abc import AsyncIterator
-
-
-def sse(payload: dict | str) -> str:
-    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
-    return f"data: {data}\n\n"
-
-
-SSE_DONE = sse("[DONE]")
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}{uuid.uuid4().hex}"
-
-
-def now() -> int:
-    return int(time.time())
-
-
-def chunk_writer(request_id: str, object_type: str, model: str):
-    """`chunk(choices, **extra)`: one SSE chunk of a response; every chunk carries the same id, object,
-    creation time and model."""
-    head = {"id": request_id, "object": object_type, "created": now(), "model": model}
-
-    def chunk(choices: list[dict], **extra) -> str:
-        return sse({**head, "choices": choices, **extra})
-
-    return chunk
 
 
 async def merge(streams: list[AsyncIterator]) -> AsyncIterator[tuple[int, object]]:

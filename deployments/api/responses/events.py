@@ -7,12 +7,11 @@ their `done` events and `output_item.done`; then `response.completed`, whose
 response says `incomplete` when the token limit cut it (as vLLM and SGLang
 send it: the SDK's stream helper and the agents SDK wait for
 `response.completed` and never see a `response.incomplete`). Every event carries its
-`sequence_number`, and leaves as an SSE `event:` + `data:` pair.
+`sequence_number`; the HTTP edge frames each as an SSE `event:` + `data:` pair.
 """
 
-import json
-
-from deployments.responses.output import (
+from deployments.api.format import new_id
+from deployments.api.responses.output import (
     function_call_item,
     message_item,
     reasoning_item,
@@ -21,8 +20,7 @@ from deployments.responses.output import (
     status_of,
     text_part,
 )
-from deployments.responses.protocol import ResponsesRequest
-from deployments.streams import new_id
+from deployments.api.responses.protocol import ResponsesRequest
 
 
 class ResponseEvents:
@@ -42,17 +40,17 @@ class ResponseEvents:
         self.held_space = ""
         self.held_logprobs: list[dict] = []
 
-    def event(self, kind: str, **fields) -> str:
+    def event(self, kind: str, **fields) -> dict:
         payload = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
-        return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+        return payload
 
-    def start(self) -> list[str]:
+    def start(self) -> list[dict]:
         response = self.response("in_progress")
         return [self.event("response.created", response=response),
                 self.event("response.in_progress", response=response)]
 
-    def feed(self, chunk: dict) -> list[str]:
+    def feed(self, chunk: dict) -> list[dict]:
         """The events of one chat completion chunk (choice 0; a response has one)."""
         if chunk.get("usage"):
             self.usage = response_usage(chunk["usage"])
@@ -73,7 +71,7 @@ class ResponseEvents:
             self.finish_reason = choice.get("finish_reason") or self.finish_reason
         return events
 
-    def close(self) -> list[str]:
+    def close(self) -> list[dict]:
         """The events that finish the output items."""
         events = []
         replied = any(item["type"] in ("message", "function_call") for item in self.output)
@@ -87,7 +85,7 @@ class ResponseEvents:
         """The finished response (after `close`), for `response.completed`."""
         return self.response(status_of(self.finish_reason), self.usage)
 
-    def fail(self, error: dict) -> list[str]:
+    def fail(self, error: dict) -> list[dict]:
         """`error` (OpenAI's error object) ends the stream: an `error` event, then `response.failed`."""
         failed = self.response("failed", error={"code": "server_error", "message": error["message"]})
         return [self.event("error", code=error.get("code") or error.get("type"), message=error["message"],
@@ -99,7 +97,7 @@ class ResponseEvents:
 
     # --- items ------------------------------------------------------------------------
 
-    def _text(self, kind: str, text: str) -> list[str]:
+    def _text(self, kind: str, text: str) -> list[dict]:
         events = [] if self.open is not None and self.open["type"] == kind else self._close() + self._open(kind)
         self.text += text
         where = {"item_id": self.open["id"], "output_index": len(self.output), "content_index": 0}
@@ -109,7 +107,7 @@ class ResponseEvents:
         self.logprobs += logprobs
         return events + [self.event("response.output_text.delta", **where, delta=text, logprobs=logprobs)]
 
-    def _open(self, kind: str) -> list[str]:
+    def _open(self, kind: str) -> list[dict]:
         if kind == "reasoning":
             self.open, part = reasoning_item(new_id("rs_"), "", "in_progress"), {"type": "reasoning_text", "text": ""}
         else:
@@ -120,7 +118,7 @@ class ResponseEvents:
                 self.event("response.content_part.added", item_id=self.open["id"], output_index=index,
                            content_index=0, part=part)]
 
-    def _close(self) -> list[str]:
+    def _close(self) -> list[dict]:
         if self.open is None:
             return []
         item_id, index, text = self.open["id"], len(self.output), self.text
@@ -139,7 +137,7 @@ class ResponseEvents:
         self.open = None
         return events
 
-    def _call(self, call: dict) -> list[str]:
+    def _call(self, call: dict) -> list[dict]:
         self.held_space = ""
         events = self._close()
         item = function_call_item(new_id("fc_"), call)

@@ -2,8 +2,8 @@
 
 import time
 
-from deployments.responses.protocol import ResponsesRequest
-from deployments.streams import new_id
+from deployments.api.format import new_id
+from deployments.api.responses.protocol import ResponsesRequest
 
 
 def response_object(req: ResponsesRequest, response_id: str, model: str, status: str, output: list[dict],

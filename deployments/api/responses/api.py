@@ -5,19 +5,18 @@ put before the new input; a stored response keeps that conversation plus its
 own reply, so the next turn needs only its id.
 """
 
-import json
 from collections.abc import AsyncIterator
 
 from pydantic import ValidationError
 
-from deployments.errors import OpenAIError, from_validation_error
-from deployments.model_clients import ModelClient
-from deployments.protocol import ChatCompletionRequest
-from deployments.responses.events import ResponseEvents
-from deployments.responses.output import output_items, response_object, response_usage, status_of, turn_messages
-from deployments.responses.protocol import ResponsesRequest
-from deployments.responses.store import ResponseStore
-from deployments.streams import new_id
+from deployments.api.format import new_id
+from deployments.api.protocol import ChatCompletionRequest
+from deployments.api.responses.events import ResponseEvents
+from deployments.api.responses.output import output_items, response_object, response_usage, status_of, turn_messages
+from deployments.api.responses.protocol import ResponsesRequest
+from deployments.api.responses.store import ResponseStore
+from deployments.clients import ModelClient
+from deployments.errors import OpenAIError, StreamError, from_validation_error
 
 
 class ResponsesAPI:
@@ -36,23 +35,23 @@ class ResponsesAPI:
         return response
 
     async def stream(self, req: ResponsesRequest, model: ModelClient, model_id: str,
-                     owner: str | None) -> AsyncIterator[str]:
-        """The event stream; an error before the model's first chunk raises before the first event."""
+                     owner: str | None) -> AsyncIterator[dict]:
+        """The events (dicts, framed at the edge); an error before the model's first chunk raises before the
+        first event."""
         history, chat = await self._prepare(req, owner)
         events = ResponseEvents(req, new_id("resp_"), model_id)
         started = False
-        async for sse in model.chat_stream(chat):
-            for chunk in _payloads(sse):
-                if not started:
-                    started = True
-                    for event in events.start():
-                        yield event
-                if "error" in chunk:
-                    for event in events.fail(chunk["error"]):
-                        yield event
-                    return
-                for event in events.feed(chunk):
+        async for chunk in model.chat_stream(chat):
+            if not started:
+                started = True
+                for event in events.start():
                     yield event
+            if isinstance(chunk, StreamError):
+                for event in events.fail(chunk.body()["error"]):
+                    yield event
+                return
+            for event in events.feed(chunk):
+                yield event
         for event in events.close():
             yield event
         response = events.final()
@@ -100,11 +99,3 @@ def _in_responses_terms(error: OpenAIError) -> OpenAIError:
             param = name + param[len(chat_name):]
     return OpenAIError(error.status, message, param, error.code)
 
-
-def _payloads(sse: str) -> list[dict]:
-    """The JSON payloads of one or more SSE `data:` events (the chat stream's `[DONE]` left out)."""
-    payloads = []
-    for block in sse.split("\n\n"):
-        if block.startswith("data: ") and block != "data: [DONE]":
-            payloads.append(json.loads(block[len("data: "):]))
-    return payloads

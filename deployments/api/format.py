@@ -1,6 +1,28 @@
-"""Pieces of OpenAI response bodies shared by the chat and completions routes."""
+"""Pieces of OpenAI response bodies shared by the routes: ids, timestamps, stream chunks, usage, logprobs."""
+
+import time
+import uuid
 
 from runtime import TokenLogprob
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def chunk_builder(request_id: str, object_type: str, model: str):
+    """`chunk(choices, **extra)`: one chunk of a streamed reply; every chunk carries the same id, object,
+    creation time and model."""
+    head = {"id": request_id, "object": object_type, "created": now(), "model": model}
+
+    def chunk(choices: list[dict], **extra) -> dict:
+        return {**head, "choices": choices, **extra}
+
+    return chunk
 
 
 class TokenTexts:

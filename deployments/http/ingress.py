@@ -4,9 +4,9 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments.app_config import AppConfig
-from deployments.model_clients import RemoteModel
-from deployments.openai_api import build_app
-from deployments.openai_front import OpenAIFront
+from deployments.clients import RemoteModel
+from deployments.http.front import OpenAIFront
+from deployments.http.routes import build_app
 
 
 # Replicas and resources: the app config's ingress_deployment_config (builder.py)
@@ -14,7 +14,8 @@ from deployments.openai_front import OpenAIFront
 @serve.ingress()
 class OpenAIIngress:
     def __init__(self, config: AppConfig, replicas: dict[str, DeploymentHandle]):
-        self.front = OpenAIFront(config, {model_id: RemoteModel(h) for model_id, h in replicas.items()})
+        clients = {model_id: RemoteModel(h) for model_id, h in replicas.items()}
+        self.front = OpenAIFront.for_app(config, clients, serve.get_replica_context().app_name)
 
     def __serve_build_asgi_app__(self):
         return build_app(self.front)

@@ -3,10 +3,11 @@
 import time
 from collections.abc import AsyncIterator
 
-from deployments.generate_protocol import GenerateRequest
-from deployments.lora_adapters import ModelAdapters
-from deployments.request_work import off_loop
-from deployments.streams import SSE_DONE, merge, new_id, sse
+from deployments.api.format import new_id
+from deployments.api.generate_protocol import GenerateRequest
+from deployments.api.merge import merge
+from deployments.replica.adapters import ModelAdapters
+from deployments.work_pool import off_loop
 from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput, ValidRequest
 
 
@@ -57,12 +58,12 @@ class GenerateHandler:
             meta["output_token_logprobs"] = [[e.logprob, e.token_id, None] for e in c.logprobs]
         return {"text": c.text, "output_ids": list(c.token_ids), "meta_info": meta}
 
-    async def stream(self, req: GenerateRequest) -> AsyncIterator[str]:
+    async def stream(self, req: GenerateRequest) -> AsyncIterator[dict]:
         params, valid, _, request_ids = await off_loop(self._prepare, req)
         valid = [await self.engine.compile(v) for v in valid]  # a bad grammar is refused before the stream starts
         return self._chunks(params, valid, request_ids)
 
-    async def _chunks(self, params, valid: list[ValidRequest], request_ids) -> AsyncIterator[str]:
+    async def _chunks(self, params, valid: list[ValidRequest], request_ids) -> AsyncIterator[dict]:
         start = time.perf_counter()
         results, deltas = self._run(params, valid, request_ids)
         async for i, delta in deltas:
@@ -71,8 +72,7 @@ class GenerateHandler:
                 c = results[i].outputs[s.index]
                 item = self._item(results[i], c, params.max_tokens, time.perf_counter() - start)
                 item["index"] = i * params.n + s.index
-                yield sse(item)
-        yield SSE_DONE
+                yield item
 
 
 def _finish_reason(reason: str | None, matched: int | str | None, max_new_tokens: int) -> dict | None:

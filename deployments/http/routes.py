@@ -1,10 +1,11 @@
 """The OpenAI-compatible HTTP API: FastAPI routes that validate, pick the model, and relay.
 
-Bodies are parsed by `OpenAIFront` (openai_front.py), so bad input never
-reaches an engine; streams leave as server-sent events; every error leaves in
-OpenAI's shape. The routes are the same whichever deployment hosts them: the
-ingress, which reaches each model's replicas through Serve handles, or a
-model's replica itself in direct streaming (see `model_clients.py`).
+Bodies are parsed by `OpenAIFront` (front.py), so bad input never
+reaches an engine; streams leave as server-sent events (framed here, at the
+edge: api/sse.py); every error leaves in OpenAI's shape. The routes are the
+same whichever deployment hosts them: the ingress, which reaches each model's
+replicas through Serve handles, or a model's replica itself in direct
+streaming (see clients.py).
 """
 
 import asyncio
@@ -18,22 +19,22 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
-from deployments.errors import OpenAIError, error_body
-from deployments.generate_protocol import GenerateRequest
-from deployments.lora_adapters import not_found
-from deployments.metrics import RequestCounter, node_metrics_text
-from deployments.model_clients import ModelClient
-from deployments.openai_front import OpenAIFront
-from deployments.protocol import BatchCreateRequest, ChatCompletionRequest, CompletionRequest
-from deployments.responses.protocol import ResponsesRequest
+from deployments.api.generate_protocol import GenerateRequest
+from deployments.api.protocol import BatchCreateRequest, ChatCompletionRequest, CompletionRequest
+from deployments.api.responses.protocol import ResponsesRequest
+from deployments.api.sse import event_stream, sse_stream
+from deployments.clients import ModelClient
+from deployments.errors import OpenAIError, error_body, model_not_found
+from deployments.http.front import OpenAIFront
+from deployments.http.metrics import RequestCounter, node_metrics_text
 
 
-async def respond(request: Request, body, reply: Callable[..., Awaitable],
-                  stream: Callable[..., AsyncIterator[str]]):
-    """`reply(body)` as JSON, or `stream(body)` as SSE when the body asks to stream. The stream's first chunk
-    is awaited here, so an error raised before it (bad input, an unknown model) is answered with its own
-    status instead of a 200 stream. Top-level fields the body had but we do not know are named in the
-    `x-ignored-fields` header."""
+async def respond(request: Request, body, reply: Callable[..., Awaitable], stream: Callable[..., AsyncIterator],
+                  frame: Callable[[AsyncIterator], AsyncIterator[str]] = sse_stream):
+    """`reply(body)` as JSON, or `stream(body)` framed as SSE by `frame` when the body asks to stream. The
+    stream's first chunk is awaited here, so an error raised before it (bad input, an unknown model) is
+    answered with its own status instead of a 200 stream. Top-level fields the body had but we do not know
+    are named in the `x-ignored-fields` header."""
     ignored = request.state.ignored_fields
     # each name as a JSON string's inside: ASCII, control characters escaped (a header must be Latin-1 and one line)
     headers = {"x-ignored-fields": ",".join(json.dumps(k)[1:-1] for k in ignored)[:1024]} if ignored else None
@@ -41,7 +42,7 @@ async def respond(request: Request, body, reply: Callable[..., Awaitable],
         return JSONResponse(await reply(body), headers=headers)
     chunks = stream(body)
     first = await anext(chunks)
-    return StreamingResponse(_prepend(first, chunks), media_type="text/event-stream", headers=headers)
+    return StreamingResponse(frame(_prepend(first, chunks)), media_type="text/event-stream", headers=headers)
 
 
 _ID = re.compile(r"[A-Za-z0-9_-]{1,200}")
@@ -97,7 +98,7 @@ async def _health_problem(client: ModelClient) -> str | None:
     return None if healthy else "engine stopped"
 
 
-async def _prepend(first: str, rest):
+async def _prepend(first, rest):
     yield first
     async for chunk in rest:
         yield chunk
@@ -139,15 +140,15 @@ Front = Depends(_front)
 @router.get("/v1/models")
 async def list_models(request: Request, front: OpenAIFront = Front):
     front.auth.owner(request)
-    return {"object": "list", "data": await front.model_cards()}
+    return {"object": "list", "data": await front.models.cards()}
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, request: Request, front: OpenAIFront = Front):
     front.auth.owner(request)
-    card = next((c for c in await front.model_cards() if c["id"] == model_id), None)
+    card = next((c for c in await front.models.cards() if c["id"] == model_id), None)
     if card is None:
-        raise not_found(model_id)
+        raise model_not_found(model_id)
     return card
 
 
@@ -160,8 +161,8 @@ async def metrics(request: Request, front: OpenAIFront = Front):
 @router.get("/health")
 async def health(front: OpenAIFront = Front):
     """Every model asked at once (one 5 s budget in all); the first unhealthy one, in config order, is named."""
-    problems = await asyncio.gather(*(_health_problem(client) for client in front.models.values()))
-    for model_id, problem in zip(front.models, problems):
+    problems = await asyncio.gather(*(_health_problem(client) for client in front.models.clients.values()))
+    for model_id, problem in zip(front.models.clients, problems):
         if problem is not None:
             return JSONResponse(error_body(503, f"model {model_id}: {problem}"), status_code=503)
     return {"status": "ok"}
@@ -191,11 +192,11 @@ async def generate(request: Request, front: OpenAIFront = Front):
 @router.post("/v1/responses", openapi_extra=_json_body(ResponsesRequest))
 async def create_response(request: Request, front: OpenAIFront = Front):
     owner = front.auth.owner(request)
-    body = await front.parse(request, ResponsesRequest)
-    model_id = front.model_id(body.model)
-    model, responses = front.models[model_id], front.responses
+    body = await front.body.parse(request, ResponsesRequest)
+    model_id = front.models.model_id(body.model)
+    model, responses = front.models.clients[model_id], front.responses
     return await respond(request, body, lambda b: responses.create(b, model, model_id, owner),
-                         lambda b: responses.stream(b, model, model_id, owner))
+                         lambda b: responses.stream(b, model, model_id, owner), event_stream)
 
 
 @router.get("/v1/responses/{response_id}")
@@ -256,7 +257,7 @@ async def delete_file(file_id: str, request: Request, front: OpenAIFront = Front
 @router.post("/v1/batches", openapi_extra=_json_body(BatchCreateRequest))
 async def create_batch(request: Request, front: OpenAIFront = Front):
     owner = front.auth.owner(request)
-    body = await front.parse(request, BatchCreateRequest)
+    body = await front.body.parse(request, BatchCreateRequest)
     if body.input_file_id.startswith("s3://") and not front.config.may_read_batch_input(body.input_file_id):
         raise OpenAIError(403, f"input_file_id: this server reads batch inputs only from its storage and the "
                                f"prefixes its operator allows (batch_input_prefixes), not {body.input_file_id[:200]}",

@@ -1,0 +1,46 @@
+"""What the HTTP routes work with, passed in whole: the app's config, its API keys, its models, the body
+parser, and the Batch and Responses APIs. `OpenAIFront.for_app` builds them for a Serve application; a test
+builds one around any `ModelClient` and serves it in-process (tests/test_http_app.py)."""
+
+from dataclasses import dataclass
+
+from fastapi import Request
+from pydantic import BaseModel
+
+from deployments.api.responses.api import ResponsesAPI
+from deployments.api.responses.store import ResponseStore
+from deployments.app_config import AppConfig, replica_name
+from deployments.batch.api import BatchAPI
+from deployments.batch.files import FileLimits
+from deployments.batch.job import BatchLimits
+from deployments.clients import ModelClient
+from deployments.http.auth import ApiKeys
+from deployments.http.body import BodyParser
+from deployments.http.models import ModelRegistry
+from runtime.storage import open_store
+
+
+@dataclass
+class OpenAIFront:
+    config: AppConfig
+    auth: ApiKeys
+    models: ModelRegistry
+    body: BodyParser
+    batches: BatchAPI
+    responses: ResponsesAPI
+
+    @classmethod
+    def for_app(cls, config: AppConfig, clients: dict[str, ModelClient], app_name: str) -> "OpenAIFront":
+        """The front of the Serve application `app_name` (its batch manager is named after it)."""
+        models = ModelRegistry(config, clients)
+        batches = BatchAPI(config.storage_uri, app_name, {model_id: replica_name(model_id) for model_id in clients},
+                           FileLimits(config.max_file_bytes, config.max_file_lines),
+                           BatchLimits(config.batch_concurrency, config.max_batch_line_bytes, config.max_file_lines))
+        return cls(config, ApiKeys(config.api_keys), models, BodyParser(models, config.max_request_bytes), batches,
+                   ResponsesAPI(ResponseStore(open_store(config.storage_uri))))
+
+    async def generation(self, request: Request, model: type[BaseModel]) -> tuple[BaseModel, ModelClient]:
+        """A generation route's parsed body and the client of the model it names."""
+        self.auth.owner(request)
+        body = await self.body.parse(request, model)
+        return body, self.models.client(body.model)

@@ -1,0 +1,59 @@
+"""The models an app serves, as the HTTP side sees them: a `ModelClient` each, their LoRA adapters, and the
+model cards /v1/models lists."""
+
+import asyncio
+import time
+
+from deployments.app_config import AppConfig
+from deployments.clients import ModelClient
+from deployments.errors import OpenAIError, model_not_found
+from deployments.replica.adapters import adapter_name, adapters_of
+
+
+class ModelRegistry:
+    def __init__(self, config: AppConfig, clients: dict[str, ModelClient]):
+        self.clients = clients
+        self.sources = {c.model_id: c.model_loading_config.source for c in config.llm_configs}
+        self.adapters = {c.model_id: adapters_of(c) for c in config.llm_configs}
+        self.lora_paths = {c.model_id: c.lora_config.dynamic_lora_loading_path.rstrip("/")
+                           for c in config.llm_configs if c.lora_config}
+        self.created = int(time.time())
+        self._max_model_len: dict[str, int] = {}
+
+    def client(self, model: str | None) -> ModelClient:
+        return self.clients[self.model_id(model)]
+
+    def model_id(self, model: str | None) -> str:
+        """The id of the model a request names (`<model_id>:<adapter>` names the model's LoRA adapter, which its
+        replica looks up); the only one served when it names none."""
+        if model is None:
+            if len(self.clients) == 1:
+                return next(iter(self.clients))
+            raise OpenAIError(400, f"model: required when serving several models: {sorted(self.clients)}", "model")
+        if model in self.clients:
+            return model
+        base = next((m for m in self.clients if adapter_name(model, m)), None)
+        if base is None:
+            raise model_not_found(model)
+        return base
+
+    async def max_model_len(self, model_id: str) -> int:
+        """A model's context length, asked of a replica once."""
+        if model_id not in self._max_model_len:
+            self._max_model_len[model_id] = await self.clients[model_id].max_model_len()
+        return self._max_model_len[model_id]
+
+    async def card(self, model_id: str) -> dict:
+        """OpenAI's model object, with `max_model_len` as vLLM and SGLang give it."""
+        return {"id": model_id, "object": "model", "created": self.created, "owned_by": "rayllm-engine",
+                "root": self.sources[model_id], "max_model_len": await self.max_model_len(model_id)}
+
+    async def cards(self) -> list[dict]:
+        """Every model, then its LoRA adapters (`<model_id>:<adapter>`, parent the model)."""
+        cards = []
+        for model_id in self.clients:
+            card = await self.card(model_id)
+            names = await asyncio.to_thread(self.adapters[model_id].names)
+            cards += [card] + [{**card, "id": f"{model_id}:{name}", "parent": model_id,
+                                "root": f"{self.lora_paths[model_id]}/{name}"} for name in names]
+        return cards

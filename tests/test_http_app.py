@@ -1,0 +1,159 @@
+"""The HTTP layer on its own: the FastAPI app built in-process around a scripted `ModelClient`, no Ray, no engine.
+
+What is checked here is the edge's own logic (status codes, SSE framing, in-band errors, Responses events
+over typed chunks, auth, the ignored-fields header); tests/test_serving.py proves the real path end to end.
+"""
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from deployments.api.responses.api import ResponsesAPI
+from deployments.api.responses.store import ResponseStore
+from deployments.app_config import parse_app_config
+from deployments.batch.api import BatchAPI
+from deployments.batch.files import FileLimits
+from deployments.batch.job import BatchLimits
+from deployments.errors import OpenAIError, StreamError
+from deployments.http.auth import ApiKeys
+from deployments.http.body import BodyParser
+from deployments.http.front import OpenAIFront
+from deployments.http.models import ModelRegistry
+from deployments.http.routes import build_app
+from runtime.storage import open_store
+
+MODEL = "tiny"
+
+
+def chunk(content: str | None = None, finish: str | None = None, **delta) -> dict:
+    if content is not None:
+        delta["content"] = content
+    return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+
+class ScriptedModel:
+    """A `ModelClient` whose streams yield the items it is given (chunks, then maybe a StreamError), or
+    raise `fail_first` before any."""
+
+    def __init__(self, items: list, fail_first: OpenAIError | None = None):
+        self.items = items
+        self.fail_first = fail_first
+        self.requests = []
+
+    async def chat(self, req, request_id=None, priority=0) -> dict:
+        self.requests.append(req)
+        if self.fail_first:
+            raise self.fail_first
+        return {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": MODEL,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "logprobs": None,
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+
+    async def chat_stream(self, req):
+        self.requests.append(req)
+        if self.fail_first:
+            raise self.fail_first
+        for item in self.items:
+            yield item
+
+    async def healthy(self) -> bool:
+        return True
+
+    async def max_model_len(self) -> int:
+        return 64
+
+
+def serve_in_process(model: ScriptedModel, tmp_path, api_key: str | None = None) -> TestClient:
+    storage = f"file://{tmp_path}"
+    config = parse_app_config({"llm_configs": [{"model_loading_config": {"model_id": MODEL,
+                                                                         "model_source": str(tmp_path)}}],
+                               "storage_uri": storage, "api_key": api_key})
+    models = ModelRegistry(config, {MODEL: model})
+    batches = BatchAPI(storage, "test", {}, FileLimits(1 << 20, 10), BatchLimits(1, 1 << 10, 10))
+    front = OpenAIFront(config, ApiKeys(config.api_keys), models, BodyParser(models, config.max_request_bytes),
+                        batches, ResponsesAPI(ResponseStore(open_store(storage))))
+    return TestClient(build_app(front))
+
+
+def sse_payloads(text: str) -> list:
+    return [block[len("data: "):] for block in text.split("\n\n") if block.startswith("data: ")]
+
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
+
+
+def test_a_stream_is_framed_at_the_edge_and_ends_with_done(tmp_path):
+    app = serve_in_process(ScriptedModel([chunk("a"), chunk("é"), chunk(finish="stop")]), tmp_path)
+    reply = app.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")
+    payloads = sse_payloads(reply.text)
+    assert payloads[-1] == "[DONE]"
+    assert [json.loads(p)["choices"][0]["delta"].get("content") for p in payloads[:-1]] == ["a", "é", None]
+    assert "é" in reply.text  # UTF-8 on the wire, not \u escapes
+
+
+def test_an_error_before_the_first_chunk_keeps_its_status(tmp_path):
+    app = serve_in_process(ScriptedModel([], fail_first=OpenAIError(400, "bad value", "temperature")), tmp_path)
+    reply = app.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert reply.status_code == 400
+    assert reply.json() == {"error": {"message": "bad value", "type": "invalid_request_error",
+                                      "param": "temperature", "code": None}}
+
+
+def test_an_error_after_the_first_chunk_is_an_in_band_event_then_done(tmp_path):
+    app = serve_in_process(ScriptedModel([chunk("a"), StreamError(503, "replica lost")]), tmp_path)
+    reply = app.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert reply.status_code == 200
+    payloads = sse_payloads(reply.text)
+    assert payloads[-1] == "[DONE]" and len(payloads) == 3
+    assert json.loads(payloads[1]) == {"error": {"message": "replica lost", "type": "service_unavailable_error",
+                                                 "param": None, "code": None}}
+
+
+def test_responses_stream_is_built_from_chunks_and_fails_on_a_stream_error(tmp_path):
+    model = ScriptedModel([chunk("hel", role="assistant"), chunk("lo"), StreamError(500, "the engine failed")])
+    app = serve_in_process(model, tmp_path)
+    reply = app.post("/v1/responses", json={"model": MODEL, "input": "x", "stream": True})
+    assert reply.status_code == 200
+    blocks = [b for b in reply.text.split("\n\n") if b]
+    kinds = [b.split("\n")[0].removeprefix("event: ") for b in blocks]
+    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.content_part.added", "response.output_text.delta", "response.output_text.delta",
+                     "error", "response.failed"]
+    events = [json.loads(b.split("\n")[1].removeprefix("data: ")) for b in blocks]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e["delta"] for e in events if e["type"] == "response.output_text.delta"] == ["hel", "lo"]
+    assert events[-2]["message"] == "the engine failed"
+    assert events[-1]["response"]["status"] == "failed"
+    assert "[DONE]" not in reply.text
+
+
+def test_responses_error_before_the_first_chunk_keeps_its_status(tmp_path):
+    app = serve_in_process(ScriptedModel([], fail_first=OpenAIError(400, "too long", "messages")), tmp_path)
+    reply = app.post("/v1/responses", json={"model": MODEL, "input": "x", "stream": True})
+    assert reply.status_code == 400 and reply.json()["error"]["message"] == "too long"
+
+
+def test_ignored_fields_header_unknown_model_and_auth(tmp_path):
+    model = ScriptedModel([])
+    app = serve_in_process(model, tmp_path, api_key="sk-1")
+    assert app.post("/v1/chat/completions", json=CHAT).status_code == 401
+    keyed = {"Authorization": "Bearer sk-1"}
+    reply = app.post("/v1/chat/completions", json={**CHAT, "surprise": 1}, headers=keyed)
+    assert reply.status_code == 200 and reply.headers["x-ignored-fields"] == "surprise"
+    assert reply.json()["choices"][0]["message"]["content"] == "hi"
+    missing = app.post("/v1/chat/completions", json={**CHAT, "model": "other"}, headers=keyed)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+    assert app.get("/v1/models", headers=keyed).json()["data"][0]["max_model_len"] == 64
+    assert len(model.requests) == 1  # refused requests never reached the model
+
+
+@pytest.mark.parametrize("body, status", [("{", 400), ("[1]", 400), ('{"messages": 5}', 400)])
+def test_bad_bodies_never_reach_the_model(tmp_path, body, status):
+    model = ScriptedModel([])
+    app = serve_in_process(model, tmp_path)
+    reply = app.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert reply.status_code == status and set(reply.json()["error"]) == {"message", "type", "param", "code"}
+    assert model.requests == []
