@@ -5,7 +5,12 @@ O(window), and new text is only released once it no longer ends in U+FFFD,
 i.e. never half of a multi-byte UTF-8 character. Stop strings are searched in
 the text as it grows (so they match across token boundaries); text that could
 still turn out to be the start of a stop string is held back from the stream
-until it is resolved. Stop regexes (SGLang's `stop_regex`) are searched with
+until it is resolved. Both follow each stop string with a Knuth-Morris-Pratt
+automaton whose state is the longest prefix of the stop that the text ends
+with, so each token costs time in its new text (amortized; at most the new
+text plus the stop's length), never in the output's or the stop's length
+squared: the state is the hold-back, and reaching the stop's length is a match.
+Stop regexes (SGLang's `stop_regex`) are searched with
 RE2, whose time is linear in the text, so no pattern can stall the engine:
 after each token, only in the tail that a new match could span when the
 pattern's longest match is bounded (as SGLang bounds it), in the whole output
@@ -19,8 +24,6 @@ from functools import lru_cache
 
 import re2
 from transformers import PreTrainedTokenizerBase
-
-from runtime.parsers.tag_stream import partial_tag_len
 
 _PROMPT_CONTEXT = 5  # prompt tokens decoded with the first outputs, for correct spacing
 
@@ -46,6 +49,21 @@ def longest_match(pattern: str) -> int | None:
     return max(longest, len(pattern)) if longest < re._constants.MAXREPEAT else None
 
 
+@lru_cache(maxsize=1024)
+def borders(stop: str) -> tuple[int, ...]:
+    """KMP's failure function: entry i is the length of the longest proper prefix of `stop` that
+    `stop[:i + 1]` ends with (time linear in the stop)."""
+    table = [0] * len(stop)
+    k = 0
+    for i in range(1, len(stop)):
+        while k and stop[i] != stop[k]:
+            k = table[k - 1]
+        if stop[i] == stop[k]:
+            k += 1
+        table[i] = k
+    return tuple(table)
+
+
 class IncrementalDetokenizer:
     def __init__(
         self,
@@ -58,6 +76,8 @@ class IncrementalDetokenizer:
     ):
         self.tokenizer = tokenizer
         self.stop = stop
+        self._borders = [borders(s) for s in stop]
+        self._matched = [0] * len(stop)  # per stop: the longest prefix of it that `text` ends with (below its length)
         self.stop_regex = [(pattern, stop_pattern(pattern), longest_match(pattern)) for pattern in stop_regex]
         self.include_stop = include_stop_str_in_output
         self.skip_special_tokens = skip_special_tokens
@@ -85,9 +105,14 @@ class IncrementalDetokenizer:
             return None
         checked = len(self.text)
         self.text += new
+        found = self._advance_stops(checked, new) if self.stop else None  # the automata see all text, checked or not
         if not check_stop:
             return None
-        return (self._find_stop(checked) if self.stop else None) or self._find_stop_regex(checked)
+        if found is None:
+            return self._find_stop_regex(checked)
+        pos, stop = found
+        self.text = self.text[: pos + len(stop) if self.include_stop else pos]
+        return stop
 
     def _find_stop_regex(self, checked: int) -> str | None:
         """A match not found before this token ends in its text, so it starts at most `longest` characters before.
@@ -99,17 +124,24 @@ class IncrementalDetokenizer:
                 return pattern
         return None
 
-    def _find_stop(self, checked: int) -> str | None:
+    def _advance_stops(self, checked: int, new: str) -> tuple[int, str] | None:
+        """Advance every stop's automaton over `new` (which starts at `checked` in `text`); the start and the stop
+        string of the match that starts first among those ending in `new` (the earlier listed on a tie)."""
         best = None
-        for s in self.stop:
-            pos = self.text.find(s, max(0, checked - len(s) + 1))
-            if pos != -1 and (best is None or pos < best[0]):
-                best = (pos, s)
-        if best is None:
-            return None
-        pos, s = best
-        self.text = self.text[: pos + len(s) if self.include_stop else pos]
-        return s
+        for i, (s, table) in enumerate(zip(self.stop, self._borders)):
+            k, end = self._matched[i], None
+            for j, c in enumerate(new):
+                while k and s[k] != c:
+                    k = table[k - 1]
+                if s[k] == c:
+                    k += 1
+                    if k == len(s):
+                        end = checked + j + 1 if end is None else end
+                        k = table[k - 1]
+            self._matched[i] = k
+            if end is not None and (best is None or end - len(s) < best[0]):
+                best = (end - len(s), s)
+        return best
 
     def release(self, final: bool) -> str:
         """Text not yet released, minus a tail that may still grow into a stop string."""
@@ -121,7 +153,7 @@ class IncrementalDetokenizer:
         return out
 
     def _holdback(self) -> int:
-        return max((partial_tag_len(self.text, s) for s in self.stop), default=0)
+        return max(self._matched, default=0)
 
     def _decode(self, ids: list[int]) -> str:
         if self._backend is not None:

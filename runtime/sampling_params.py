@@ -6,6 +6,12 @@ from runtime.detokenizer import stop_pattern
 from runtime.errors import InvalidInputError, require
 from runtime.grammar import Constraint
 
+# A stop string's most characters. OpenAI documents up to 4 stop sequences and no length; vLLM and SGLang bound
+# neither (they hold back the longest stop's length, in characters or tokens). Matching here costs time in the
+# text, not the stop, but each stop is preprocessed and up to its length is held back from a stream: 1,024
+# characters is far past any real stop (an end-of-turn tag, a role marker) and keeps both small.
+MAX_STOP_CHARS = 1024
+
 
 @dataclass
 class SamplingParams:
@@ -35,6 +41,9 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = [s for s in (self.stop or []) if s]
+        longest = max(self.stop, key=len, default="")
+        require(len(longest) <= MAX_STOP_CHARS, "stop",
+                f"each stop string may have at most {MAX_STOP_CHARS:,} characters; one has {len(longest):,}")
         self.stop_token_ids = list(self.stop_token_ids or [])
         self.stop_regex = [self.stop_regex] if isinstance(self.stop_regex, str) else list(self.stop_regex or [])
         for pattern in self.stop_regex:

@@ -1,7 +1,13 @@
 """Incremental detokenization: stop strings across token boundaries, holdback, whole characters."""
 
-from runtime import LLM, SamplingParams
+import random
+import time
+
+import pytest
+
+from runtime import LLM, InvalidInputError, SamplingParams
 from runtime.detokenizer import IncrementalDetokenizer
+from runtime.sampling_params import MAX_STOP_CHARS
 
 
 def _stream(tokenizer, token_ids, stop=(), include_stop=False):
@@ -62,8 +68,6 @@ def test_stop_string_across_token_boundary_in_generation(qwen2_model):
 def test_a_stop_regex_stops_at_the_first_token_whose_text_completes_a_match(qwen2_model):
     """The tail searched for a bounded pattern finds every match the whole text has, at the same token;
     `\\b` and `^` still see the text before the tail."""
-    import random
-
     import re2
 
     from runtime.detokenizer import longest_match
@@ -81,3 +85,87 @@ def test_a_stop_regex_stops_at_the_first_token_whose_text_completes_a_match(qwen
             stopped_at = next((i for i, t in enumerate(ids) if detok.append(t)), None)
             whole = [re2.search(pattern, tokenizer.decode(ids[: i + 1])) for i in range(len(ids))]
             assert stopped_at == next((i for i, m in enumerate(whole) if m), None), (pattern, text)
+
+
+# --- stop strings in linear time: the same outputs as the direct search, checked against it ------------------
+
+class _Pieces:
+    """A tokenizer whose token i decodes to `vocab[i]`: any text split any way, no model needed."""
+
+    def __init__(self):
+        self.vocab: list[str] = []
+
+    def ids(self, pieces: list[str]) -> list[int]:
+        self.vocab += pieces
+        return list(range(len(self.vocab) - len(pieces), len(self.vocab)))
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(self.vocab[i] for i in ids)
+
+
+def _direct(pieces: list[str], stop: list[str], include_stop: bool, checks: list[bool]):
+    """The reference: search the text after each token for a match that ends in its new text; hold back the
+    longest proper prefix of any stop that the text ends with. Per token: (matched stop, released text)."""
+    text, emitted, out = "", 0, []
+    for new, check in zip(pieces, checks):
+        checked, matched = len(text), None
+        text += new
+        if new and check:
+            found = [(text.find(s, max(0, checked - len(s) + 1)), i, s) for i, s in enumerate(stop)]
+            found = [f for f in found if f[0] != -1]
+            if found:
+                pos, _, matched = min(found)
+                text = text[: pos + len(matched) if include_stop else pos]
+        held = max((k for s in stop for k in range(min(len(s) - 1, len(text)) + 1) if text.endswith(s[:k])),
+                   default=0)
+        end = len(text) if matched else len(text) - held
+        out.append((matched, text[emitted:end] if end > emitted else ""))
+        emitted = max(emitted, end)
+        if matched:
+            break
+    return out, text
+
+
+def _linear(pieces: list[str], stop: list[str], include_stop: bool, checks: list[bool]):
+    tokenizer = _Pieces()
+    detok = IncrementalDetokenizer(tokenizer, [], stop, include_stop, skip_special_tokens=True)
+    out = []
+    for token_id, check in zip(tokenizer.ids(pieces), checks):
+        matched = detok.append(token_id, check_stop=check)
+        out.append((matched, detok.release(final=matched is not None)))
+        if matched:
+            break
+    return out, detok.text
+
+
+def test_stop_strings_match_and_hold_back_exactly_as_a_direct_search():
+    rng = random.Random(0)
+    for case in range(3000):
+        alphabet = rng.choice(["ab", "abc", "aab", "abé"])
+        stop = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 7))) for _ in range(rng.randint(1, 4))]
+        pieces = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 4))) for _ in range(rng.randint(1, 30))]
+        unchecked = rng.choice([0, 0, rng.randint(0, len(pieces))])  # min_tokens: early tokens are not checked
+        checks = [i >= unchecked for i in range(len(pieces))]
+        include_stop = rng.random() < 0.3
+        assert _linear(pieces, stop, include_stop, checks) == _direct(pieces, stop, include_stop, checks), case
+
+
+def test_many_long_stop_strings_cost_linear_time():
+    """64 stops of 16,000 characters over 2,000 tokens of 8: the text always ends in a long prefix of every
+    stop (the worst case for the old per-token hold-back, quadratic in it: 4.5 ms a call at 8,000 characters)."""
+    stop = ["a" * 15999 + chr(0x100 + i) for i in range(64)]
+    pieces = ["a" * 8] * 2000
+    start = time.perf_counter()
+    out, text = _linear(pieces, stop, False, [True] * len(pieces))
+    elapsed = time.perf_counter() - start
+    assert all(matched is None and released == "" for matched, released in out[:-1])  # all of it held back
+    assert out[-1] == (None, "a")  # 16,000 characters: only the first can no longer start a stop
+    assert text == "a" * 16000
+    assert elapsed < 30, elapsed  # a few seconds here (2 shared cores); the old check took hours
+
+
+def test_a_stop_string_over_the_cap_is_refused_naming_stop():
+    assert SamplingParams(stop=["x" * MAX_STOP_CHARS]).stop == ["x" * MAX_STOP_CHARS]
+    with pytest.raises(InvalidInputError) as e:
+        SamplingParams(stop=["ok", "x" * (MAX_STOP_CHARS + 1)])
+    assert e.value.param == "stop" and "at most 1,024 characters; one has 1,025" in str(e.value)
