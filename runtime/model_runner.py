@@ -15,7 +15,7 @@ from runtime.distributed import all_reduce_min, broadcast_from_rank0, destroy_tp
 from runtime.errors import InvalidInputError, describe
 from runtime.lora import LoRAAdapter, attach_lora, load_into_slot
 from runtime.model_spec import ModelSpec
-from runtime.models import CausalLM, load_weights, pack_linear_weights
+from runtime.models import load_weights, pack_linear_weights
 from runtime.outputs import TokenLogprob
 from runtime.sampler import Sampler, token_logprob
 from runtime.scheduler import ScheduledBatch
@@ -70,7 +70,7 @@ class ModelRunner:
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(spec.dtype)
         with torch.device(self.device):
-            self.model = CausalLM(spec.hf_config, spec.max_model_len)
+            self.model = spec.model_class(spec.hf_config, spec.max_model_len)
         torch.set_default_dtype(default_dtype)
         load_weights(self.model, spec.path)
         pack_linear_weights(self.model)

@@ -14,6 +14,7 @@ from transformers import AutoConfig, PretrainedConfig
 from runtime.config import DTYPES, EngineConfig
 from runtime.errors import InvalidInputError, require
 from runtime.model_files import resolve_model_path
+from runtime.models import CausalLM, model_class
 from runtime.models.decoder import head_dim_of
 
 
@@ -24,6 +25,7 @@ class ModelSpec:
     dtype: torch.dtype
     max_model_len: int
     tokenizer: str  # the tokenizer's directory or Hub id
+    model_class: type[CausalLM]  # the family's implementation (runtime.models.registry)
 
     @classmethod
     def resolve(cls, config: EngineConfig) -> "ModelSpec":
@@ -34,7 +36,11 @@ class ModelSpec:
         require(max_model_len <= limit, "max_model_len",
                 f"{max_model_len} exceeds the model's max_position_embeddings ({limit})")
         _check_tp_split(hf_config, config.tensor_parallel_size)
-        return cls(path, hf_config, _dtype(config, hf_config), max_model_len, config.tokenizer or str(path))
+        family = model_class(hf_config)
+        family.check_config(hf_config, max_model_len)
+        require(not config.enable_lora or family.supports_lora, "enable_lora",
+                f"LoRA is not supported for {family.__name__} models")
+        return cls(path, hf_config, _dtype(config, hf_config), max_model_len, config.tokenizer or str(path), family)
 
     @property
     def head_dim(self) -> int:
@@ -64,8 +70,10 @@ def _check_tp_split(hf: PretrainedConfig, tp: int) -> None:
         problems.append(f"{hf.num_attention_heads} attention heads")
     if kv % tp and tp % kv:
         problems.append(f"{kv} KV heads (neither divides the other)")
-    if hf.intermediate_size % tp:
-        problems.append(f"intermediate size {hf.intermediate_size}")
+    for name in ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size"):
+        size = getattr(hf, name, None)
+        if size and size % tp:
+            problems.append(f"{name.replace('_', ' ')} {size}")
     if problems:
         raise InvalidInputError("tensor_parallel_size",
                                 f"{tp} cannot split this model: {', '.join(problems)} are not divisible by {tp}")

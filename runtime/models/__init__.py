@@ -1,7 +1,8 @@
-"""Our model implementations and the loader that fills them from safetensors."""
+"""Our model implementations, the registry that picks one per checkpoint, and the loader that fills it."""
 
-from runtime.models.decoder import ARCHITECTURES, CausalLM
+from runtime.models.decoder import CausalLM
 from runtime.models.layers import pack_linear_weights
 from runtime.models.loader import load_weights
+from runtime.models.registry import SUPPORTED_ARCHITECTURES, model_class
 
-__all__ = ["ARCHITECTURES", "CausalLM", "load_weights", "pack_linear_weights"]
+__all__ = ["SUPPORTED_ARCHITECTURES", "CausalLM", "load_weights", "model_class", "pack_linear_weights"]

@@ -1,8 +1,8 @@
-"""The decoder-only transformer shared by Llama, Qwen2 (Qwen2.5) and Qwen3.
+"""The decoder-only transformer every family builds on: attention, gated MLP, layers, model, LM head.
 
-The three differ only in details read from their configs: Qwen2 has biases on
-the q/k/v projections, Qwen3 normalises q and k per head and sets its own
-head_dim. Module names mirror transformers' so checkpoint names map directly.
+A family (`runtime/models/<family>.py`) subclasses `CausalLM` and sets what differs: biases on the q/k/v
+projections, per-head q/k norms, the MLP each layer gets, how checkpoint names map to parameters. Module
+names mirror transformers' so checkpoint names map directly.
 """
 
 import torch
@@ -11,6 +11,7 @@ from transformers import PretrainedConfig
 
 from kernels import AttentionMetadata, apply_rotary, silu_and_mul
 from runtime.distributed import all_reduce
+from runtime.errors import InvalidInputError
 from runtime.models.layers import (
     MergedColumnParallelLinear,
     ParallelLMHead,
@@ -19,14 +20,7 @@ from runtime.models.layers import (
     RowParallelLinear,
     VocabParallelEmbedding,
 )
-from runtime.models.rotary import RotaryTables
-
-# architecture name -> (bias on q/k/v, per-head q/k norm)
-ARCHITECTURES = {
-    "LlamaForCausalLM": (None, False),  # None: the config's attention_bias
-    "Qwen2ForCausalLM": (True, False),
-    "Qwen3ForCausalLM": (None, True),
-}
+from runtime.models.rotary import RotaryTables, check_rope
 
 
 def head_dim_of(config: PretrainedConfig) -> int:
@@ -34,7 +28,7 @@ def head_dim_of(config: PretrainedConfig) -> int:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: PretrainedConfig, qkv_bias: bool, qk_norm: bool):
+    def __init__(self, config: PretrainedConfig, qkv_bias: bool, o_bias: bool, qk_norm: bool):
         super().__init__()
         head_dim = head_dim_of(config)
         self.qkv_proj = QKVParallelLinear(
@@ -44,7 +38,7 @@ class Attention(nn.Module):
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.head_dim = head_dim
         self.scale = head_dim**-0.5
-        self.o_proj = RowParallelLinear(config.num_attention_heads * head_dim, config.hidden_size)
+        self.o_proj = RowParallelLinear(config.num_attention_heads * head_dim, config.hidden_size, o_bias)
         self.q_norm = self.k_norm = None
         if qk_norm:
             self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)
@@ -75,29 +69,30 @@ _CPU_MLP_ROWS = 512
 
 
 class MLP(nn.Module):
-    def __init__(self, config: PretrainedConfig):
-        super().__init__()
-        bias = getattr(config, "mlp_bias", False)
-        size = config.intermediate_size
-        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [size, size], bias)
-        self.down_proj = RowParallelLinear(size, config.hidden_size, bias)
+    """The gated (SiLU) MLP, its intermediate features split across ranks."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias)
+
+    def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
+        """The output, or this rank's partial sum of it when the caller reduces (an MoE block's shared expert)."""
         # with LoRA, every projection sees the whole step: its adapters' rows are the step's rows
         if x.is_cuda or x.shape[0] <= _CPU_MLP_ROWS or self.down_proj.lora is not None:
-            return self.down_proj(self._gated(x))
-        blocks = [self.down_proj(self._gated(rows), reduce=False) for rows in x.split(_CPU_MLP_ROWS)]
-        return all_reduce(torch.cat(blocks))  # one collective for the whole step, not one per block
+            return self.down_proj(self._gated(x), reduce=reduce)
+        blocks = torch.cat([self.down_proj(self._gated(rows), reduce=False) for rows in x.split(_CPU_MLP_ROWS)])
+        return all_reduce(blocks) if reduce else blocks  # one collective for the whole step, not one per block
 
     def _gated(self, x: torch.Tensor) -> torch.Tensor:
         return silu_and_mul(self.gate_up_proj(x))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, qkv_bias: bool, qk_norm: bool):
+    def __init__(self, config: PretrainedConfig, attention: Attention, mlp: nn.Module):
         super().__init__()
-        self.self_attn = Attention(config, qkv_bias, qk_norm)
-        self.mlp = MLP(config)
+        self.self_attn = attention
+        self.mlp = mlp
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -113,10 +108,10 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, config: PretrainedConfig, qkv_bias: bool, qk_norm: bool, max_positions: int):
+    def __init__(self, config: PretrainedConfig, layers: list[DecoderLayer], max_positions: int):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, qkv_bias, qk_norm) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryTables(config, head_dim_of(config), max_positions)
 
@@ -130,6 +125,10 @@ class DecoderModel(nn.Module):
 
 
 class CausalLM(nn.Module):
+    """A decoder-only causal LM. Subclasses (one per family) override the class attributes and hooks."""
+
+    qk_norm = False  # RMSNorm over each head of q and k (Qwen3)
+    supports_lora = True
     # checkpoint projection -> (our fused parameter, its shard)
     stacked_params = {
         "q_proj": ("qkv_proj", "q"),
@@ -141,15 +140,40 @@ class CausalLM(nn.Module):
 
     def __init__(self, config: PretrainedConfig, max_positions: int):
         super().__init__()
-        arch = config.architectures[0]
-        qkv_bias, qk_norm = ARCHITECTURES[arch]
-        if qkv_bias is None:
-            qkv_bias = getattr(config, "attention_bias", False)
-        self.model = DecoderModel(config, qkv_bias, qk_norm, max_positions)
+        qkv_bias, o_bias = self.attention_biases(config)
+        layers = [DecoderLayer(config, Attention(config, qkv_bias, o_bias, self.qk_norm), self.make_mlp(config, i))
+                  for i in range(config.num_hidden_layers)]
+        self.model = DecoderModel(config, layers, max_positions)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    @classmethod
+    def check_config(cls, config: PretrainedConfig, max_model_len: int) -> None:
+        """Refuse, at engine start, a config this implementation would run wrongly (raises InvalidInputError)."""
+        check_rope(config, max_model_len)
+        window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
+        if window and window < max_model_len:
+            raise InvalidInputError("max_model_len", f"{max_model_len} exceeds the model's sliding_window ({window}), "
+                                    "and sliding-window attention is not implemented: set max_model_len <= "
+                                    f"{window}")
+
+    def attention_biases(self, config: PretrainedConfig) -> tuple[bool, bool]:
+        """Whether the q/k/v projections and o_proj have biases (Llama's `attention_bias` sets both)."""
+        bias = bool(getattr(config, "attention_bias", False))
+        return bias, bias
+
+    def make_mlp(self, config: PretrainedConfig, layer: int) -> nn.Module:
+        """The feed-forward block of decoder layer `layer`."""
+        return MLP(config.hidden_size, config.intermediate_size, bool(getattr(config, "mlp_bias", False)))
+
+    def param_for(self, name: str) -> tuple[str, tuple]:
+        """The parameter a checkpoint tensor fills, and the shard arguments its weight loader takes after it."""
+        for part, (fused, shard) in self.stacked_params.items():
+            if f".{part}." in name:
+                return name.replace(f".{part}.", f".{fused}."), (shard,)
+        return name, ()
 
     def forward(self, input_ids, positions, meta) -> torch.Tensor:
         return self.model(input_ids, positions, meta)

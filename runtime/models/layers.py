@@ -77,7 +77,12 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.out_features = out_features
         super().__init__(in_features, sum(out_features), bias)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int | None = None) -> None:
+        """Load projection `shard_id`, or all of them from a checkpoint that holds them fused (Phi-3)."""
+        if shard_id is None:
+            for i, part in enumerate(loaded.split(self.out_features)):
+                self.weight_loader(param, part, i)
+            return
         size = self.out_features[shard_id] // tp_size()
         offset = sum(self.out_features[:shard_id]) // tp_size()
         param.data.narrow(0, offset, size).copy_(_shard(loaded, 0, size, tp_rank()))
@@ -92,10 +97,16 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.num_heads = num_heads // tp
         self.num_kv_heads = max(1, num_kv_heads // tp)
         self.kv_replicas = max(1, tp // num_kv_heads)
+        self.checkpoint_sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
         out = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp
         super().__init__(hidden, out, bias)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | None = None) -> None:
+        """Load projection `shard_id` ("q", "k" or "v"), or all three from a fused checkpoint tensor (Phi-3)."""
+        if shard_id is None:
+            for part, name in zip(loaded.split(self.checkpoint_sizes), "qkv"):
+                self.weight_loader(param, part, name)
+            return
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
         if shard_id == "q":
@@ -104,6 +115,13 @@ class QKVParallelLinear(ColumnParallelLinear):
             offset = q_size if shard_id == "k" else q_size + kv_size
             size, rank = kv_size, tp_rank() // self.kv_replicas
         param.data.narrow(0, offset, size).copy_(_shard(loaded, 0, size, rank))
+
+
+class ReplicatedLinear(_Linear):
+    """A projection every rank holds whole (an MoE router, the shared expert's gate)."""
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        default_weight_loader(param, loaded)
 
 
 class RowParallelLinear(_Linear):

@@ -11,8 +11,8 @@ from runtime.models.layers import default_weight_loader
 def load_weights(model: nn.Module, model_dir: Path) -> None:
     """Load every checkpoint tensor through its parameter's `weight_loader`.
 
-    Projections the model fuses (q/k/v, gate/up) go to the fused parameter with
-    a shard id. Raises if a parameter is left without a checkpoint tensor.
+    The model's `param_for` names the parameter each tensor fills and the shard arguments (which of q/k/v or
+    gate/up, which expert) its loader takes. Raises if a parameter is left without a checkpoint tensor.
     """
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
@@ -24,7 +24,7 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
             for name in f.keys():
                 if "rotary_emb" in name:
                     continue
-                target, shard = _target(model, name)
+                target, shard = model.param_for(name)
                 if target not in params:
                     if model.tie_word_embeddings and target == "lm_head.weight":
                         continue
@@ -32,7 +32,7 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
                 param = params[target]
                 loader = getattr(param, "weight_loader", default_weight_loader)
                 tensor = f.get_tensor(name)
-                loader(param, tensor) if shard is None else loader(param, tensor, shard)
+                loader(param, tensor, *shard)
                 loaded.add(target)
     if model.tie_word_embeddings:
         loaded.add("lm_head.weight")
@@ -40,9 +40,3 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
     if missing:
         raise KeyError(f"parameters missing from the checkpoint: {sorted(missing)[:5]}")
 
-
-def _target(model: nn.Module, name: str) -> tuple[str, object]:
-    for part, (fused, shard) in model.stacked_params.items():
-        if f".{part}." in name:
-            return name.replace(f".{part}.", f".{fused}."), shard
-    return name, None

@@ -5,6 +5,24 @@ from torch import nn
 from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from runtime.errors import InvalidInputError
+
+
+def check_rope(config: PretrainedConfig, max_model_len: int) -> None:
+    """Refuse RoPE settings these tables would get wrong: a partial rotary dimension, an unknown type, and
+    longrope past its original context (there transformers switches to the long factors by sequence length)."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    kind = rope.get("rope_type", "default")
+    if (rope.get("partial_rotary_factor") or 1.0) != 1.0:
+        raise InvalidInputError("model", f"partial_rotary_factor {rope['partial_rotary_factor']} is not supported")
+    if kind != "default" and kind not in ROPE_INIT_FUNCTIONS:
+        raise InvalidInputError("model", f"rope type {kind!r} is not supported; supported: "
+                                f"{', '.join(['default', *ROPE_INIT_FUNCTIONS])}")
+    original = rope.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings", 0)
+    if kind == "longrope" and max_model_len > original:
+        raise InvalidInputError("max_model_len", f"{max_model_len} exceeds the longrope model's original context "
+                                f"({original}), past which its long factors are not implemented")
+
 
 class RotaryTables(nn.Module):
     def __init__(self, config: PretrainedConfig, head_dim: int, max_positions: int):

@@ -1,0 +1,125 @@
+"""The sparse mixture-of-experts block: a top-k router, stacked expert weights, an optional shared expert.
+
+The step's (token, expert) pairs are sorted by expert, so each expert's rows are one contiguous segment, and
+each projection is one grouped matmul over all experts' segments. Every rank holds a slice of every expert's
+intermediate features (as the dense MLP splits its own); the block's partial sums are all-reduced once.
+"""
+
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels import silu_and_mul
+from runtime.distributed import all_reduce, tp_rank, tp_size
+from runtime.models.decoder import MLP, CausalLM
+from runtime.models.layers import ReplicatedLinear
+
+
+def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over the experts (in float32), then the top k: their weights (summing to 1 if `renormalize`)
+    and ids, each [T, top_k]."""
+    weights, ids = torch.topk(torch.softmax(logits.float(), dim=-1), top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+def _grouped_linear(rows: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """`rows` [N, in] sorted by expert, times each segment's expert `weight` [E, out, in]: [N, out].
+
+    `ends` [E] is where each expert's segment ends. One grouped matmul where torch has one for the device and
+    dtype (any on CPU, bfloat16 on CUDA), else one matmul per segment."""
+    if hasattr(F, "grouped_mm") and (not rows.is_cuda or rows.dtype == torch.bfloat16):
+        return F.grouped_mm(rows, weight.transpose(1, 2), offs=ends.to(torch.int32))
+    starts = [0, *ends.tolist()[:-1]]
+    return torch.cat([rows[s:e] @ w.T for s, e, w in zip(starts, ends.tolist(), weight)])
+
+
+class FusedExperts(nn.Module):
+    """E gated (SiLU) MLPs as stacked parameters: `gate_up_proj` [E, 2 I/tp, H] and `down_proj` [E, H, I/tp]."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.num_experts = num_experts
+        self.shard = intermediate_size // tp_size()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * self.shard, hidden_size), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, self.shard), requires_grad=False)
+        self.gate_up_proj.weight_loader = self.weight_loader
+        self.down_proj.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, expert: int | None = None,
+                      half: int | None = None) -> None:
+        """Load one expert's projection (`half` 0: gate, 1: up; None for down), or, with no expert, a fused
+        checkpoint tensor holding every expert ([E, 2 I, H] gate then up, or [E, H, I])."""
+        start = tp_rank() * self.shard
+        if expert is None:
+            for e in range(self.num_experts):
+                if param is self.down_proj:
+                    self.weight_loader(param, loaded[e], e)
+                else:
+                    for h, part in enumerate(loaded[e].chunk(2)):
+                        self.weight_loader(param, part, e, h)
+        elif param is self.down_proj:
+            param.data[expert].copy_(loaded[:, start : start + self.shard])
+        else:
+            param.data[expert, half * self.shard : (half + 1) * self.shard].copy_(loaded[start : start + self.shard])
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """This rank's partial sum of the weighted experts' outputs for tokens `x` [T, H] routed to `ids`."""
+        tokens, top_k = ids.shape
+        flat = ids.flatten()
+        order = flat.argsort(stable=True)
+        counts = torch.zeros(self.num_experts, dtype=torch.long, device=x.device).index_add_(
+            0, flat, torch.ones_like(flat))
+        ends = counts.cumsum(0)
+        rows = x[order // top_k]
+        hidden = silu_and_mul(_grouped_linear(rows, self.gate_up_proj, ends))
+        out = _grouped_linear(hidden, self.down_proj, ends) * weights.flatten()[order, None].to(x.dtype)
+        unsorted = torch.empty_like(out)
+        unsorted[order] = out
+        return unsorted.view(tokens, top_k, -1).sum(dim=1)
+
+
+class SparseMoeBlock(nn.Module):
+    """Router + experts (+ a shared expert behind a sigmoid gate, as Qwen2-MoE has)."""
+
+    def __init__(self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int, renormalize: bool,
+                 shared_intermediate_size: int = 0):
+        super().__init__()
+        self.top_k = top_k
+        self.renormalize = renormalize
+        self.gate = ReplicatedLinear(hidden_size, num_experts, bias=False)
+        self.experts = FusedExperts(num_experts, hidden_size, intermediate_size)
+        self.shared_expert = self.shared_expert_gate = None
+        if shared_intermediate_size:
+            self.shared_expert = MLP(hidden_size, shared_intermediate_size)
+            self.shared_expert_gate = ReplicatedLinear(hidden_size, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = route(self.gate(x), self.top_k, self.renormalize)
+        out = self.experts(x, weights, ids)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x, reduce=False)
+        return all_reduce(out)
+
+
+_EXPERT = re.compile(r"\.experts\.(\d+)\.(\w+)\.weight$")
+
+
+class MoeCausalLM(CausalLM):
+    """A causal LM with MoE blocks, loading per-expert checkpoint tensors into the stacked parameters."""
+
+    supports_lora = False
+    expert_names = ("gate_proj", "up_proj", "down_proj")  # the checkpoint's gate, up and down projections
+
+    def param_for(self, name: str) -> tuple[str, tuple]:
+        """A per-expert tensor fills its expert's rows of the stacked parameter (args: expert, gate or up);
+        fused expert tensors already carry the stacked parameter's name."""
+        match = _EXPERT.search(name)
+        if match is None or match.group(2) not in self.expert_names:
+            return super().param_for(name)
+        expert, which = int(match.group(1)), self.expert_names.index(match.group(2))
+        stem = name[: match.start()] + ".experts."
+        return (stem + "down_proj", (expert,)) if which == 2 else (stem + "gate_up_proj", (expert, which))

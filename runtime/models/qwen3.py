@@ -1,0 +1,7 @@
+"""Qwen3: q and k normalised per head before the rotary embedding, its own head_dim."""
+
+from runtime.models.decoder import CausalLM
+
+
+class Qwen3ForCausalLM(CausalLM):
+    qk_norm = True

@@ -1,0 +1,31 @@
+"""Which implementation runs a checkpoint: its config's `architectures`, mapped to one class per family."""
+
+from transformers import PretrainedConfig
+
+from runtime.errors import InvalidInputError
+from runtime.models.decoder import CausalLM
+from runtime.models.llama import LlamaForCausalLM
+from runtime.models.mistral import MistralForCausalLM
+from runtime.models.mixtral import MixtralForCausalLM
+from runtime.models.phi3 import Phi3ForCausalLM
+from runtime.models.qwen2 import Qwen2ForCausalLM
+from runtime.models.qwen2_moe import Qwen2MoeForCausalLM
+from runtime.models.qwen3 import Qwen3ForCausalLM
+from runtime.models.qwen3_moe import Qwen3MoeForCausalLM
+
+_FAMILIES: dict[str, type[CausalLM]] = {cls.__name__: cls for cls in (
+    LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM,
+    Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
+)}
+
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_FAMILIES))
+
+
+def model_class(config: PretrainedConfig) -> type[CausalLM]:
+    """The class for the config's architecture; an InvalidInputError naming it (and what is supported) if none."""
+    names = getattr(config, "architectures", None) or []
+    for name in names:
+        if name in _FAMILIES:
+            return _FAMILIES[name]
+    raise InvalidInputError("model", f"architecture {', '.join(names) or '(none in config.json)'} is not "
+                            f"supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
