@@ -157,3 +157,59 @@ def test_bad_bodies_never_reach_the_model(tmp_path, body, status):
     reply = app.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
     assert reply.status_code == status and set(reply.json()["error"]) == {"message", "type", "param", "code"}
     assert model.requests == []
+
+
+BAD_IDS = ["%00", "a" * 300, "..%2F..%2Fetc%2Fpasswd", "file-%2F..", "%E2%80%AE", "resp_" + "0" * 31 + "%00"]
+ID_ROUTES = [("get", "/v1/files/{}"), ("get", "/v1/files/{}/content"), ("delete", "/v1/files/{}"),
+             ("get", "/v1/batches/{}"), ("post", "/v1/batches/{}/cancel"), ("get", "/v1/responses/{}"),
+             ("delete", "/v1/responses/{}")]
+
+
+@pytest.mark.parametrize("bad_id", BAD_IDS)
+def test_every_id_is_checked_before_storage(tmp_path, bad_id):
+    """Path ids that cannot be ids are not found; body fields that cannot be ids are bad values; never a 500."""
+    app = serve_in_process(ScriptedModel([]), tmp_path)
+    for method, route in ID_ROUTES:
+        reply = getattr(app, method)(route.format(bad_id))
+        assert reply.status_code == 404, (route, reply.text)
+        assert reply.json()["error"]["type"] == "not_found_error"
+    raw = bad_id.replace("%00", "\x00").replace("%2F", "/").replace("%E2%80%AE", "\u202e")
+    batch = app.post("/v1/batches", json={"input_file_id": raw, "endpoint": "/v1/chat/completions",
+                                          "completion_window": "24h"})
+    assert batch.status_code == 400 and batch.json()["error"]["param"] == "input_file_id", batch.text
+    if not raw.startswith("resp_"):
+        return
+    previous = app.post("/v1/responses", json={"model": MODEL, "input": "x", "previous_response_id": raw})
+    assert previous.status_code == 400 and previous.json()["error"]["param"] == "previous_response_id"
+
+
+@pytest.mark.parametrize("field, value", [
+    ("metadata", {f"k{i}": "v" for i in range(17)}),
+    ("metadata", {"k" * 65: "v"}),
+    ("metadata", {"k": "v" * 513}),
+    ("input_file_id", "s3://bucket/" + "k" * 1020),
+    ("completion_window", "9" * 30 + "d"),
+])
+def test_batch_bodies_within_openai_limits(tmp_path, field, value):
+    app = serve_in_process(ScriptedModel([]), tmp_path)
+    body = {"input_file_id": "file-abc", "endpoint": "/v1/chat/completions", "completion_window": "24h",
+            field: value}
+    reply = app.post("/v1/batches", json=body)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] in (field, f"metadata.{next(iter(value))}" if field == "metadata" else field)
+
+
+def test_unauthenticated_upload_is_401_whatever_its_content_type(tmp_path):
+    app = serve_in_process(ScriptedModel([]), tmp_path, api_key="sk-1")
+    assert app.post("/v1/files", content=b"x", headers={"content-type": "text/plain"}).status_code == 401
+
+
+@pytest.mark.parametrize("stream, status", [(False, 400), (True, 200)])
+def test_a_reply_body_too_large_to_build_whole_must_be_streamed(tmp_path, stream, status):
+    """n 64 x 744 tokens x 21 logprobs is 999,936 entries: a 72 MB body whole, fine as a stream."""
+    app = serve_in_process(ScriptedModel([chunk("a")]), tmp_path)
+    reply = app.post("/v1/chat/completions", json={**CHAT, "n": 64, "max_tokens": 744, "logprobs": True,
+                                                   "top_logprobs": 20, "stream": stream})
+    assert reply.status_code == status, reply.text
+    if not stream:
+        assert "stream it" in reply.json()["error"]["message"]

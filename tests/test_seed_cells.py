@@ -128,10 +128,13 @@ def test_curl_and_requests_cells(server):
             f"-d '{json.dumps(body)}'")
     for response in (json.loads(subprocess.check_output(curl, shell=True)),
                      requests.post(f"{server.base_url}/v1/chat/completions", json=body).json()):
-        assert set(response) == {"id", "object", "created", "model", "choices", "usage"}
+        # OpenAI's keys, and vLLM's prompt_logprobs (null unless asked), which vLLM's clients read
+        assert set(response) == {"id", "object", "created", "model", "choices", "usage", "prompt_logprobs"}
+        assert response["prompt_logprobs"] is None
         choice = response["choices"][0]
         assert set(choice) == {"index", "message", "logprobs", "finish_reason", "matched_stop"}
-        assert set(choice["message"]) == {"role", "content", "reasoning_content", "tool_calls"}
+        # tool_calls absent when there are none, refusal null, as OpenAI sends them
+        assert set(choice["message"]) == {"role", "content", "refusal", "reasoning_content"}
         assert set(response["usage"]) == {"prompt_tokens", "completion_tokens", "total_tokens",
                                           "prompt_tokens_details", "completion_tokens_details"}
         assert response["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}

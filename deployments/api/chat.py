@@ -65,8 +65,9 @@ class ChatHandler:
             "choices": choices,
             "usage": usage(len(prompt), completion_tokens, result.num_cached_tokens, reasoning_tokens),
         }
-        if req.prompt_logprobs is not None:
-            reply["prompt_logprobs"] = prompt_logprobs_json(result.prompt_logprobs or [], self.texts)
+        # always present (null when not asked): vLLM's clients read it
+        reply["prompt_logprobs"] = (prompt_logprobs_json(result.prompt_logprobs or [], self.texts)
+                                    if req.prompt_logprobs is not None else None)
         if req.return_token_ids:
             reply["prompt_token_ids"] = prompt
         return reply
@@ -79,10 +80,13 @@ class ChatHandler:
         content = parsed.content
         if calls and not content.strip():
             content = None
+        message = {"role": "assistant", "content": content, "refusal": None,
+                   "reasoning_content": parsed.reasoning or None}
+        if calls:  # absent when there are none, as OpenAI sends it
+            message["tool_calls"] = calls
         choice = {
             "index": c.index,
-            "message": {"role": "assistant", "content": content, "reasoning_content": parsed.reasoning or None,
-                        "tool_calls": calls or None},
+            "message": message,
             "logprobs": chat_logprobs(c.logprobs or [], self.texts) if req.logprobs else None,
             "finish_reason": _finish_reason(c.finish_reason, parser),
             "matched_stop": c.matched_stop,

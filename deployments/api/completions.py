@@ -60,8 +60,9 @@ class CompletionHandler:
             logprobs = completion_logprobs(entries, ids, self.texts)
         choice = {"index": index, "text": prompt_text + c.text, "logprobs": logprobs,
                   "finish_reason": c.finish_reason, "matched_stop": c.matched_stop}
-        if req.prompt_logprobs is not None:
-            choice["prompt_logprobs"] = prompt_logprobs_json(result.prompt_logprobs or [], self.texts)
+        # always present (null when not asked): vLLM's clients read it
+        choice["prompt_logprobs"] = (prompt_logprobs_json(result.prompt_logprobs or [], self.texts)
+                                     if req.prompt_logprobs is not None else None)
         if req.return_token_ids:
             choice["prompt_token_ids"], choice["token_ids"] = result.prompt_token_ids, c.token_ids
         return choice

@@ -67,7 +67,8 @@ def chat_logprobs(entries: list[TokenLogprob], texts: TokenTexts) -> dict:
     return {
         "content": [
             {**item(e.token_id, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]} for e in entries
-        ]
+        ],
+        "refusal": None,  # OpenAI's schema requires the key
     }
 
 

@@ -5,17 +5,22 @@ wrong type or range is a 400. Our extensions (SGLang's and vLLM's names) sit bes
 """
 
 import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from deployments.api.tool_schema import tool_call_schema
 from runtime import InvalidInputError, SamplingParams
 from runtime.grammar import Constraint
 
 # Bounds on the work one request can ask for (a request over one is a 400 naming it)
 MAX_STOP_TOKEN_IDS = 1024
 MAX_SEQUENCES = 1024  # prompts x n in one completions or /generate call
-MAX_LOGPROB_ENTRIES = 1_000_000  # n x max tokens x (1 + top logprobs): bounds the size of the reply
+MAX_LOGPROB_ENTRIES = 1_000_000  # n x max tokens x (1 + top logprobs): bounds the size of a streamed reply
+# ... and of one reply body, built whole in memory and sent at once (about 72 bytes an entry: 7 MB)
+MAX_REPLY_LOGPROB_ENTRIES = 100_000
+ID = re.compile(r"[A-Za-z0-9_-]{1,200}")  # a file, batch or response id: never a path, a NUL or 10 kB
 
 
 class RequestModel(BaseModel):
@@ -153,6 +158,7 @@ class _SamplingFields(RequestModel):
     guided_grammar: str | None = None
     prompt_logprobs: int | None = Field(None, ge=0, le=20)  # vLLM's: each prompt token's logprob and top ones
     return_token_ids: bool = False  # vLLM's: the prompt's and each choice's token ids in the reply
+    prompt_logprobs_temperature: float | None = None  # vLLM's; refused below: we give the model's own logprobs
 
     @model_validator(mode="after")
     def _stream_options_need_a_stream(self):
@@ -160,6 +166,9 @@ class _SamplingFields(RequestModel):
             raise ValueError("stream_options: only allowed when stream is true")
         if self.prompt_logprobs is not None and self.stream:
             raise ValueError("prompt_logprobs: not available when streaming (as vLLM)")
+        if self.prompt_logprobs_temperature not in (None, 1.0):
+            raise ValueError("prompt_logprobs_temperature: not supported; prompt logprobs are the model's own "
+                             "(temperature 1)")
         return self
 
     @field_validator("stop")
@@ -267,8 +276,9 @@ class ChatCompletionRequest(_SamplingFields):
     @model_validator(mode="after")
     def _bounded_logprobs(self):
         limit = self.max_completion_tokens or self.max_tokens
-        if self.logprobs and limit and self.n * limit * (1 + (self.top_logprobs or 0)) > MAX_LOGPROB_ENTRIES:
-            raise ValueError(f"n x max_tokens x (1 + top_logprobs) is over {MAX_LOGPROB_ENTRIES:,} logprob entries")
+        if self.logprobs and limit:
+            _bound_logprobs(self.n * limit * (1 + (self.top_logprobs or 0)), "n x max_tokens x (1 + top_logprobs)",
+                            self.stream)
         return self
 
     @model_validator(mode="after")
@@ -292,20 +302,16 @@ class ChatCompletionRequest(_SamplingFields):
         tools = self.tools
         if isinstance(self.tool_choice, NamedToolChoice):
             tools = [t for t in tools if t.function.name == self.tool_choice.function.name]
-        calls = [{"type": "object", "properties": {"name": {"const": t.function.name},
-                                                   "arguments": t.function.parameters or {"type": "object"}},
-                  "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
-        schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
-        return Constraint("tool_call", json.dumps(schema), "tool_choice")
+        return Constraint("tool_call", tool_call_schema([(t.function.name, t.function.parameters) for t in tools]),
+                          "tool_choice")
 
     def to_sampling_params(self) -> SamplingParams:
         top = self.top_logprobs or 0
-        constraint, tool = self.constraint(), self.tool_constraint()
-        if constraint is not None and tool is not None:
-            raise InvalidInputError("tool_choice", "a required or named tool_choice cannot be combined with "
-                                                   "response_format, regex or ebnf")
+        # a forced call makes no text, so a text format has nothing to constrain: the call's grammar wins (as
+        # OpenAI accepts both; instructor's RESPONSES_TOOLS mode sends both)
+        constraint = self.tool_constraint() or self.constraint()
         return self.sampling_params(self.max_completion_tokens or self.max_tokens, top if self.logprobs else None,
-                                    constraint or tool, prompt_logprobs=self.prompt_logprobs)
+                                    constraint, prompt_logprobs=self.prompt_logprobs)
 
 
 class CompletionRequest(_SamplingFields):
@@ -342,9 +348,9 @@ class CompletionRequest(_SamplingFields):
         sequences = len(self.prompts()) * self.n
         if sequences > MAX_SEQUENCES:
             raise ValueError(f"prompts x n is {sequences}, over the limit of {MAX_SEQUENCES} sequences per request")
-        if self.logprobs is not None and self.max_tokens and \
-                sequences * self.max_tokens * (1 + self.logprobs) > MAX_LOGPROB_ENTRIES:
-            raise ValueError(f"prompts x n x max_tokens x (1 + logprobs) is over {MAX_LOGPROB_ENTRIES:,} entries")
+        if self.logprobs is not None and self.max_tokens:
+            _bound_logprobs(sequences * self.max_tokens * (1 + self.logprobs),
+                            "prompts x n x max_tokens x (1 + logprobs)", self.stream)
         return self
 
     def prompts(self) -> list[str | list[int]]:
@@ -365,3 +371,29 @@ class BatchCreateRequest(RequestModel):
     endpoint: str
     completion_window: str = "24h"
     metadata: dict[str, str] | None = None
+
+    @field_validator("input_file_id")
+    @classmethod
+    def _an_id_or_an_s3_uri(cls, v: str) -> str:
+        if v.startswith("s3://"):
+            if len(v) > 1024 or any(ord(c) < 32 for c in v):
+                raise ValueError("an s3:// URI: at most 1024 characters, no control characters")
+        elif not ID.fullmatch(v):
+            raise ValueError("not a file id (letters, digits, _ and -; at most 200) nor an s3:// URI")
+        return v
+
+    @field_validator("metadata")
+    @classmethod
+    def _openai_metadata_limits(cls, v: dict | None) -> dict | None:
+        if v is not None and (len(v) > 16 or any(len(k) > 64 or len(s) > 512 for k, s in v.items())):
+            raise ValueError("at most 16 pairs, keys of at most 64 characters, values of at most 512 (as OpenAI)")
+        return v
+
+
+def _bound_logprobs(entries: int, product: str, stream: bool) -> None:
+    """A reply's logprob entries within bounds: a streamed one's, and a lower bound for one sent whole."""
+    if entries > MAX_LOGPROB_ENTRIES:
+        raise ValueError(f"{product} is over {MAX_LOGPROB_ENTRIES:,} logprob entries")
+    if not stream and entries > MAX_REPLY_LOGPROB_ENTRIES:
+        raise ValueError(f"{product} is over {MAX_REPLY_LOGPROB_ENTRIES:,} logprob entries for one reply body; "
+                         "stream it (stream: true) or ask for fewer")

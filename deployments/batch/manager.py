@@ -29,7 +29,7 @@ from runtime.storage import StoreError, open_s3_object, open_store
 logger = logging.getLogger(__name__)
 
 BATCH_PRIORITY = 1  # online requests run at 0: lower goes first
-_WINDOW = re.compile(r"^(\d+)([smhd])$")
+_WINDOW = re.compile(r"^(\d{1,6})([smhd])$")  # at most 999,999 days: expires_at stays far within int64
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 

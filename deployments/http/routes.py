@@ -10,7 +10,6 @@ streaming (see clients.py).
 
 import asyncio
 import json
-import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -20,7 +19,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from deployments.api.generate_protocol import GenerateRequest
-from deployments.api.protocol import BatchCreateRequest, ChatCompletionRequest, CompletionRequest
+from deployments.api.protocol import ID, BatchCreateRequest, ChatCompletionRequest, CompletionRequest
 from deployments.api.responses.protocol import ResponsesRequest
 from deployments.api.sse import event_stream, sse_stream
 from deployments.clients import ModelClient
@@ -45,12 +44,9 @@ async def respond(request: Request, body, reply: Callable[..., Awaitable], strea
     return StreamingResponse(frame(_prepend(first, chunks)), media_type="text/event-stream", headers=headers)
 
 
-_ID = re.compile(r"[A-Za-z0-9_-]{1,200}")
-
-
 def _id(kind: str, value: str) -> str:
     """A file or batch id from the path; anything that cannot be one is not found (a NUL byte, 10 kB)."""
-    if not _ID.fullmatch(value):
+    if not ID.fullmatch(value):
         raise OpenAIError(404, f"No {kind} with id {value[:64]!r}", f"{kind}_id", f"{kind}_not_found")
     return value
 
@@ -216,9 +212,9 @@ async def delete_response(response_id: str, request: Request, front: OpenAIFront
     "schema": {"type": "object", "required": ["file", "purpose"], "properties": {
         "file": {"type": "string", "format": "binary"}, "purpose": {"type": "string", "enum": ["batch"]}}}}}}})
 async def upload_file(request: Request, front: OpenAIFront = Front):
+    owner = front.auth.owner(request)  # a caller without a key learns nothing, not even what the route expects
     if "multipart/form-data" not in request.headers.get("content-type", ""):
         raise OpenAIError(400, "expected a multipart/form-data upload with fields file and purpose")
-    owner = front.auth.owner(request)
     form = await request.form(max_part_size=front.config.max_file_bytes)
     upload, purpose = form.get("file"), form.get("purpose")
     if upload is None or isinstance(upload, str):

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 from pydantic import ValidationError
 
-from deployments.api.format import new_id
+from deployments.api.format import new_id, now
 from deployments.api.protocol import ChatCompletionRequest
 from deployments.api.responses.events import ResponseEvents
 from deployments.api.responses.output import output_items, response_object, response_usage, status_of, turn_messages
@@ -29,8 +29,8 @@ class ResponsesAPI:
         choice = completion["choices"][0]
         logprobs = (choice["logprobs"] or {}).get("content") if req.wants_logprobs else None
         output = output_items(choice["message"], logprobs)
-        response = response_object(req, new_id("resp_"), model_id, status_of(choice["finish_reason"]), output,
-                                   response_usage(completion["usage"]))
+        response = response_object(req, new_id("resp_"), now(), model_id, status_of(choice["finish_reason"]),
+                                   output, response_usage(completion["usage"]))
         await self._save(req, owner, response, history)
         return response
 

@@ -10,7 +10,7 @@ send it: the SDK's stream helper and the agents SDK wait for
 `sequence_number`; the HTTP edge frames each as an SSE `event:` + `data:` pair.
 """
 
-from deployments.api.format import new_id
+from deployments.api.format import new_id, now
 from deployments.api.responses.output import (
     function_call_item,
     message_item,
@@ -27,6 +27,7 @@ class ResponseEvents:
     def __init__(self, req: ResponsesRequest, response_id: str, model: str):
         self.req = req
         self.response_id = response_id
+        self.created_at = now()  # once: every event's response, and the stored one, carry the same
         self.model = model
         self.sequence = 0
         self.output: list[dict] = []  # finished items
@@ -79,7 +80,7 @@ class ResponseEvents:
             # no message and no call: one message (empty, or the whitespace held), as the non-streamed reply has
             events = self._text("message", self.held_space) if self.held_space else self._close() + \
                 self._open("message")
-        return events + self._close()
+        return events + self._close(status_of(self.finish_reason))
 
     def final(self) -> dict:
         """The finished response (after `close`), for `response.completed`."""
@@ -93,7 +94,8 @@ class ResponseEvents:
                 self.event("response.failed", response=failed)]
 
     def response(self, status: str, usage: dict | None = None, error: dict | None = None) -> dict:
-        return response_object(self.req, self.response_id, self.model, status, list(self.output), usage, error)
+        return response_object(self.req, self.response_id, self.created_at, self.model, status, list(self.output),
+                               usage, error)
 
     # --- items ------------------------------------------------------------------------
 
@@ -118,18 +120,19 @@ class ResponseEvents:
                 self.event("response.content_part.added", item_id=self.open["id"], output_index=index,
                            content_index=0, part=part)]
 
-    def _close(self) -> list[dict]:
+    def _close(self, status: str = "completed") -> list[dict]:
+        """The open item's done events; `status` is `incomplete` for the item the token limit cut."""
         if self.open is None:
             return []
         item_id, index, text = self.open["id"], len(self.output), self.text
         where = {"item_id": item_id, "output_index": index, "content_index": 0}
         if self.open["type"] == "reasoning":
-            item, part = reasoning_item(item_id, text), {"type": "reasoning_text", "text": text}
+            item, part = reasoning_item(item_id, text, status), {"type": "reasoning_text", "text": text}
             events = [self.event("response.reasoning_text.done", **where, text=text)]
         else:
             self.logprobs += self.held_logprobs  # a parser's held-back tail: its tokens are this text's
             self.held_logprobs = []
-            item, part = message_item(item_id, text, self.logprobs), text_part(text, self.logprobs)
+            item, part = message_item(item_id, text, self.logprobs, status), text_part(text, self.logprobs)
             events = [self.event("response.output_text.done", **where, text=text, logprobs=self.logprobs)]
         events += [self.event("response.content_part.done", **where, part=part),
                    self.event("response.output_item.done", output_index=index, item=item)]

@@ -1,14 +1,15 @@
 """Response objects and their output items, in the shapes of OpenAI's Responses API."""
 
-import time
-
 from deployments.api.format import new_id
 from deployments.api.responses.protocol import ResponsesRequest
 
 
-def response_object(req: ResponsesRequest, response_id: str, model: str, status: str, output: list[dict],
-                     usage: dict | None = None, error: dict | None = None) -> dict:
-    """The whole response; the request's settings are echoed as OpenAI echoes them."""
+def response_object(req: ResponsesRequest, response_id: str, created_at: int, model: str, status: str,
+                    output: list[dict], usage: dict | None = None, error: dict | None = None) -> dict:
+    """The whole response; the request's settings are echoed as OpenAI echoes them. A response cut by
+    `max_output_tokens` marks the item it cut `incomplete`, as OpenAI does."""
+    if status == "incomplete" and output and output[-1]["type"] in ("message", "reasoning"):
+        output = output[:-1] + [{**output[-1], "status": "incomplete"}]
     fmt = req.text.format if req.text and req.text.format else None
     if fmt is not None and fmt.type == "json_schema":
         fmt = {**fmt.model_dump(by_alias=True, exclude_none=True), "schema": fmt.schema_ or {}}
@@ -17,7 +18,7 @@ def response_object(req: ResponsesRequest, response_id: str, model: str, status:
     return {
         "id": response_id,
         "object": "response",
-        "created_at": int(time.time()),
+        "created_at": created_at,
         "status": status,
         "model": model,
         "output": output,

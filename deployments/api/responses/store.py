@@ -47,6 +47,9 @@ class ResponseStore:
     @staticmethod
     def _key(owner: str | None, response_id: str, param: str | None = None) -> str:
         if not _ID.fullmatch(response_id):
+            if param is not None:  # a field that is not a response id: a bad value, as OpenAI and SGLang say
+                raise OpenAIError(400, f"{param}: {response_id[:64]!r} is not a response id (resp_ and 32 hex "
+                                       "digits)", param, "invalid_value")
             raise _not_found(response_id, param)
         return f"responses/{owner or 'public'}/{response_id}.json"
 
