@@ -4,8 +4,8 @@ This is the only interface that crosses a Ray hop: the HTTP routes and the
 batch manager reach a model through it, and nothing else of a replica.
 `ModelClient` is what they call: chat, completions and /generate, each as one
 reply or a stream of chunks (dicts, serialised to SSE only at the HTTP edge:
-api/sse.py), and a health probe. `LLMServer` (the replica) implements it
-in-process, which is what direct streaming uses; `RemoteModel` implements it
+api/sse.py); /tokenize and /detokenize; a health probe. `LLMServer` (the
+replica) implements it in-process, which is what direct streaming uses; `RemoteModel` implements it
 over a Serve handle to the model's replicas, which is what the ingress and the
 batch manager use. Errors are `OpenAIError`s, raised by a call or by a stream
 before its first chunk; once a stream has started, an error is its last item,
@@ -22,6 +22,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from deployments.api.generate_protocol import GenerateRequest
 from deployments.api.protocol import ChatCompletionRequest, CompletionRequest
+from deployments.api.tokenize import DetokenizeRequest, TokenizeRequest
 from deployments.errors import OpenAIError, StreamError, remote_errors
 
 logger = logging.getLogger("ray.serve")
@@ -34,6 +35,10 @@ class ModelClient(Protocol):
                           priority: int = 0) -> dict: ...
 
     async def generate(self, req: GenerateRequest) -> dict | list: ...
+
+    async def tokenize(self, req: TokenizeRequest) -> dict: ...
+
+    async def detokenize(self, req: DetokenizeRequest) -> dict: ...
 
     def chat_stream(self, req: ChatCompletionRequest) -> AsyncIterator[dict | StreamError]: ...
 
@@ -67,6 +72,12 @@ class RemoteModel:
 
     async def generate(self, req: GenerateRequest) -> dict | list:
         return await _reply(lambda: self.handle.generate.remote(req))
+
+    async def tokenize(self, req: TokenizeRequest) -> dict:
+        return await _reply(lambda: self.handle.tokenize.remote(req))
+
+    async def detokenize(self, req: DetokenizeRequest) -> dict:
+        return await _reply(lambda: self.handle.detokenize.remote(req))
 
     def chat_stream(self, req: ChatCompletionRequest) -> AsyncIterator[dict | StreamError]:
         return _stream(lambda: self.streaming.chat_stream.remote(req))

@@ -32,16 +32,19 @@ class ChatHandler:
         if req.uses_tools and self.tool_call_parser is None:
             raise OpenAIError(400, f"tools: model {self.model_id} has no tool_call_parser configured", "tools")
         params = req.to_sampling_params()
-        tokenizer = self.engine.tokenizer
+        prompt = self.engine.encode(self.render(req), add_special_tokens=False)
+        return self.engine.validate(prompt, params, self.adapters.request_for(req.model))
+
+    def render(self, req) -> str:
+        """The conversation as the chat template writes it; `req` has a chat request's `messages`, `tools`,
+        `chat_template_kwargs`, `add_generation_prompt` and `continue_final_message` (/tokenize's has too)."""
         messages = [m.template_dict() for m in req.messages]
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         try:
-            text = render_chat(tokenizer, messages, tools, req.chat_template_kwargs,
+            return render_chat(self.engine.tokenizer, messages, tools, req.chat_template_kwargs,
                                add_generation_prompt=req.add_generation_prompt and not req.continue_final_message)
         except Exception as e:  # the template rejected the conversation (jinja raise_exception, bad kwargs)
             raise OpenAIError(400, f"messages: the chat template could not render them: {e}", "messages") from e
-        prompt = self.engine.encode(text, add_special_tokens=False)
-        return self.engine.validate(prompt, params, self.adapters.request_for(req.model))
 
     def _parser(self, req: ChatCompletionRequest) -> ChoiceParser:
         return ChoiceParser(self.reasoning_parser if req.separate_reasoning else None,

@@ -21,6 +21,7 @@ MAX_LOGPROB_ENTRIES = 1_000_000  # n x max tokens x (1 + top logprobs): bounds t
 # ... and of one reply body, built whole in memory and sent at once (about 72 bytes an entry: 7 MB)
 MAX_REPLY_LOGPROB_ENTRIES = 100_000
 ID = re.compile(r"[A-Za-z0-9_-]{1,200}")  # a file, batch or response id: never a path, a NUL or 10 kB
+COMPLETION_WINDOW = re.compile(r"^(\d{1,6})([smhd])$")  # at most 999,999 days: expires_at stays within int64
 
 
 class RequestModel(BaseModel):
@@ -380,6 +381,13 @@ class BatchCreateRequest(RequestModel):
                 raise ValueError("an s3:// URI: at most 1024 characters, no control characters")
         elif not ID.fullmatch(v):
             raise ValueError("not a file id (letters, digits, _ and -; at most 200) nor an s3:// URI")
+        return v
+
+    @field_validator("completion_window")
+    @classmethod
+    def _a_duration(cls, v: str) -> str:
+        if not COMPLETION_WINDOW.match(v):
+            raise ValueError(f"expected a duration like '24h' (at most 6 digits, then s, m, h or d), got {v[:64]!r}")
         return v
 
     @field_validator("metadata")

@@ -22,6 +22,7 @@ from deployments.api.generate_protocol import GenerateRequest
 from deployments.api.protocol import ID, BatchCreateRequest, ChatCompletionRequest, CompletionRequest
 from deployments.api.responses.protocol import ResponsesRequest
 from deployments.api.sse import event_stream, sse_stream
+from deployments.api.tokenize import DetokenizeRequest, TokenizeRequest
 from deployments.clients import ModelClient
 from deployments.errors import OpenAIError, error_body, model_not_found
 from deployments.http.front import OpenAIFront
@@ -183,6 +184,18 @@ async def completions(request: Request, front: OpenAIFront = Front):
 async def generate(request: Request, front: OpenAIFront = Front):
     body, model = await front.generation(request, GenerateRequest)
     return await respond(request, body, model.generate, model.generate_stream)
+
+
+@router.post("/tokenize", openapi_extra=_json_body(TokenizeRequest))
+async def tokenize(request: Request, front: OpenAIFront = Front):
+    body, model = await front.generation(request, TokenizeRequest)
+    return await model.tokenize(body)
+
+
+@router.post("/detokenize", openapi_extra=_json_body(DetokenizeRequest))
+async def detokenize(request: Request, front: OpenAIFront = Front):
+    body, model = await front.generation(request, DetokenizeRequest)
+    return await model.detokenize(body)
 
 
 @router.post("/v1/responses", openapi_extra=_json_body(ResponsesRequest))

@@ -13,6 +13,7 @@ from deployments.api.format import TokenTexts, new_id
 from deployments.api.generate import GenerateHandler
 from deployments.api.generate_protocol import GenerateRequest
 from deployments.api.protocol import ChatCompletionRequest, CompletionRequest
+from deployments.api.tokenize import DetokenizeRequest, TokenizeHandler, TokenizeRequest
 from deployments.app_config import LLMConfig
 from deployments.errors import OpenAIError, StreamError
 from deployments.replica.adapters import adapters_of
@@ -34,6 +35,7 @@ class LLMServer:
                                         config.tool_call_parser)
         self.completion_handler = CompletionHandler(self.engine, self.model_id, texts, adapters)
         self.generate_handler = GenerateHandler(self.engine, adapters)
+        self.tokenize_handler = TokenizeHandler(self.engine, self.chat_handler)
         threading.Thread(target=self._report_gauges, args=(EngineGauges(self.model_id),), name="gauges",
                          daemon=True).start()
 
@@ -52,6 +54,12 @@ class LLMServer:
 
     async def generate(self, req: GenerateRequest) -> dict | list:
         return await _reply(self.generate_handler.complete(req))
+
+    async def tokenize(self, req: TokenizeRequest) -> dict:
+        return await _reply(self.tokenize_handler.tokenize(req))
+
+    async def detokenize(self, req: DetokenizeRequest) -> dict:
+        return await _reply(self.tokenize_handler.detokenize(req))
 
     async def chat_stream(self, req: ChatCompletionRequest) -> AsyncIterator[dict | StreamError]:
         async for chunk in _stream(self.chat_handler.stream(req, new_id("chatcmpl-"))):
