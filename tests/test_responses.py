@@ -215,3 +215,25 @@ def test_streamed_and_whole_replies_have_the_same_items(server):
                  **forced("It is <4> or <tool" + "_call> not.")}
     whole, streamed = create(server, **text_body), stream(server, **text_body)[-1]["response"]
     assert whole["output"][0]["content"] == streamed["output"][0]["content"]
+
+
+def test_input_items_are_listed_through_the_sdk(server, client):
+    """`client.responses.input_items.list(id)`: the request's input as items, newest first, paged."""
+    first = client.responses.create(model=MODEL_ID, input="What is the weather?", max_output_tokens=2)
+    (only,) = client.responses.input_items.list(first.id).data
+    assert only.type == "message" and only.role == "user" and only.content[0].text == "What is the weather?"
+    items = [{"role": "developer", "content": "Be brief."},
+             {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+             {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+             {"role": "user", "content": [{"type": "input_text", "text": "and tomorrow?"}]}]
+    second = client.responses.create(model=MODEL_ID, input=items, tools=[FLAT_WEATHER_TOOL], max_output_tokens=2,
+                                     previous_response_id=first.id)
+    listed = client.responses.input_items.list(second.id, order="asc")
+    assert [i.type for i in listed.data] == ["message", "function_call", "function_call_output", "message"]
+    assert listed.data[2].output == "sunny" and listed.data[1].call_id == "call_1"
+    newest = client.responses.input_items.list(second.id, limit=3)
+    assert [i.id for i in newest.data] == [i.id for i in listed.data[::-1][:3]] and newest.has_more
+    rest = client.responses.input_items.list(second.id, limit=3, after=newest.data[-1].id)
+    assert [i.id for i in rest.data] == [listed.data[0].id] and not rest.has_more
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list("resp_" + "0" * 32)

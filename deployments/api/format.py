@@ -3,6 +3,7 @@
 import time
 import uuid
 
+from deployments.errors import OpenAIError
 from runtime import TokenLogprob
 
 
@@ -12,6 +13,19 @@ def new_id(prefix: str) -> str:
 
 def now() -> int:
     return int(time.time())
+
+
+def cursor_page(items: list[dict], after: str | None, limit: int) -> dict:
+    """OpenAI's cursor pagination over objects with an `id`, in the order given: `limit` after the one `after`
+    names."""
+    if after is not None:
+        ids = [m["id"] for m in items]
+        if after not in ids:
+            raise OpenAIError(400, f"after: no object with id {after[:64]!r}", "after")
+        items = items[ids.index(after) + 1:]
+    page = items[:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}
 
 
 def chunk_builder(request_id: str, object_type: str, model: str):

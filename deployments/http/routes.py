@@ -213,6 +213,13 @@ async def get_response(response_id: str, request: Request, front: OpenAIFront = 
     return await front.responses.retrieve(_id("response", response_id), front.auth.owner(request))
 
 
+@router.get("/v1/responses/{response_id}/input_items")
+async def response_input_items(response_id: str, request: Request, after: str | None = None, limit: int = 20,
+                               order: str = "desc", front: OpenAIFront = Front):
+    return await front.responses.input_items(_id("response", response_id), front.auth.owner(request), after,
+                                             _limit(limit, 100), _order(order))
+
+
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(response_id: str, request: Request, front: OpenAIFront = Front):
     return await front.responses.delete(_id("response", response_id), front.auth.owner(request))

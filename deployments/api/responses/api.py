@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 from pydantic import ValidationError
 
-from deployments.api.format import new_id, now
+from deployments.api.format import cursor_page, new_id, now
 from deployments.api.protocol import ChatCompletionRequest
 from deployments.api.responses.events import ResponseEvents
 from deployments.api.responses.output import output_items, response_object, response_usage, status_of, turn_messages
@@ -66,6 +66,13 @@ class ResponsesAPI:
     async def retrieve(self, response_id: str, owner: str | None) -> dict:
         return (await self.store.load(owner, response_id))["response"]
 
+    async def input_items(self, response_id: str, owner: str | None, after: str | None, limit: int,
+                          order: str) -> dict:
+        """The response's input items, newest first unless `order` is asc (stored before this route existed:
+        none)."""
+        items = (await self.store.load(owner, response_id)).get("input_items", [])
+        return cursor_page(items[::-1] if order == "desc" else items, after, limit)
+
     async def delete(self, response_id: str, owner: str | None) -> dict:
         await self.store.delete(owner, response_id)
         return {"id": response_id, "object": "response", "deleted": True}
@@ -82,7 +89,8 @@ class ResponsesAPI:
 
     async def _save(self, req: ResponsesRequest, owner: str | None, response: dict, history: list[dict]) -> None:
         if req.store:
-            await self.store.save(owner, response, history + req.input_messages() + turn_messages(response["output"]))
+            await self.store.save(owner, response, history + req.input_messages() + turn_messages(response["output"]),
+                                  req.input_items())
 
 
 # The chat request's fields, as the Responses request names them

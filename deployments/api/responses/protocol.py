@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator
 
+from deployments.api.format import new_id
 from deployments.api.protocol import ChatCompletionRequest, RequestModel, _SamplingFields
 
 # Fields passed to the chat request as they are (the rest are Responses' own, mapped in `to_chat`)
@@ -179,6 +180,29 @@ class ResponsesRequest(_SamplingFields):
                 output = item.output if isinstance(item.output, str) else "".join(p.text for p in item.output)
                 messages.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
         return messages
+
+    def input_items(self) -> list[dict]:
+        """The input as OpenAI's input items, each with an id (what /v1/responses/{id}/input_items lists)."""
+        items = []
+        for item in self.input:
+            if isinstance(item, MessageItem):
+                kind = "output_text" if item.role == "assistant" else "input_text"
+                parts = [{"type": kind, "text": item.content}] if isinstance(item.content, str) else \
+                    [p.model_dump(include={"type", "text"}) for p in item.content]
+                if item.role == "assistant":
+                    parts = [{**p, "annotations": []} for p in parts]
+                items.append({"id": new_id("msg_"), "type": "message", "role": item.role, "content": parts,
+                              "status": "completed"})
+            elif isinstance(item, FunctionCallItem):
+                items.append({"id": new_id("fc_"), **item.model_dump(include={"type", "call_id", "name", "arguments"}),
+                              "status": "completed"})
+            elif isinstance(item, FunctionCallOutputItem):
+                output = item.output if isinstance(item.output, str) else "".join(p.text for p in item.output)
+                items.append({"id": new_id("fco_"), "type": "function_call_output", "call_id": item.call_id,
+                              "output": output, "status": "completed"})
+            else:
+                items.append({"id": new_id("rs_"), "type": "reasoning", "summary": []})
+        return items
 
     def to_chat(self, history: list[dict]) -> ChatCompletionRequest:
         """The chat request that generates this response, after `history` (the earlier turns' messages).

@@ -18,15 +18,15 @@ class ResponseStore:
     def __init__(self, store: ObjectStore):
         self.store = store
 
-    async def save(self, owner: str | None, response: dict, messages: list[dict]) -> None:
+    async def save(self, owner: str | None, response: dict, messages: list[dict], input_items: list[dict]) -> None:
         try:
             await asyncio.to_thread(self.store.put_json, self._key(owner, response["id"]),
-                                    {"response": response, "messages": messages})
+                                    {"response": response, "messages": messages, "input_items": input_items})
         except StoreError as e:
             raise OpenAIError(503, f"the response could not be stored ({e}); retry, or send store: false") from e
 
     async def load(self, owner: str | None, response_id: str, param: str | None = None) -> dict:
-        """`{"response", "messages"}`; a response this owner did not store is not found."""
+        """`{"response", "messages", "input_items"}`; a response this owner did not store is not found."""
         key = self._key(owner, response_id, param)
         try:
             return await asyncio.to_thread(self.store.get_json, key)
