@@ -1,4 +1,5 @@
-"""API keys: `Authorization: Bearer <key>` on every route but /health, when keys are configured.
+"""API keys: `Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`) on every route but /health, when
+keys are configured.
 
 Files and batches belong to the key that made them (recorded as a digest, never the key), so one key
 cannot see another's.
@@ -21,7 +22,8 @@ class ApiKeys:
         if not self._digests:
             return None
         scheme, _, key = request.headers.get("authorization", "").partition(" ")
-        digest = _digest(key.strip()) if scheme.lower() == "bearer" and key.strip() else None
+        key = key.strip() if scheme.lower() == "bearer" else request.headers.get("x-api-key", "").strip()
+        digest = _digest(key) if key else None
         if digest is None or not any(hmac.compare_digest(digest, d) for d in self._digests):
             raise OpenAIError(401, "Incorrect API key provided. Send it as 'Authorization: Bearer <key>'.",
                               code="invalid_api_key")

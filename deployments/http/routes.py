@@ -18,6 +18,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
+from deployments.api.anthropic.messages import AnthropicMessages, anthropic_error
+from deployments.api.anthropic.protocol import CountTokensRequest, MessagesRequest
 from deployments.api.generate_protocol import GenerateRequest
 from deployments.api.protocol import ID, BatchCreateRequest, ChatCompletionRequest, CompletionRequest
 from deployments.api.responses.protocol import ResponsesRequest
@@ -206,6 +208,30 @@ async def create_response(request: Request, front: OpenAIFront = Front):
     model, responses = front.models.clients[model_id], front.responses
     return await respond(request, body, lambda b: responses.create(b, model, model_id, owner),
                          lambda b: responses.stream(b, model, model_id, owner), event_stream)
+
+
+@router.post("/v1/messages", openapi_extra=_json_body(MessagesRequest))
+async def create_message(request: Request, front: OpenAIFront = Front):
+    """Anthropic's Messages API; its errors in Anthropic's shape, also those of parsing and auth."""
+    try:
+        body, model = await front.generation(request, MessagesRequest)
+        model_id = front.models.model_id(body.model)
+        return await respond(request, body, lambda b: _ANTHROPIC.create(b, model, model_id),
+                             lambda b: _ANTHROPIC.stream(b, model, model_id), event_stream)
+    except OpenAIError as e:
+        return JSONResponse(anthropic_error(e.status, e.message), status_code=e.status)
+
+
+@router.post("/v1/messages/count_tokens", openapi_extra=_json_body(CountTokensRequest))
+async def count_message_tokens(request: Request, front: OpenAIFront = Front):
+    try:
+        body, model = await front.generation(request, CountTokensRequest)
+        return await _ANTHROPIC.count_tokens(body, model)
+    except OpenAIError as e:
+        return JSONResponse(anthropic_error(e.status, e.message), status_code=e.status)
+
+
+_ANTHROPIC = AnthropicMessages()
 
 
 @router.get("/v1/responses/{response_id}")

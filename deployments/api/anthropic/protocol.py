@@ -1,0 +1,161 @@
+"""The body of POST /v1/messages, and the chat completion request it becomes.
+
+Content blocks map onto chat messages: `text` blocks join into the turn's text, an assistant's `tool_use`
+blocks become its `tool_calls`, a user's `tool_result` blocks become `tool` messages (before the user's own
+text, as they answer the calls of the turn before), echoed `thinking` blocks are dropped (chat templates drop
+past reasoning). `thinking` switches the template's `enable_thinking`; `tool_choice` any/tool/none become
+required/named/none.
+"""
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import Discriminator, Field, Tag, field_validator
+
+from deployments.api.protocol import ChatCompletionRequest, RequestModel
+
+
+class TextBlock(RequestModel):
+    type: Literal["text"]
+    text: str
+
+
+class ToolUseBlock(RequestModel):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class ToolResultBlock(RequestModel):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[TextBlock] = ""
+    is_error: bool = False
+
+    def text(self) -> str:
+        text = self.content if isinstance(self.content, str) else "".join(b.text for b in self.content)
+        return f"Error: {text}" if self.is_error else text
+
+
+class ThinkingBlock(RequestModel):
+    type: Literal["thinking", "redacted_thinking"]
+
+
+def _block_kind(block: Any) -> str:
+    return block.get("type", "") if isinstance(block, dict) else getattr(block, "type", "")
+
+
+_BLOCK_KINDS = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
+Block = Annotated[
+    Annotated[TextBlock, Tag("text")] | Annotated[ToolUseBlock, Tag("tool_use")]
+    | Annotated[ToolResultBlock, Tag("tool_result")] | Annotated[ThinkingBlock, Tag("thinking")]
+    | Annotated[ThinkingBlock, Tag("redacted_thinking")],
+    Discriminator(_block_kind)]
+
+
+class Message(RequestModel):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _known_blocks(cls, v):
+        for block in v if isinstance(v, list) else []:
+            if _block_kind(block) not in _BLOCK_KINDS:
+                raise ValueError(f"content blocks of type {str(_block_kind(block))[:40]!r} are not supported "
+                                 f"({', '.join(_BLOCK_KINDS)} are)")
+        return v
+
+    def chat_messages(self) -> list[dict]:
+        if isinstance(self.content, str):
+            return [{"role": self.role, "content": self.content}]
+        text = "".join(b.text for b in self.content if isinstance(b, TextBlock))
+        results = [{"role": "tool", "tool_call_id": b.tool_use_id, "content": b.text()}
+                   for b in self.content if isinstance(b, ToolResultBlock)]
+        calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}
+                 for b in self.content if isinstance(b, ToolUseBlock)]
+        own = {"role": self.role, "content": text if text or not calls else None}
+        if calls:
+            own["tool_calls"] = calls
+        return results + ([own] if text or calls or not results else [])
+
+
+class AnthropicTool(RequestModel):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    input_schema: dict
+
+
+class ToolChoice(RequestModel):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool = False
+
+
+class Thinking(RequestModel):
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = None
+
+
+class CountTokensRequest(RequestModel):
+    """What /v1/messages/count_tokens counts: the prompt a Messages request would render."""
+
+    model: str | None = None
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    system: str | list[TextBlock] | None = None
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=1)
+    tools: list[AnthropicTool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Thinking | None = None
+    metadata: dict[str, Any] | None = None
+    stream: bool = False
+    # our extensions, as the chat route has them (through the SDK's extra_body)
+    seed: int | None = None
+    ignore_eos: bool | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+
+    def system_text(self) -> str | None:
+        return self.system if isinstance(self.system, str) or self.system is None else \
+            "".join(b.text for b in self.system)
+
+    def chat_messages(self) -> list[dict]:
+        system = self.system_text()
+        return [{"role": "system", "content": system}] * bool(system) + \
+            [m for message in self.messages for m in message.chat_messages()]
+
+    def to_chat(self) -> ChatCompletionRequest:
+        chat: dict[str, Any] = {"model": self.model, "messages": self.chat_messages(), "max_tokens": self.max_tokens,
+                                "stream": self.stream}
+        if self.stream:  # usage on every chunk: message_start carries the input tokens
+            chat["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        for name in ("temperature", "top_p", "top_k", "seed", "ignore_eos", "regex", "ebnf"):
+            if getattr(self, name) is not None:
+                chat[name] = getattr(self, name)
+        if self.stop_sequences:
+            chat["stop"] = self.stop_sequences
+        if self.thinking is not None:
+            chat["chat_template_kwargs"] = {"enable_thinking": self.thinking.type != "disabled"}
+        if self.tools:
+            chat["tools"] = [{"type": "function", "function": {
+                "name": t.name, "description": t.description, "parameters": t.input_schema}} for t in self.tools]
+            choice = self.tool_choice
+            if choice is not None:
+                chat["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(choice.type) or \
+                    {"type": "function", "function": {"name": choice.name or ""}}
+                chat["parallel_tool_calls"] = not choice.disable_parallel_tool_use
+        return ChatCompletionRequest.model_validate(chat)
+
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int = Field(ge=1)
+
+
+# The chat request's fields, as the Messages request names them (an error's param)
+CHAT_NAMES = {"stop": "stop_sequences", "chat_template_kwargs": "thinking"}
