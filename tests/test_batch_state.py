@@ -74,3 +74,113 @@ def test_a_batch_whose_input_is_gone_ends_instead_of_retrying_forever(tmp_path, 
         assert job.batch.errors.data[0].code == "input_file_missing"
     saved = BatchState.model_validate(store.get_json(job.state_key()))
     assert saved.batch.status == final
+
+
+def _job(store, state, send, concurrency=4):
+    from deployments.batch.files import FileLimits, FileStore
+    from deployments.batch.job import BatchJob, BatchLimits
+
+    return BatchJob(state, store, FileStore(store, FileLimits(1 << 20, 10_000)), {"m"}, send,
+                    BatchLimits(concurrency=concurrency))
+
+
+def _chat_lines(count: int) -> bytes:
+    line = {"method": "POST", "url": "/v1/chat/completions", "body": {"model": "m", "max_tokens": 4,
+                                                                      "messages": [{"role": "user", "content": "x"}]}}
+    return "".join(json.dumps({"custom_id": f"c-{i}", **line}) + "\n" for i in range(count)).encode()
+
+
+def test_windows_run_ahead_of_a_slow_tail_commit_in_order_and_a_killed_run_resumes_exactly_once(tmp_path):
+    """A slow line holds its window's commit but not the lines after it; the job killed mid-run and resumed
+    from its stored state writes every line once, in input order, with counts of the committed windows."""
+    import asyncio
+
+    from deployments.batch.files import FileStore
+    from runtime.storage import open_store
+
+    store = open_store(f"file://{tmp_path}")
+    total = 300
+    store.put(FileStore.content_key("file-in"), _chat_lines(total))
+    sent: list[str] = []
+    in_flight = peak = 0
+    sent_during_tail = 0
+
+    async def send(request, request_id):
+        nonlocal in_flight, peak, sent_during_tail
+        sent.append(request.custom_id)
+        in_flight += 1
+        peak = max(peak, in_flight)
+        try:
+            await asyncio.sleep(0.5 if request.custom_id == "c-3" else 0.001)  # the first window's tail
+        finally:
+            in_flight -= 1
+        if request.custom_id == "c-3":
+            sent_during_tail = len(sent)
+        return 200, {"echo": request.custom_id}
+
+    async def killed_then_resumed():
+        state = new_batch("file-in", "/v1/chat/completions", 3600, "1h", None, FileStore.content_key("file-in"), None)
+        job = _job(store, state, send)
+        run = asyncio.get_running_loop().create_task(job.run())
+        while len(sent) < 150:
+            await asyncio.sleep(0.01)
+        run.cancel()  # the manager is killed
+        await asyncio.gather(run, return_exceptions=True)
+        saved = BatchState.model_validate(store.get_json(job.state_key()))
+        assert saved.batch.request_counts.completed == saved.progress.lines_done  # no line counted uncommitted
+        resumed = _job(store, saved, send)
+        await resumed.run()
+        return resumed
+
+    job = asyncio.run(asyncio.wait_for(killed_then_resumed(), timeout=60))
+    assert sent_during_tail > 4 * job.limits.window and peak <= 4  # later windows ran, within the capacity
+    assert job.batch.status == "completed" and job.batch.request_counts.completed == total
+    out = [json.loads(line) for line in store.iter_lines(FileStore.content_key(job.batch.output_file_id))]
+    assert [r["custom_id"] for r in out] == [f"c-{i}" for i in range(total)]
+    assert [r["response"]["body"]["echo"] for r in out] == [f"c-{i}" for i in range(total)]
+
+
+def test_batches_share_their_model_capacity_in_turn_and_it_follows_a_resize(tmp_path):
+    """Two batches on one model's capacity get its slots alternately; a larger limit (more replicas) lets
+    more lines run at once."""
+    import asyncio
+
+    from deployments.batch.capacity import Capacity
+    from deployments.batch.files import FileStore
+    from runtime.storage import open_store
+
+    store = open_store(f"file://{tmp_path}")
+    store.put(FileStore.content_key("file-in"), _chat_lines(60))
+    capacity = Capacity(2)
+    order: list[str] = []
+    in_flight = peak_after_resize = 0
+
+    async def send(request, request_id):
+        nonlocal in_flight, peak_after_resize
+        order.append(request_id.split("-req_")[0])
+        in_flight += 1
+        if capacity.limit == 6:
+            peak_after_resize = max(peak_after_resize, in_flight)
+        await asyncio.sleep(0.002)
+        in_flight -= 1
+        return 200, {}
+
+    async def two_batches():
+        jobs = []
+        for _ in range(2):
+            state = new_batch("file-in", "/v1/chat/completions", 3600, "1h", None, FileStore.content_key("file-in"),
+                              None)
+            state.batch.status = "in_progress"
+            jobs.append(_job(store, state, send))
+            jobs[-1].slots = lambda model: capacity
+        runs = [asyncio.get_running_loop().create_task(job.run()) for job in jobs]
+        while len(order) < 40:
+            await asyncio.sleep(0.001)
+        capacity.resize(6)
+        await asyncio.gather(*runs)
+        return [job.id for job in jobs]
+
+    first, second = asyncio.run(asyncio.wait_for(two_batches(), timeout=60))
+    assert sorted(order) == sorted([first] * 60 + [second] * 60)
+    assert abs(order[:40].count(first) - order[:40].count(second)) <= 2
+    assert 2 < peak_after_resize <= 6 and capacity.used == 0

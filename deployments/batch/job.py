@@ -1,20 +1,28 @@
 """One batch job: the loop that runs a batch (its state in state.py) to a final status.
 
-The input is streamed line by line and processed in windows of lines. Each
-window's requests run concurrently (bounded); its output and error lines are
-written as part objects keyed by the window, and only then is the job's
-progress saved. A restarted manager resumes at the first unsaved window and
-rewrites that window's parts, so no line is lost or written twice. When the
-input is done (or the batch is cancelled or expires), the parts are
-concatenated into the output and error files.
+The input is streamed a chunk of lines at a time and cut into windows of
+lines. Lines start as their model has free capacity (capacity.py), whatever
+window they belong to, so the replicas stay busy across window boundaries;
+windows are committed in order as each one's last line finishes: its output
+and error lines are written as part objects keyed by the window, and only
+then is the job's progress saved. A restarted manager resumes at the first
+unsaved window and rewrites that window's parts, so no line is lost or
+written twice; the saved request_counts are those of the saved windows. When
+the input is done (or the batch is cancelled or expires, which stops new
+lines and lets those in flight finish), the parts are concatenated into the
+output and error files. The manager holds at most a look-ahead of uncommitted
+lines, whatever the batch's size.
 """
 
 import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from itertools import islice
 
+from deployments.batch.capacity import Capacity
 from deployments.batch.files import FileStore
 from deployments.batch.input_line import BatchRequest, LineError, parse_line, peek_custom_id
 from deployments.batch.state import TERMINAL, Batch, BatchError, BatchErrors, BatchState, Progress, Status
@@ -24,9 +32,15 @@ from runtime.storage import MissingObjectError, ObjectStore, StoreError, open_s3
 logger = logging.getLogger(__name__)
 
 Send = Callable[[BatchRequest, str], Awaitable[tuple[int, dict]]]
+Slots = Callable[[str], Capacity]  # a model's shared capacity
+
+_READ_CHUNK = 256  # input lines read per hop to a thread
+_AHEAD_WINDOWS = 8  # uncommitted lines a batch may hold: this many windows, or twice its model's capacity
 
 
 class BatchLimits:
+    """`concurrency` is per replica: a model's batch lines in flight are it times its running replicas."""
+
     def __init__(self, concurrency: int = 64, max_line_bytes: int = 1 << 20, max_lines: int = 50_000,
                  request_retries: int = 3):
         self.concurrency = concurrency
@@ -40,15 +54,29 @@ class InputGone(Exception):
     """The batch's input file (or s3:// object) no longer exists."""
 
 
+@dataclass
+class _Window:
+    index: int
+    results: list[Awaitable[tuple[bool, str]]] = field(default_factory=list)  # (ok, output line) of each line
+    last_line: int = 0
+
+
 class BatchJob:
     def __init__(self, state: BatchState, store: ObjectStore, files: FileStore, models: set[str], send: Send,
-                 limits: BatchLimits):
+                 limits: BatchLimits, slots: Slots | None = None):
         self.state = state
         self.store = store
         self.files = files
         self.models = models
         self.send = send
         self.limits = limits
+        own: dict[str, Capacity] = {}
+        self.slots = slots or (lambda model: own.setdefault(model, Capacity(limits.concurrency)))
+        counts = state.batch.request_counts
+        self._committed = (counts.completed, counts.failed)  # those of the saved windows
+        self._uncommitted = 0
+        self._room = asyncio.Event()  # a window was committed
+        self._in_flight: set[asyncio.Task] = set()
 
     @property
     def batch(self) -> Batch:
@@ -69,7 +97,10 @@ class BatchJob:
         return f"batches/{self.id}/parts/{window:08d}-{kind}.jsonl"
 
     async def save(self) -> None:
-        await asyncio.to_thread(self.store.put_json, self.state_key(), self.state.model_dump())
+        """Store the state, with the request counts of the committed windows (the live ones run ahead)."""
+        state = self.state.model_dump()
+        state["batch"]["request_counts"].update(completed=self._committed[0], failed=self._committed[1])
+        await asyncio.to_thread(self.store.put_json, self.state_key(), state)
 
     def _set_status(self, status: Status) -> None:
         self.batch.status = status
@@ -130,29 +161,42 @@ class BatchJob:
         self._set_status("failed")
 
     async def _process(self) -> None:
+        """Dispatch lines as capacity frees, window after window, while a second task commits the windows in
+        order as each one's last line finishes: the next windows run while an earlier one's tail does."""
         seen: set[str] = set()
-        window: list[tuple[int, bytes]] = []
-        lines = self._input_lines()
-        line_no = 0
-        while True:
-            raw = await asyncio.to_thread(next, lines, None)
-            if raw is not None:
-                line_no += 1
-                if not raw.strip():
-                    continue
-                if line_no <= self.progress.lines_done:
-                    custom_id = peek_custom_id(raw)
-                    if custom_id:
+        self._uncommitted = 0
+        closed: asyncio.Queue[_Window | None] = asyncio.Queue()
+        committer = asyncio.get_running_loop().create_task(self._commit_in_order(closed))
+        window = _Window(self.progress.windows_done)
+        try:
+            async for line_no, raw in self._numbered_lines():
+                if line_no <= self.progress.lines_done:  # committed by an earlier run
+                    if custom_id := peek_custom_id(raw):
                         seen.add(custom_id)
                     continue
-                window.append((line_no, raw))
-            if window and (raw is None or len(window) == self.limits.window):
                 if self._should_stop():
                     break
-                await self._run_window(window, seen)
-                window = []
-            if raw is None:
-                break
+                await self._dispatch(window, line_no, raw, seen, committer)
+                if len(window.results) == self.limits.window:
+                    closed.put_nowait(window)
+                    window = _Window(window.index + 1)
+            if window.results:
+                closed.put_nowait(window)
+            closed.put_nowait(None)
+            await committer
+        except BaseException:
+            committer.cancel()
+            for task in list(self._in_flight):
+                task.cancel()
+            self.batch.request_counts.completed, self.batch.request_counts.failed = self._committed
+            raise  # uncommitted windows are redone by the next run
+
+    async def _numbered_lines(self) -> AsyncIterator[tuple[int, bytes]]:
+        """The input's non-blank lines with their 1-based line numbers, read in a thread a chunk at a time."""
+        numbered = ((n, raw) for n, raw in enumerate(self._input_lines(), 1) if raw.strip())
+        while chunk := await asyncio.to_thread(lambda: list(islice(numbered, _READ_CHUNK))):
+            for item in chunk:
+                yield item
 
     def _should_stop(self) -> bool:
         if self.batch.status == "cancelling":
@@ -162,39 +206,63 @@ class BatchJob:
             return True
         return False
 
-    async def _run_window(self, window: list[tuple[int, bytes]], seen: set[str]) -> None:
-        index = self.progress.windows_done
-        limit = asyncio.Semaphore(self.limits.concurrency)
-
-        async def one(line_no: int, raw: bytes):
-            request_id = f"{self.id}-req_{line_no - 1}"
-            try:
-                request = parse_line(raw, self.batch.endpoint, self.models, seen, self.limits.max_line_bytes)
-            except LineError as e:
-                self._count(ok=False)
-                return "err", {"id": request_id, "custom_id": e.custom_id, "response": None,
-                               "error": {"code": "invalid_request", "message": f"line {line_no}: {e}",
-                                         "line": line_no}}
-            async with limit:
-                status, body = await self._send_with_retries(request, request_id)
-            ok = status == 200
-            self._count(ok)
-            return ("out" if ok else "err"), {
-                "id": request_id, "custom_id": request.custom_id, "error": None,
-                "response": {"status_code": status, "request_id": request_id, "body": body}}
-
-        counts_before = self.batch.request_counts.model_copy()
+    async def _dispatch(self, window: "_Window", line_no: int, raw: bytes, seen: set[str],
+                        committer: asyncio.Task) -> None:
+        """Parse one line and start its request once its model has a free slot and the uncommitted lines
+        are within the look-ahead; a bad line's error is its result at once."""
+        request_id = f"{self.id}-req_{line_no - 1}"
+        window.last_line = line_no
+        self._uncommitted += 1
         try:
-            results = await asyncio.gather(*(one(n, raw) for n, raw in window))
-            for kind in ("out", "err"):
-                data = "".join(json.dumps(line) + "\n" for k, line in results if k == kind).encode()
-                await asyncio.to_thread(self.store.put, self._part_key(index, kind), data)
-        except BaseException:
-            self.batch.request_counts = counts_before  # this window will be redone
-            raise
-        self.progress.windows_done = index + 1
-        self.progress.lines_done = window[-1][0]
-        await self.save()
+            request = parse_line(raw, self.batch.endpoint, self.models, seen, self.limits.max_line_bytes)
+        except LineError as e:
+            self._count(ok=False)
+            done = asyncio.get_running_loop().create_future()
+            done.set_result((False, _line_json(request_id, e.custom_id, None, {
+                "code": "invalid_request", "message": f"line {line_no}: {e}", "line": line_no})))
+            window.results.append(done)
+            return
+        slots = self.slots(request.model)
+        while self._uncommitted > max(_AHEAD_WINDOWS * self.limits.window, 2 * slots.limit):
+            self._room.clear()
+            await self._room.wait()
+            if committer.done():
+                committer.result()  # its error ends the run; a clean end cannot come before the last window
+        await slots.acquire()
+        task = asyncio.get_running_loop().create_task(self._request(request, request_id, slots))
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+        window.results.append(task)
+
+    async def _request(self, request: BatchRequest, request_id: str, slots: Capacity) -> tuple[bool, str]:
+        """(ok, output line) of one parsed line; its slot is released when its reply is in."""
+        try:
+            status, body = await self._send_with_retries(request, request_id)
+        finally:
+            slots.release()
+        ok = status == 200
+        self._count(ok)
+        return ok, _line_json(request_id, request.custom_id,
+                              {"status_code": status, "request_id": request_id, "body": body}, None)
+
+    async def _commit_in_order(self, closed: asyncio.Queue) -> None:
+        """Each closed window, in order, once all its lines are done: its output and error parts are written,
+        then the progress saved. A restarted manager resumes at the first window not saved."""
+        try:
+            while (window := await closed.get()) is not None:
+                results = await asyncio.gather(*window.results)
+                for kind, ok in (("out", True), ("err", False)):
+                    data = "".join(line for line_ok, line in results if line_ok is ok).encode()
+                    await asyncio.to_thread(self.store.put, self._part_key(window.index, kind), data)
+                completed = sum(ok for ok, _ in results)
+                self._committed = (self._committed[0] + completed, self._committed[1] + len(results) - completed)
+                self.progress.windows_done = window.index + 1
+                self.progress.lines_done = window.last_line
+                await self.save()
+                self._uncommitted -= len(results)
+                self._room.set()
+        finally:
+            self._room.set()  # a dispatcher waiting for room sees how this ended
 
     def _count(self, ok: bool) -> None:
         """One more request done: in the batch's request_counts and in the metrics."""
@@ -222,13 +290,13 @@ class BatchJob:
         if final == "completed":
             self._set_status("finalizing")
             await self.save()
-        for kind, field in (("out", "output"), ("err", "error")):
+        for kind, name in (("out", "output"), ("err", "error")):
             parts = [self._part_key(i, kind) for i in range(self.progress.windows_done)]
-            file_id = f"file-{self.id[len('batch_'):]}-{field}"
+            file_id = f"file-{self.id[len('batch_'):]}-{name}"
             meta = await asyncio.to_thread(self._concatenate, parts, file_id)
             if meta is not None:
-                setattr(self.batch, f"{field}_file_id", file_id)
-                setattr(self.batch, f"{field}_file_uri", self.store.uri_of(FileStore.content_key(file_id)))
+                setattr(self.batch, f"{name}_file_id", file_id)
+                setattr(self.batch, f"{name}_file_uri", self.store.uri_of(FileStore.content_key(file_id)))
         self._set_status(final)
         await self.save()
         count_batch("batch", final)
@@ -245,3 +313,8 @@ class BatchJob:
     def _delete_parts(self) -> None:
         for key in self.store.list(f"batches/{self.id}/parts/"):
             self.store.delete(key)
+
+
+def _line_json(request_id: str, custom_id: str | None, response: dict | None, error: dict | None) -> str:
+    """One line of the output or error file."""
+    return json.dumps({"id": request_id, "custom_id": custom_id, "response": response, "error": error}) + "\n"

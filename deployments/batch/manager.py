@@ -5,7 +5,8 @@ as it starts (or Ray restarts it), the manager loads them all and resumes each
 unfinished one, so a restarted actor, or a new cluster pointed at the same
 storage, loses nothing and needs no API call to go on. Requests
 go to the model replicas through Serve handles at batch priority, so online
-traffic is admitted first.
+traffic is admitted first. Each model's handle is made once; its lines in
+flight, across all batches, follow its running replicas (capacity.py).
 """
 
 import asyncio
@@ -18,6 +19,7 @@ import ray
 from ray import serve
 
 from deployments.api.protocol import ChatCompletionRequest
+from deployments.batch.capacity import Capacity, running_replicas
 from deployments.batch.files import FileLimits, FileStore, paginate
 from deployments.batch.input_line import ENDPOINTS, BatchRequest
 from deployments.batch.job import BatchJob, BatchLimits
@@ -31,6 +33,7 @@ logger = logging.getLogger(__name__)
 BATCH_PRIORITY = 1  # online requests run at 0: lower goes first
 _WINDOW = re.compile(r"^(\d{1,6})([smhd])$")  # at most 999,999 days: expires_at stays far within int64
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_REPLICAS_EVERY_S = 5.0  # how often each model's running replicas are read from Serve
 
 
 @ray.remote(max_restarts=-1)
@@ -45,6 +48,9 @@ class BatchManager:
         self.jobs: dict[str, BatchJob] = {}
         self.tasks: dict[str, asyncio.Task] = {}
         self._loading: asyncio.Task | None = None
+        self._clients: dict[str, RemoteModel] = {}
+        self._capacity = {model: Capacity(limits.concurrency) for model in deployments}
+        self._watching: asyncio.Task | None = None
         # resume at once, on first start and on every restart by Ray, not on the first API call: a batch
         # nobody polls still finishes. The call to itself runs once __init__ returns; it is made from a thread
         # and repeated until answered, because a call made while Ray restarts the actor can fail or be lost
@@ -90,13 +96,27 @@ class BatchManager:
                     self._start(job)
 
     def _job(self, state: BatchState) -> BatchJob:
-        job = BatchJob(state, self.store, self.files, set(self.deployments), self._send, self.limits)
+        job = BatchJob(state, self.store, self.files, set(self.deployments), self._send, self.limits,
+                       self._capacity.__getitem__)
         self.jobs[job.id] = job
         return job
 
     def _start(self, job: BatchJob) -> None:
-        task = asyncio.get_running_loop().create_task(self._run(job))
-        self.tasks[job.id] = task
+        loop = asyncio.get_running_loop()
+        self.tasks[job.id] = loop.create_task(self._run(job))
+        if self._watching is None:
+            self._watching = loop.create_task(self._follow_replicas())
+
+    async def _follow_replicas(self) -> None:
+        """Size each model's capacity to its running replicas, read every few seconds (one, while unknown)."""
+        while True:
+            try:
+                replicas = await asyncio.to_thread(running_replicas, self.app_name, self.deployments)
+                for model, count in replicas.items():
+                    self._capacity[model].resize(self.limits.concurrency * max(count, 1))
+            except Exception as e:  # the controller is restarting: keep the last sizes
+                logger.info("batch manager: cannot read the replicas: %r", e)
+            await asyncio.sleep(_REPLICAS_EVERY_S)
 
     async def _run(self, job: BatchJob) -> None:
         delay = 1.0
@@ -109,7 +129,10 @@ class BatchManager:
 
     async def _send(self, request: BatchRequest, request_id: str) -> tuple[int, dict]:
         """One line's request to its model's replicas: (HTTP status, body) for the output line."""
-        model = RemoteModel(serve.get_deployment_handle(self.deployments[request.model], app_name=self.app_name))
+        model = self._clients.get(request.model)
+        if model is None:
+            handle = serve.get_deployment_handle(self.deployments[request.model], app_name=self.app_name)
+            model = self._clients[request.model] = RemoteModel(handle)
         call = model.chat if isinstance(request.body, ChatCompletionRequest) else model.completions
         try:
             return 200, await call(request.body, request_id, BATCH_PRIORITY)
