@@ -26,7 +26,7 @@ def forced(text: str) -> dict:
 
 def test_a_message_is_the_chat_completion_of_the_same_conversation(claude, client):
     system, user = "Be brief.", "What is the capital of France?"
-    message = claude.messages.create(model=MODEL_ID, max_tokens=12, system=system, temperature=0,
+    message = claude.messages.create(model=MODEL_ID, max_tokens=12, system=system, extra_body={"temperature": 0},
                                      messages=[{"role": "user", "content": user}])
     chat = client.chat.completions.create(model=MODEL_ID, max_tokens=12, temperature=0, messages=[
         {"role": "system", "content": system}, {"role": "user", "content": user}])
@@ -53,7 +53,8 @@ def test_thinking_and_tool_use_blocks(claude):
         {"role": "user", "content": "Weather in Paris?"},
         {"role": "assistant", "content": [{"type": "tool_use", "id": call.id, "name": call.name, "input": call.input}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "sunny"}]}])
-    assert follow.usage.input_tokens > message.usage.input_tokens
+    prompt = follow.usage.input_tokens + follow.usage.cache_read_input_tokens  # the prefix came from the cache
+    assert prompt > message.usage.input_tokens + message.usage.cache_read_input_tokens
 
 
 def test_stop_sequences_are_named(claude):
@@ -64,14 +65,20 @@ def test_stop_sequences_are_named(claude):
     assert message.stop_sequence == "capital"
 
 
-def test_the_stream_is_anthropics_event_sequence(claude):
+def test_the_stream_is_anthropics_event_sequence(server, claude):
     kwargs = dict(model=MODEL_ID, max_tokens=120, tools=[WEATHER], extra_body=forced(THOUGHT + CALL),
                   messages=[{"role": "user", "content": "x"}], thinking={"type": "enabled", "budget_tokens": 100})
     with claude.messages.stream(**kwargs) as stream:
-        kinds = [event.type for event in stream]
         final = stream.get_final_message()
     whole = claude.messages.create(**kwargs)
-    assert kinds[:2] == ["message_start", "ping"] and kinds[-2:] == ["message_delta", "message_stop"]
+    body = {**{k: v for k, v in kwargs.items() if k != "extra_body"}, **kwargs["extra_body"], "stream": True}
+    raw = requests.post(f"{server.base_url}/v1/messages", json=body)
+    events = [block.split("\n") for block in raw.text.split("\n\n") if block]
+    kinds = [name.removeprefix("event: ") for name, _ in events]
+    assert kinds == [json.loads(data.removeprefix("data: "))["type"] for _, data in events]
+    assert kinds[:3] == ["message_start", "ping", "content_block_start"]
+    assert kinds[-2:] == ["message_delta", "message_stop"]
+    assert kinds.count("content_block_start") == kinds.count("content_block_stop") == 3
     assert [b.type for b in final.content] == [b.type for b in whole.content] == ["thinking", "text", "tool_use"]
     assert final.content[1].text == whole.content[1].text and final.content[2].input == {"city": "Paris"}
     assert final.stop_reason == "tool_use" and final.usage.output_tokens == whole.usage.output_tokens
