@@ -111,16 +111,17 @@ class AsyncLLMEngine:
         LoRA adapter is read here, on the caller's thread."""
         return self.engine.validate(prompt_token_ids, params, lora)
 
-    async def generate(self, request: ValidRequest, request_id: str | None = None,
-                       priority: int = 0) -> AsyncIterator[RequestDelta]:
-        """Stream a validated request's deltas until it finishes."""
+    async def generate(self, request: ValidRequest, request_id: str | None = None, priority: int = 0,
+                       owner: str | None = None) -> AsyncIterator[RequestDelta]:
+        """Stream a validated request's deltas until it finishes. `owner` (an API key's digest, a tenant; None:
+        anonymous) is who the engine shares its seats fairly among."""
         if not self.healthy:
             raise EngineDeadError(f"the engine is not running: {self.error!r}")
         request = await self.compile(request)
         request_id = request_id or f"req-{next(self._ids)}"
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = _Stream(asyncio.get_running_loop(), queue)
-        self._send(("add", request_id, request, priority))
+        self._send(("add", request_id, request, priority, owner))
         if self.observer is not None:
             self.observer.started(request_id)
         finished = False

@@ -30,6 +30,8 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     max_num_seqs: int = 256
+    max_num_seqs_per_owner: int | None = None  # running sequences past which an owner (API key) is admitted more
+    # only while no other owner under it waits (a lone owner still fills the engine); default: max_num_seqs // 2
     max_num_batched_tokens: int = 8192
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
@@ -54,6 +56,8 @@ class EngineConfig:
         require(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "must be at least 2")
         require(self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be at least 1")
         require(self.max_num_seqs >= 1, "max_num_seqs", "must be at least 1")
+        require(self.max_num_seqs_per_owner is None or self.max_num_seqs_per_owner >= 1, "max_num_seqs_per_owner",
+                "must be at least 1")
         require(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be at least 1")
         require(self.block_size >= 1, "block_size", "must be at least 1")
         require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]")

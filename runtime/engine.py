@@ -66,7 +66,7 @@ class LLMEngine:
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.adapter_slots = AdapterSlots(config.max_loras) if config.enable_lora else None
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   self.adapter_slots)
+                                   self.adapter_slots, config.max_num_seqs_per_owner)
         self.requests: dict[str, Request] = {}
         self._grammars: GrammarCompiler | None = None
         self._adapters: OrderedDict[tuple[str, str], LoRAAdapter] = OrderedDict()  # read adapters, LRU
@@ -138,19 +138,20 @@ class LLMEngine:
         return self._grammars.compile(constraint)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    priority: int = 0, lora: LoRARequest | None = None) -> None:
+                    priority: int = 0, lora: LoRARequest | None = None, owner: str | None = None) -> None:
         """Validate a request and queue it."""
-        self.enqueue(request_id, self.validate(prompt_token_ids, params, lora), priority)
+        self.enqueue(request_id, self.validate(prompt_token_ids, params, lora), priority, owner)
 
-    def enqueue(self, request_id: str, valid: ValidRequest, priority: int = 0) -> None:
-        """Queue a validated request. A constrained request's grammar is compiled here unless it comes compiled."""
+    def enqueue(self, request_id: str, valid: ValidRequest, priority: int = 0, owner: str | None = None) -> None:
+        """Queue a validated request. A constrained request's grammar is compiled here unless it comes compiled.
+        `owner` (an API key's digest, a tenant; None: anonymous) is who admission shares the engine fairly among."""
         if request_id in self.requests:
             raise InvalidInputError("request_id", f"{request_id!r} is already in flight")
         prompt, params, grammar = valid.prompt_token_ids, valid.params, valid.grammar
         if params.structured_output is not None and grammar is None:
             grammar = self.compile_grammar(params.structured_output)
         request = Request(request_id, prompt, params, priority, lambda: self._detokenizer(prompt, params), grammar,
-                          valid.adapter)
+                          valid.adapter, owner)
         request.max_tokens = valid.max_tokens
         self.requests[request_id] = request
         self.scheduler.add(request)

@@ -1,16 +1,19 @@
-"""Token-budget scheduling with chunked prefill, priorities and preemption by recompute.
+"""Token-budget scheduling with chunked prefill, priorities, fair admission and preemption by recompute.
 
 Each step spends at most `max_num_batched_tokens`: first on running sequences
 (decodes before unfinished prefills, each in priority order), then on waiting
 sequences, whose prompts are chunked into whatever budget is left, so prefill
-and decode share a batch. Lower `priority` values run first; ties go to the
-earlier arrival, so nothing of equal priority starves. When blocks run out,
-the lowest-priority, newest running sequence not yet scheduled this step is
-preempted: its blocks are freed (they stay in the prefix cache) and it is
-recomputed later.
+and decode share a batch. Lower `priority` values run first. Within a
+priority, waiting sequences are admitted fairly (see `WaitingQueue`): owners
+(API keys) in turn, each owner's requests in turn, so neither a request with
+many sequences nor an owner with many requests holds the others back. When
+blocks run out, the lowest-priority, newest running sequence not yet
+scheduled this step is preempted: its blocks are freed (they stay in the
+prefix cache) and it is recomputed later, ahead of sequences not yet started.
 """
 
 import heapq
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
 from runtime.kv_cache import BlockManager
@@ -34,28 +37,93 @@ class ScheduledBatch:
         return len(self.seqs)
 
 
+class WaitingQueue:
+    """Waiting sequences in admission order. The highest priority first; within it, sequences that were
+    preempted (by arrival: they had their turn, and blocks ran out), then fresh ones: owners in turn, each
+    owner's requests in turn, one sequence a turn, so with two owners waiting each gets every other seat.
+    An owner already running `cap` sequences is passed over while another owner under it waits, so one that
+    filled the engine alone gives the seats it frees to newcomers; alone, it still gets every seat.
+
+    `peek` costs O(1) plus the owners passed over at their cap (at most max_num_seqs / cap of them) and the
+    finished sequences it drops (each once): sequences finished while waiting leave lazily."""
+
+    def __init__(self):
+        self._preempted: list[tuple[tuple[int, int, int], Sequence]] = []  # heap by sort key
+        # priority -> owner -> request -> its fresh waiting sequences; dict order is the turn order
+        self._fresh: dict[int, OrderedDict[str | None, OrderedDict[Request, deque[Sequence]]]] = {}
+
+    def push(self, seq: Sequence) -> None:
+        """Queue a sequence not yet started, at the end of its owner's and its request's turn."""
+        owners = self._fresh.setdefault(seq.priority, OrderedDict())
+        owners.setdefault(seq.request.owner, OrderedDict()).setdefault(seq.request, deque()).append(seq)
+
+    def push_preempted(self, seq: Sequence) -> None:
+        heapq.heappush(self._preempted, (seq.sort_key(), seq))
+
+    def peek(self, running: Counter, cap: int) -> Sequence | None:
+        """The sequence to admit next (`running`: running sequences per owner), or None."""
+        while self._preempted and self._preempted[0][1].status is not SequenceStatus.WAITING:
+            heapq.heappop(self._preempted)
+        while self._fresh:
+            priority = min(self._fresh)
+            if self._preempted and self._preempted[0][0][0] <= priority:
+                return self._preempted[0][1]
+            owners = self._fresh[priority]
+            owner = next((o for o in owners if running[o] < cap), next(iter(owners)))
+            requests = owners[owner]
+            request, seqs = next(iter(requests.items()))
+            if seqs[0].status is SequenceStatus.WAITING:
+                return seqs[0]
+            self._remove_front(priority, owner, request)  # finished while waiting
+        return self._preempted[0][1] if self._preempted else None
+
+    def pop(self, seq: Sequence) -> None:
+        """Take the sequence `peek` returned; its owner and request go to the end of their turns."""
+        if self._preempted and self._preempted[0][1] is seq:
+            heapq.heappop(self._preempted)
+            return
+        owners = self._fresh[seq.priority]
+        owners.move_to_end(seq.request.owner)
+        owners[seq.request.owner].move_to_end(seq.request)
+        self._remove_front(seq.priority, seq.request.owner, seq.request)
+
+    def _remove_front(self, priority: int, owner: str | None, request: Request) -> None:
+        owners = self._fresh[priority]
+        seqs = owners[owner][request]
+        seqs.popleft()
+        if not seqs:
+            del owners[owner][request]
+            if not owners[owner]:
+                del owners[owner]
+                if not owners:
+                    del self._fresh[priority]
+
+
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 adapters: AdapterSlots | None = None):
+                 adapters: AdapterSlots | None = None, max_num_seqs_per_owner: int | None = None):
         self.adapters = adapters  # LoRA slots: a sequence is admitted only once its adapter has one
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        # an owner at this many running sequences is admitted more only when no other owner under it waits
+        self.max_num_seqs_per_owner = max_num_seqs_per_owner or max(1, max_num_seqs // 2)
         self.blocks = block_manager
-        self.waiting: list[tuple[tuple[int, int, int], Sequence]] = []  # heap by sort key
+        self.waiting = WaitingQueue()
         self.running: list[Sequence] = []
-        self.num_waiting = 0  # sequences in the heap still waiting (aborted ones leave lazily)
+        self.running_per_owner: Counter[str | None] = Counter()
+        self.num_waiting = 0  # sequences queued still waiting (those finished while waiting leave lazily)
         self.num_preemptions = 0
 
     def add(self, request: Request) -> None:
         for seq in request.seqs:
-            self._push_waiting(seq)
+            seq.status = SequenceStatus.WAITING
+            self.waiting.push(seq)
+        self.num_waiting += request.num_seqs
 
     def finish(self, seq: Sequence) -> None:
-        """Retire a sequence (done or aborted); waiting ones leave the heap lazily."""
+        """Retire a sequence (done or aborted); waiting ones leave the queue lazily."""
         if seq.status is SequenceStatus.RUNNING:
-            self.running.remove(seq)
-            self.blocks.free(seq)
-            self._unpin(seq)
+            self._stop_running(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.num_waiting -= 1
         seq.status = SequenceStatus.FINISHED
@@ -91,17 +159,16 @@ class Scheduler:
         return batch
 
     def _admit(self, scheduled: dict[Sequence, int], budget: int) -> int:
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0][1]
-            if seq.status is not SequenceStatus.WAITING:
-                heapq.heappop(self.waiting)  # aborted while waiting
-                continue
+        while budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting.peek(self.running_per_owner, self.max_num_seqs_per_owner)
+            if seq is None:
+                break
             hits = self.blocks.cached_prefix(seq)
             cached = len(hits) * self.blocks.block_size
             n = min(seq.num_tokens - cached, budget)
             if not self.blocks.can_admit(hits, cached + n) or not self._pin(seq):
                 break
-            heapq.heappop(self.waiting)
+            self.waiting.pop(seq)
             self.num_waiting -= 1
             self.blocks.admit(seq, hits, cached + n)
             seq.num_computed_tokens = cached
@@ -109,6 +176,7 @@ class Scheduler:
                 seq.num_cached_tokens = cached
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            self.running_per_owner[seq.request.owner] += 1
             scheduled[seq] = n
             budget -= n
         return budget
@@ -127,14 +195,18 @@ class Scheduler:
             seq.lora_slot = None
 
     def _preempt(self, seq: Sequence) -> None:
+        self._stop_running(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.push_preempted(seq)
+        self.num_waiting += 1
+        self.num_preemptions += 1
+
+    def _stop_running(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.blocks.free(seq)
         self._unpin(seq)
-        seq.num_computed_tokens = 0
-        self._push_waiting(seq)
-        self.num_preemptions += 1
-
-    def _push_waiting(self, seq: Sequence) -> None:
-        seq.status = SequenceStatus.WAITING
-        heapq.heappush(self.waiting, (seq.sort_key(), seq))
-        self.num_waiting += 1
+        owner = seq.request.owner
+        self.running_per_owner[owner] -= 1
+        if not self.running_per_owner[owner]:
+            del self.running_per_owner[owner]

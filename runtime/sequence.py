@@ -35,8 +35,10 @@ class Request:
         make_detokenizer: Callable[[], IncrementalDetokenizer],
         grammar: Grammar | None = None,
         adapter: LoRAAdapter | None = None,
+        owner: str | None = None,
     ):
         self.request_id = request_id
+        self.owner = owner  # who sent it (an API key's digest, a tenant; None: anonymous): admission is fair by owner
         self.adapter = adapter  # the LoRA adapter it runs with; its name also keys its prefix-cache blocks
         self.prompt_token_ids = prompt_token_ids
         self.params = params

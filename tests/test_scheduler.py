@@ -3,7 +3,7 @@
 from runtime import LLM, SamplingParams
 from runtime.kv_cache import BlockManager
 from runtime.scheduler import Scheduler
-from runtime.sequence import Request
+from runtime.sequence import Request, SequenceStatus
 
 PARAMS = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 
@@ -40,10 +40,13 @@ def _scheduler(num_blocks: int, max_num_batched_tokens: int, max_num_seqs: int =
                      max_num_batched_tokens)
 
 
-def _add(scheduler: Scheduler, request_id: str, prompt_len: int, priority: int = 0, max_tokens: int = 8) -> None:
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+def _add(scheduler: Scheduler, request_id: str, prompt_len: int, priority: int = 0, max_tokens: int = 8,
+         n: int = 1, owner: str | None = None) -> Request:
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, n=n)
     prompt = [hash((request_id, i)) % 1000 for i in range(prompt_len)]  # no two requests share a block
-    scheduler.add(Request(request_id, prompt, params, priority, make_detokenizer=lambda: None))
+    request = Request(request_id, prompt, params, priority, make_detokenizer=lambda: None, owner=owner)
+    scheduler.add(request)
+    return request
 
 
 def _step(scheduler: Scheduler) -> list[tuple[str, int]]:
@@ -84,8 +87,8 @@ def test_higher_priority_is_admitted_first_and_ties_go_by_arrival():
 
 def test_out_of_blocks_preempts_the_lowest_priority_newest_sequence():
     scheduler = _scheduler(num_blocks=6, max_num_batched_tokens=64)
-    for request_id, priority in [("batch-old", 1), ("batch-new", 1), ("online", 0)]:  # online arrives last
-        _add(scheduler, request_id, 4, priority, max_tokens=12)
+    requests = {request_id: _add(scheduler, request_id, 4, priority, max_tokens=12)  # online arrives last
+                for request_id, priority in [("batch-old", 1), ("batch-new", 1), ("online", 0)]}
     blocks = scheduler.blocks
     assert sorted(_step(scheduler)) == [("batch-new", 4), ("batch-old", 4), ("online", 4)]
     for _ in range(4):  # decodes until each has 8 tokens computed: two blocks each, all six in use
@@ -93,9 +96,86 @@ def test_out_of_blocks_preempts_the_lowest_priority_newest_sequence():
     assert blocks.num_free_blocks == 0 and scheduler.num_preemptions == 0
     # each needs a third block now: batch-new gives its two back, online and batch-old take one each
     assert _step(scheduler) == [("online", 1), ("batch-old", 1)]
-    victim = next(s for s in scheduler.waiting if s[1].request.request_id == "batch-new")[1]
+    victim = requests["batch-new"].seqs[0]
+    assert scheduler.waiting.peek(scheduler.running_per_owner, 8) is victim  # the next to run again
     assert scheduler.num_preemptions == 1 and victim.block_table == [] and victim.num_computed_tokens == 0
     assert victim.num_output_tokens == 5  # recomputed later from its prompt and the tokens it already has
     while scheduler.num_waiting or scheduler.running:
         _step(scheduler)
     assert blocks.num_free_blocks == blocks.num_blocks  # everyone finished, nothing leaked
+
+
+# --- fair admission: owners in turn, each owner's requests in turn ------------------------------------------
+
+def test_owners_take_turns_and_so_do_each_owners_requests():
+    scheduler = _scheduler(num_blocks=64, max_num_batched_tokens=64, max_num_seqs=1)
+    _add(scheduler, "a1", 3, max_tokens=2, n=4, owner="a")
+    _add(scheduler, "a2", 3, max_tokens=2, n=4, owner="a")
+    _add(scheduler, "b1", 3, max_tokens=2, n=4, owner="b")
+    order = []
+    while scheduler.num_waiting or scheduler.running:
+        order += [r for r, n in _step(scheduler) if n > 1]  # a prefill: a sequence admitted
+    assert order == ["a1", "b1", "a2", "b1", "a1", "b1", "a2", "b1", "a1", "a2", "a1", "a2"]
+
+
+def test_a_request_of_1024_sequences_lets_another_owner_in_and_still_completes():
+    """Before, admission went by arrival, sequence by sequence: b waited for all 1,024 of a's to start."""
+    scheduler = _scheduler(num_blocks=2048, max_num_batched_tokens=4096, max_num_seqs=256)
+    big = _add(scheduler, "big", 4, max_tokens=6, n=1024, owner="a")
+    _step(scheduler)
+    assert len(scheduler.running) == 256  # alone, one owner fills the engine
+    chat = _add(scheduler, "chat", 4, max_tokens=4, owner="b")
+    steps = 0
+    while chat.seqs[0].status is SequenceStatus.WAITING:
+        _step(scheduler)
+        steps += 1
+    assert steps <= 6  # the first seats a frees (after its 6 tokens) go to b
+    while scheduler.num_waiting or scheduler.running:
+        _step(scheduler)
+    assert all(s.is_finished and s.num_output_tokens == 6 for s in big.seqs) and chat.seqs[0].num_output_tokens == 4
+    assert scheduler.blocks.num_free_blocks == scheduler.blocks.num_blocks
+
+
+def test_an_owner_at_its_cap_is_passed_over_while_another_waits():
+    scheduler = _scheduler(num_blocks=256, max_num_batched_tokens=256, max_num_seqs=4)  # cap: 2 a owner
+    long = _add(scheduler, "long", 4, max_tokens=30, n=3, owner="a")
+    short = _add(scheduler, "short", 4, max_tokens=2, n=1, owner="a")
+    _step(scheduler)
+    more = _add(scheduler, "more", 4, max_tokens=30, n=4, owner="a")
+    other = _add(scheduler, "other", 4, max_tokens=30, n=2, owner="b")
+    _step(scheduler)  # "short" finishes, a seat frees: a holds 3 (over its cap of 2) while b waits
+    assert short.seqs[0].is_finished
+    _step(scheduler)
+    assert other.seqs[0].status is SequenceStatus.RUNNING and more.seqs[0].status is SequenceStatus.WAITING
+    assert all(s.status is SequenceStatus.RUNNING for s in long.seqs)
+
+
+def test_fair_admission_keeps_greedy_tokens(qwen2_model):
+    """Two owners on the real engine: b's request starts within a bounded number of steps although a's has
+    many more sequences than seats, and every sequence's greedy tokens are those it has when run alone."""
+    engine = _engine(qwen2_model, max_num_seqs=4)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, n=12)
+    engine.add_request("a", [5, 6, 7, 8], params, owner="key-a")
+    tokens: dict[tuple[str, int], list[int]] = {}
+    steps_to_b = None
+    for step in range(1000):
+        if step == 1:
+            engine.add_request("b", [9, 10, 11], PARAMS, owner="key-b")
+        for delta in engine.step():
+            if delta.request_id == "b" and steps_to_b is None:
+                steps_to_b = step
+                assert engine.requests["a"].seqs[-1].num_output_tokens == 0  # a has sequences still to start
+            for s in delta.seqs:
+                tokens.setdefault((delta.request_id, s.index), []).extend(s.token_ids)
+        if not engine.has_unfinished_requests():
+            break
+    assert steps_to_b <= 6  # a's first four finish after 6 tokens; before, b waited for all twelve
+    assert sorted(tokens) == [("a", i) for i in range(12)] + [("b", 0)]
+    alone = {}
+    for request_id, prompt, p in [("a", [5, 6, 7, 8], params), ("b", [9, 10, 11], PARAMS)]:
+        engine.add_request(request_id, prompt, p)
+        while engine.has_unfinished_requests():
+            for delta in engine.step():
+                for s in delta.seqs:
+                    alone.setdefault((request_id, s.index), []).extend(s.token_ids)
+    assert tokens == alone
