@@ -33,7 +33,8 @@ from runtime.outputs import RequestDelta
 from runtime.sampling_params import SamplingParams
 
 GRAMMAR_TIMEOUT_S = 20.0
-_grammar_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar")
+# threads that wait for grammar compile processes (runtime.grammar bounds how many compile at once)
+_grammar_waiters = ThreadPoolExecutor(max_workers=16, thread_name_prefix="grammar")
 
 
 class EngineDeadError(RuntimeError):
@@ -148,18 +149,22 @@ class AsyncLLMEngine:
         """The request with its structured-output grammar compiled (a bad one raises `InvalidInputError`), so a
         server can refuse it before its response starts; `generate` does it for a request that comes without.
 
-        Compiles run off the engine loop, in a pool of their own (so they queue there and nothing else waits
-        behind them), within GRAMMAR_TIMEOUT_S; one that overruns keeps its thread until it ends, and the
-        request is refused at once."""
+        A cached grammar is taken at once. Others compile off the engine loop, in compile processes of their own
+        (so they queue there and nothing else waits behind them), within GRAMMAR_TIMEOUT_S: one that overruns
+        is killed, returning its CPU and memory, and the request is refused."""
         constraint = request.params.structured_output
         if constraint is None or request.grammar is not None:
             return request
-        work = asyncio.get_running_loop().run_in_executor(_grammar_pool, self.engine.compile_grammar, constraint)
-        try:
-            return replace(request, grammar=await asyncio.wait_for(work, GRAMMAR_TIMEOUT_S))
-        except TimeoutError:
-            raise InvalidInputError(constraint.param, f"the {constraint.kind} did not compile within "
-                                                      f"{GRAMMAR_TIMEOUT_S:g} s; simplify it") from None
+        grammar = self.engine.cached_grammar(constraint)
+        if grammar is None:
+            work = asyncio.get_running_loop().run_in_executor(_grammar_waiters, self.engine.compile_grammar,
+                                                              constraint, GRAMMAR_TIMEOUT_S)
+            try:
+                grammar = await work
+            except TimeoutError:
+                raise InvalidInputError(constraint.param, f"the {constraint.kind} did not compile within "
+                                                          f"{GRAMMAR_TIMEOUT_S:g} s; simplify it") from None
+        return replace(request, grammar=grammar)
 
     def abort(self, request_id: str) -> None:
         self._send(("abort", request_id))

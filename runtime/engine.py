@@ -69,6 +69,7 @@ class LLMEngine:
                                    self.adapter_slots, config.max_num_seqs_per_owner)
         self.requests: dict[str, Request] = {}
         self._grammars: GrammarCompiler | None = None
+        self._grammars_lock = threading.Lock()
         self._adapters: OrderedDict[tuple[str, str], LoRAAdapter] = OrderedDict()  # read adapters, LRU
         self._adapters_lock = threading.Lock()  # validate runs on the callers' threads
 
@@ -131,11 +132,17 @@ class LLMEngine:
                 self._adapters.popitem(last=False)
         return adapter
 
-    def compile_grammar(self, constraint: Constraint) -> Grammar:
-        """Compile a structured-output constraint (cached); thread-safe, so callers may do it off-loop."""
-        if self._grammars is None:
-            self._grammars = GrammarCompiler(self.tokenizer, self.spec.vocab_size, self.eos_token_ids)
-        return self._grammars.compile(constraint)
+    def compile_grammar(self, constraint: Constraint, timeout_s: float | None = None) -> Grammar:
+        """Compile a structured-output constraint (cached); thread-safe, so callers may do it off-loop. TimeoutError
+        when it did not compile within `timeout_s` (its compile process is killed)."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(self.tokenizer, self.spec.vocab_size, self.eos_token_ids)
+        return self._grammars.compile(constraint, timeout_s)
+
+    def cached_grammar(self, constraint: Constraint) -> Grammar | None:
+        """The constraint's grammar if it is compiled and kept: answered at once, whatever compiles meanwhile."""
+        return None if self._grammars is None else self._grammars.cached(constraint)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     priority: int = 0, lora: LoRARequest | None = None, owner: str | None = None) -> None:
@@ -177,7 +184,10 @@ class LLMEngine:
         return self.workers is None or self.workers.alive()
 
     def shutdown(self) -> None:
-        """Stop the tensor-parallel workers, if any; the engine is unusable afterwards."""
+        """Stop the grammar compile processes and the tensor-parallel workers, if any; the engine is unusable
+        afterwards."""
+        if self._grammars is not None:
+            self._grammars.close()
         if self.workers is not None:
             self.runner.shutdown()
             self.workers.shutdown()

@@ -1,6 +1,7 @@
 """AsyncLLMEngine: streamed deltas add up to the offline result; leaving early aborts."""
 
 import asyncio
+import json
 import threading
 from contextlib import aclosing
 
@@ -161,7 +162,7 @@ def test_an_observer_sees_every_stream_start_deliver_and_end_finished_or_left(qw
 
 def test_a_grammar_over_its_bounds_is_refused_and_the_engine_serves_on(qwen2_model, monkeypatch):
     """Over the size bound: refused before compiling. Over the time bound (here 0 s): refused at once, naming the
-    field, while the compile finishes in its own pool."""
+    field, its compile process killed."""
     import runtime.async_engine
     from runtime.grammar import MAX_CONSTRAINT_CHARS, Constraint
 
@@ -182,5 +183,43 @@ def test_a_grammar_over_its_bounds_is_refused_and_the_engine_serves_on(qwen2_mod
         monkeypatch.undo()
         deltas = asyncio.run(run(Constraint("json_schema", schema)))
         assert deltas[-1].finished and sum(len(s.token_ids) for d in deltas for s in d.seqs) > 0
+    finally:
+        engine.shutdown()
+
+
+def test_a_compile_over_its_bound_is_killed_while_cached_grammars_are_served(qwen2_model, monkeypatch):
+    """Thousands of optional one-character properties (minutes of compiling) in both compile processes: each is
+    refused at the bound and its process is gone, while a request whose grammar is cached is served meanwhile."""
+    import psutil
+
+    import runtime.async_engine
+    from runtime.grammar import Constraint
+
+    engine = AsyncLLMEngine.from_options(str(qwen2_model), dtype="float32", max_model_len=128)
+    cached = Constraint("json_schema", '{"type": "object", "properties": {"a": {"type": "integer"}}}')
+    properties = {chr(0x4E00 + i): {} for i in range(3000)}
+    slow = Constraint("json_schema", json.dumps({"type": "object", "properties": properties}, ensure_ascii=False,
+                                                separators=(",", ":")))
+
+    async def run(constraint):
+        params = SamplingParams(temperature=0, max_tokens=8, structured_output=constraint)
+        return [d async for d in engine.generate(engine.validate([5, 6, 7], params))]
+
+    async def main():
+        refused = [asyncio.create_task(run(slow)) for _ in range(2)]
+        await asyncio.sleep(0.5)  # both compile processes are busy with it
+        deltas = await run(cached)
+        assert deltas[-1].finished and not any(task.done() for task in refused)
+        return await asyncio.gather(*refused, return_exceptions=True)
+
+    try:
+        asyncio.run(run(cached))  # compiled and kept; the compile processes are up
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
+        monkeypatch.setattr(runtime.async_engine, "GRAMMAR_TIMEOUT_S", 4)
+        errors = asyncio.run(main())
+        assert all(isinstance(e, InvalidInputError) and e.param == "response_format" for e in errors), errors
+        assert all("did not compile within 4 s" in str(e) for e in errors)
+        after = {p.pid for p in psutil.Process().children(recursive=True)}
+        assert len(before - after) == 2  # the two compiling processes were killed (and replaced)
     finally:
         engine.shutdown()
