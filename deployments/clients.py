@@ -29,22 +29,28 @@ logger = logging.getLogger("ray.serve")
 
 
 class ModelClient(Protocol):
-    async def chat(self, req: ChatCompletionRequest, request_id: str | None = None, priority: int = 0) -> dict: ...
+    """`owner` (an API key's digest; None: anonymous) is who the engine shares its seats fairly among;
+    `priority` orders online (0) before batch work."""
 
-    async def completions(self, req: CompletionRequest, request_id: str | None = None,
-                          priority: int = 0) -> dict: ...
+    async def chat(self, req: ChatCompletionRequest, request_id: str | None = None, priority: int = 0,
+                   owner: str | None = None) -> dict: ...
 
-    async def generate(self, req: GenerateRequest) -> dict | list: ...
+    async def completions(self, req: CompletionRequest, request_id: str | None = None, priority: int = 0,
+                          owner: str | None = None) -> dict: ...
+
+    async def generate(self, req: GenerateRequest, owner: str | None = None) -> dict | list: ...
 
     async def tokenize(self, req: TokenizeRequest) -> dict: ...
 
     async def detokenize(self, req: DetokenizeRequest) -> dict: ...
 
-    def chat_stream(self, req: ChatCompletionRequest) -> AsyncIterator[dict | StreamError]: ...
+    def chat_stream(self, req: ChatCompletionRequest, owner: str | None = None
+                    ) -> AsyncIterator[dict | StreamError]: ...
 
-    def completions_stream(self, req: CompletionRequest) -> AsyncIterator[dict | StreamError]: ...
+    def completions_stream(self, req: CompletionRequest, owner: str | None = None
+                           ) -> AsyncIterator[dict | StreamError]: ...
 
-    def generate_stream(self, req: GenerateRequest) -> AsyncIterator[dict | StreamError]: ...
+    def generate_stream(self, req: GenerateRequest, owner: str | None = None) -> AsyncIterator[dict | StreamError]: ...
 
     async def healthy(self) -> bool: ...
 
@@ -56,22 +62,24 @@ class RemoteModel:
 
     A replica that dies (its node lost, its process killed) before a request has returned anything is
     retried once on another replica, which Serve picks: generating has no side effect, and the client has
-    seen nothing yet. A stream cut after its first chunk ends with an error event and `[DONE]`, in OpenAI's
-    shape; the client decides whether to ask again.
+    seen nothing yet. A stream cut after its first chunk ends with a `StreamError`; the client decides whether
+    to ask again.
     """
 
     def __init__(self, handle: DeploymentHandle):
         self.handle = handle
         self.streaming = handle.options(stream=True)
 
-    async def chat(self, req: ChatCompletionRequest, request_id: str | None = None, priority: int = 0) -> dict:
-        return await _reply(lambda: self.handle.chat.remote(req, request_id, priority))
+    async def chat(self, req: ChatCompletionRequest, request_id: str | None = None, priority: int = 0,
+                   owner: str | None = None) -> dict:
+        return await _reply(lambda: self.handle.chat.remote(req, request_id, priority, owner))
 
-    async def completions(self, req: CompletionRequest, request_id: str | None = None, priority: int = 0) -> dict:
-        return await _reply(lambda: self.handle.completions.remote(req, request_id, priority))
+    async def completions(self, req: CompletionRequest, request_id: str | None = None, priority: int = 0,
+                          owner: str | None = None) -> dict:
+        return await _reply(lambda: self.handle.completions.remote(req, request_id, priority, owner))
 
-    async def generate(self, req: GenerateRequest) -> dict | list:
-        return await _reply(lambda: self.handle.generate.remote(req))
+    async def generate(self, req: GenerateRequest, owner: str | None = None) -> dict | list:
+        return await _reply(lambda: self.handle.generate.remote(req, owner))
 
     async def tokenize(self, req: TokenizeRequest) -> dict:
         return await _reply(lambda: self.handle.tokenize.remote(req))
@@ -79,14 +87,15 @@ class RemoteModel:
     async def detokenize(self, req: DetokenizeRequest) -> dict:
         return await _reply(lambda: self.handle.detokenize.remote(req))
 
-    def chat_stream(self, req: ChatCompletionRequest) -> AsyncIterator[dict | StreamError]:
-        return _stream(lambda: self.streaming.chat_stream.remote(req))
+    def chat_stream(self, req: ChatCompletionRequest, owner: str | None = None) -> AsyncIterator[dict | StreamError]:
+        return _stream(lambda: self.streaming.chat_stream.remote(req, owner))
 
-    def completions_stream(self, req: CompletionRequest) -> AsyncIterator[dict | StreamError]:
-        return _stream(lambda: self.streaming.completions_stream.remote(req))
+    def completions_stream(self, req: CompletionRequest, owner: str | None = None
+                           ) -> AsyncIterator[dict | StreamError]:
+        return _stream(lambda: self.streaming.completions_stream.remote(req, owner))
 
-    def generate_stream(self, req: GenerateRequest) -> AsyncIterator[dict | StreamError]:
-        return _stream(lambda: self.streaming.generate_stream.remote(req))
+    def generate_stream(self, req: GenerateRequest, owner: str | None = None) -> AsyncIterator[dict | StreamError]:
+        return _stream(lambda: self.streaming.generate_stream.remote(req, owner))
 
     async def healthy(self) -> bool:
         return await self.handle.healthy.remote()

@@ -42,7 +42,7 @@ class ScriptedModel:
         self.fail_first = fail_first
         self.requests = []
 
-    async def chat(self, req, request_id=None, priority=0) -> dict:
+    async def chat(self, req, request_id=None, priority=0, owner=None) -> dict:
         self.requests.append(req)
         if self.fail_first:
             raise self.fail_first
@@ -51,7 +51,7 @@ class ScriptedModel:
                              "finish_reason": "stop"}],
                 "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
 
-    async def chat_stream(self, req):
+    async def chat_stream(self, req, owner=None):
         self.requests.append(req)
         if self.fail_first:
             raise self.fail_first

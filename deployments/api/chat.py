@@ -50,11 +50,12 @@ class ChatHandler:
         return ChoiceParser(self.reasoning_parser if req.separate_reasoning else None,
                             self.tool_call_parser if req.uses_tools else None, self.engine.tokenizer)
 
-    async def complete(self, req: ChatCompletionRequest, request_id: str, priority: int = 0) -> dict:
+    async def complete(self, req: ChatCompletionRequest, request_id: str, priority: int = 0,
+                       owner: str | None = None) -> dict:
         valid = await off_loop(self._prepare, req)
         prompt = valid.prompt_token_ids
         result = RequestOutput.empty(request_id, prompt, valid.params.n)
-        async for delta in self.engine.generate(valid, request_id, priority):
+        async for delta in self.engine.generate(valid, request_id, priority, owner):
             result.add(delta)
         parsers = [self._parser(req) for _ in result.outputs]
         choices = [self._choice(c, parser, req) for c, parser in zip(result.outputs, parsers)]
@@ -98,10 +99,11 @@ class ChatHandler:
             choice["token_ids"] = c.token_ids
         return choice
 
-    async def stream(self, req: ChatCompletionRequest, request_id: str) -> AsyncIterator[dict]:
+    async def stream(self, req: ChatCompletionRequest, request_id: str,
+                     owner: str | None = None) -> AsyncIterator[dict]:
         """Prepare (errors raise before the first chunk), then stream the chunks."""
         valid = await self.engine.compile(await off_loop(self._prepare, req))  # bad grammar: refused before streaming
-        generator = self.engine.generate(valid, request_id)
+        generator = self.engine.generate(valid, request_id, owner=owner)
         return self._chunks(req, request_id, valid.prompt_token_ids, valid.params.n, generator)
 
     async def _chunks(self, req, request_id, prompt, n, generator) -> AsyncIterator[dict]:

@@ -24,14 +24,15 @@ class CompletionHandler:
         lora = self.adapters.request_for(req.model)
         return params, [self.engine.validate(ids, params, lora) for ids in prompts]  # all checked before any starts
 
-    def _streams(self, valid: list[ValidRequest], request_id, priority):
-        return [self.engine.generate(v, f"{request_id}-{i}", priority) for i, v in enumerate(valid)]
+    def _streams(self, valid: list[ValidRequest], request_id, priority, owner):
+        return [self.engine.generate(v, f"{request_id}-{i}", priority, owner) for i, v in enumerate(valid)]
 
-    async def complete(self, req: CompletionRequest, request_id: str, priority: int = 0) -> dict:
+    async def complete(self, req: CompletionRequest, request_id: str, priority: int = 0,
+                       owner: str | None = None) -> dict:
         params, valid = await off_loop(self._prepare, req)
         prompts = [v.prompt_token_ids for v in valid]
         results = [RequestOutput.empty(f"{request_id}-{i}", ids, params.n) for i, ids in enumerate(prompts)]
-        async for i, delta in merge(self._streams(valid, request_id, priority)):
+        async for i, delta in merge(self._streams(valid, request_id, priority, owner)):
             results[i].add(delta)
         choices = []
         for i, result in enumerate(results):
@@ -67,10 +68,10 @@ class CompletionHandler:
             choice["prompt_token_ids"], choice["token_ids"] = result.prompt_token_ids, c.token_ids
         return choice
 
-    async def stream(self, req: CompletionRequest, request_id: str) -> AsyncIterator[dict]:
+    async def stream(self, req: CompletionRequest, request_id: str, owner: str | None = None) -> AsyncIterator[dict]:
         params, valid = await off_loop(self._prepare, req)
         valid = [await self.engine.compile(v) for v in valid]  # a bad grammar is refused before the stream starts
-        return self._chunks(req, request_id, params, valid)
+        return self._chunks(req, request_id, params, valid, owner)
 
     def _echo(self, req, i: int, prompt: list[int], n: int, prompt_logprobs, offsets: dict) -> list[dict]:
         """The echoed prompt of prompt `i`, once per choice, with its logprobs when asked (they come with the
@@ -83,7 +84,7 @@ class CompletionHandler:
             offsets[i * n + j] = sum(len(t) for t in logprobs["tokens"]) if logprobs else 0
         return [{"index": i * n + j, "text": text, "logprobs": logprobs, "finish_reason": None} for j in range(n)]
 
-    async def _chunks(self, req, request_id, params, valid: list[ValidRequest]) -> AsyncIterator[dict]:
+    async def _chunks(self, req, request_id, params, valid: list[ValidRequest], owner) -> AsyncIterator[dict]:
         prompts = [v.prompt_token_ids for v in valid]
         chunk = chunk_builder(request_id, "text_completion", self.adapters.model_name(req.model))
         completion_tokens, generated, cached = 0, 0, [0] * len(prompts)
@@ -95,7 +96,7 @@ class CompletionHandler:
         def extra() -> dict:  # usage so far on every chunk, with continuous_usage_stats
             return {"usage": usage(prompt_tokens, generated, sum(cached))} if req.usage_on_every_chunk else {}
 
-        async for i, delta in merge(self._streams(valid, request_id, 0)):
+        async for i, delta in merge(self._streams(valid, request_id, 0, owner)):
             cached[i] = delta.num_cached_tokens
             if req.echo and i * params.n not in offsets:  # this prompt's first delta
                 for item in self._echo(req, i, prompts[i], params.n, delta.prompt_logprobs, offsets):

@@ -27,18 +27,18 @@ class GenerateHandler:
         request_ids = [base if len(ids) == 1 else f"{base}-{i}" for i in range(len(ids))]
         return params, valid, batched, request_ids
 
-    def _run(self, params, valid: list[ValidRequest], request_ids, priority: int = 0):
+    def _run(self, params, valid: list[ValidRequest], request_ids, priority: int = 0, owner: str | None = None):
         """Accumulators for every prompt (labelled with the client's ids), and the merged stream of their
         (prompt index, delta). The engine's ids are always new: a client's `rid` names its reply, never
         another client's request in flight."""
         results = [RequestOutput.empty(rid, v.prompt_token_ids, params.n) for rid, v in zip(request_ids, valid)]
-        streams = [self.engine.generate(v, new_id("generate-"), priority) for v in valid]
+        streams = [self.engine.generate(v, new_id("generate-"), priority, owner) for v in valid]
         return results, merge(streams)
 
-    async def complete(self, req: GenerateRequest, priority: int = 0) -> dict | list[dict]:
+    async def complete(self, req: GenerateRequest, priority: int = 0, owner: str | None = None) -> dict | list[dict]:
         params, valid, batched, request_ids = await off_loop(self._prepare, req)
         start = time.perf_counter()
-        results, deltas = self._run(params, valid, request_ids, priority)
+        results, deltas = self._run(params, valid, request_ids, priority, owner)
         async for i, delta in deltas:
             results[i].add(delta)
         latency = time.perf_counter() - start
@@ -58,14 +58,14 @@ class GenerateHandler:
             meta["output_token_logprobs"] = [[e.logprob, e.token_id, None] for e in c.logprobs]
         return {"text": c.text, "output_ids": list(c.token_ids), "meta_info": meta}
 
-    async def stream(self, req: GenerateRequest) -> AsyncIterator[dict]:
+    async def stream(self, req: GenerateRequest, owner: str | None = None) -> AsyncIterator[dict]:
         params, valid, _, request_ids = await off_loop(self._prepare, req)
         valid = [await self.engine.compile(v) for v in valid]  # a bad grammar is refused before the stream starts
-        return self._chunks(params, valid, request_ids)
+        return self._chunks(params, valid, request_ids, owner)
 
-    async def _chunks(self, params, valid: list[ValidRequest], request_ids) -> AsyncIterator[dict]:
+    async def _chunks(self, params, valid: list[ValidRequest], request_ids, owner) -> AsyncIterator[dict]:
         start = time.perf_counter()
-        results, deltas = self._run(params, valid, request_ids)
+        results, deltas = self._run(params, valid, request_ids, owner=owner)
         async for i, delta in deltas:
             results[i].add(delta)
             for s in delta.seqs:

@@ -39,8 +39,10 @@ class OpenAIFront:
         return cls(config, ApiKeys(config.api_keys), models, BodyParser(models, config.max_request_bytes), batches,
                    ResponsesAPI(ResponseStore(open_store(config.storage_uri))))
 
-    async def generation(self, request: Request, model: type[BaseModel]) -> tuple[BaseModel, ModelClient]:
-        """A generation route's parsed body and the client of the model it names."""
-        self.auth.owner(request)
+    async def generation(self, request: Request, model: type[BaseModel]
+                         ) -> tuple[BaseModel, ModelClient, str | None]:
+        """A generation route's parsed body, the client of the model it names, and the caller's owner id (the
+        engine shares its seats fairly among owners)."""
+        owner = self.auth.owner(request)
         body = await self.body.parse(request, model)
-        return body, self.models.client(body.model)
+        return body, self.models.client(body.model), owner

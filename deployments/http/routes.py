@@ -172,31 +172,32 @@ async def health(front: OpenAIFront = Front):
 
 @router.post("/v1/chat/completions", openapi_extra=_json_body(ChatCompletionRequest))
 async def chat_completions(request: Request, front: OpenAIFront = Front):
-    body, model = await front.generation(request, ChatCompletionRequest)
-    return await respond(request, body, model.chat, model.chat_stream)
+    body, model, owner = await front.generation(request, ChatCompletionRequest)
+    return await respond(request, body, lambda b: model.chat(b, owner=owner), lambda b: model.chat_stream(b, owner))
 
 
 @router.post("/v1/completions", openapi_extra=_json_body(CompletionRequest))
 async def completions(request: Request, front: OpenAIFront = Front):
-    body, model = await front.generation(request, CompletionRequest)
-    return await respond(request, body, model.completions, model.completions_stream)
+    body, model, owner = await front.generation(request, CompletionRequest)
+    return await respond(request, body, lambda b: model.completions(b, owner=owner),
+                         lambda b: model.completions_stream(b, owner))
 
 
 @router.post("/generate", openapi_extra=_json_body(GenerateRequest))
 async def generate(request: Request, front: OpenAIFront = Front):
-    body, model = await front.generation(request, GenerateRequest)
-    return await respond(request, body, model.generate, model.generate_stream)
+    body, model, owner = await front.generation(request, GenerateRequest)
+    return await respond(request, body, lambda b: model.generate(b, owner), lambda b: model.generate_stream(b, owner))
 
 
 @router.post("/tokenize", openapi_extra=_json_body(TokenizeRequest))
 async def tokenize(request: Request, front: OpenAIFront = Front):
-    body, model = await front.generation(request, TokenizeRequest)
+    body, model, _ = await front.generation(request, TokenizeRequest)
     return await model.tokenize(body)
 
 
 @router.post("/detokenize", openapi_extra=_json_body(DetokenizeRequest))
 async def detokenize(request: Request, front: OpenAIFront = Front):
-    body, model = await front.generation(request, DetokenizeRequest)
+    body, model, _ = await front.generation(request, DetokenizeRequest)
     return await model.detokenize(body)
 
 
@@ -214,10 +215,10 @@ async def create_response(request: Request, front: OpenAIFront = Front):
 async def create_message(request: Request, front: OpenAIFront = Front):
     """Anthropic's Messages API; its errors in Anthropic's shape, also those of parsing and auth."""
     try:
-        body, model = await front.generation(request, MessagesRequest)
+        body, model, owner = await front.generation(request, MessagesRequest)
         model_id = front.models.model_id(body.model)
-        return await respond(request, body, lambda b: _ANTHROPIC.create(b, model, model_id),
-                             lambda b: _ANTHROPIC.stream(b, model, model_id), event_stream)
+        return await respond(request, body, lambda b: _ANTHROPIC.create(b, model, model_id, owner),
+                             lambda b: _ANTHROPIC.stream(b, model, model_id, owner), event_stream)
     except OpenAIError as e:
         return JSONResponse(anthropic_error(e.status, e.message), status_code=e.status)
 
@@ -225,7 +226,7 @@ async def create_message(request: Request, front: OpenAIFront = Front):
 @router.post("/v1/messages/count_tokens", openapi_extra=_json_body(CountTokensRequest))
 async def count_message_tokens(request: Request, front: OpenAIFront = Front):
     try:
-        body, model = await front.generation(request, CountTokensRequest)
+        body, model, _ = await front.generation(request, CountTokensRequest)
         return await _ANTHROPIC.count_tokens(body, model)
     except OpenAIError as e:
         return JSONResponse(anthropic_error(e.status, e.message), status_code=e.status)

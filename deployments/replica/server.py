@@ -46,14 +46,16 @@ class LLMServer:
 
     # --- the ModelClient interface (clients.py): replies, or streams of chunks ---
 
-    async def chat(self, req: ChatCompletionRequest, request_id: str | None = None, priority: int = 0) -> dict:
-        return await _reply(self.chat_handler.complete(req, request_id or new_id("chatcmpl-"), priority))
+    async def chat(self, req: ChatCompletionRequest, request_id: str | None = None, priority: int = 0,
+                   owner: str | None = None) -> dict:
+        return await _reply(self.chat_handler.complete(req, request_id or new_id("chatcmpl-"), priority, owner))
 
-    async def completions(self, req: CompletionRequest, request_id: str | None = None, priority: int = 0) -> dict:
-        return await _reply(self.completion_handler.complete(req, request_id or new_id("cmpl-"), priority))
+    async def completions(self, req: CompletionRequest, request_id: str | None = None, priority: int = 0,
+                          owner: str | None = None) -> dict:
+        return await _reply(self.completion_handler.complete(req, request_id or new_id("cmpl-"), priority, owner))
 
-    async def generate(self, req: GenerateRequest) -> dict | list:
-        return await _reply(self.generate_handler.complete(req))
+    async def generate(self, req: GenerateRequest, owner: str | None = None) -> dict | list:
+        return await _reply(self.generate_handler.complete(req, owner=owner))
 
     async def tokenize(self, req: TokenizeRequest) -> dict:
         return await _reply(self.tokenize_handler.tokenize(req))
@@ -61,16 +63,19 @@ class LLMServer:
     async def detokenize(self, req: DetokenizeRequest) -> dict:
         return await _reply(self.tokenize_handler.detokenize(req))
 
-    async def chat_stream(self, req: ChatCompletionRequest) -> AsyncIterator[dict | StreamError]:
-        async for chunk in _stream(self.chat_handler.stream(req, new_id("chatcmpl-"))):
+    async def chat_stream(self, req: ChatCompletionRequest, owner: str | None = None
+                          ) -> AsyncIterator[dict | StreamError]:
+        async for chunk in _stream(self.chat_handler.stream(req, new_id("chatcmpl-"), owner)):
             yield chunk
 
-    async def completions_stream(self, req: CompletionRequest) -> AsyncIterator[dict | StreamError]:
-        async for chunk in _stream(self.completion_handler.stream(req, new_id("cmpl-"))):
+    async def completions_stream(self, req: CompletionRequest, owner: str | None = None
+                                 ) -> AsyncIterator[dict | StreamError]:
+        async for chunk in _stream(self.completion_handler.stream(req, new_id("cmpl-"), owner)):
             yield chunk
 
-    async def generate_stream(self, req: GenerateRequest) -> AsyncIterator[dict | StreamError]:
-        async for chunk in _stream(self.generate_handler.stream(req)):
+    async def generate_stream(self, req: GenerateRequest, owner: str | None = None
+                              ) -> AsyncIterator[dict | StreamError]:
+        async for chunk in _stream(self.generate_handler.stream(req, owner)):
             yield chunk
 
     # --- operations ------------------------------------------------------------

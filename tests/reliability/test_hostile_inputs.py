@@ -82,6 +82,20 @@ def _cases():
         ("responses items", "/v1/responses", {"input": [{"role": "user", "content": "hi"}] * 100_000}),
         ("responses previous id", "/v1/responses", {"input": "hi", "previous_response_id": "../" * 10_000}),
         ("responses tools", "/v1/responses", {"input": "hi", "tools": [{"type": "web_search"}] * 10_000}),
+        # round 2, at the caps: ids before storage, stop strings bounded in length and work, reply bodies
+        # bounded in bytes, batch metadata within OpenAI's limits
+        ("batch NUL input id", "/v1/batches", {"input_file_id": "\u0000", "endpoint": "/v1/chat/completions"}),
+        ("batch long input id", "/v1/batches", {"input_file_id": "f" * 300, "endpoint": "/v1/chat/completions"}),
+        ("batch metadata", "/v1/batches", {"input_file_id": "file-x", "endpoint": "/v1/chat/completions",
+                                           "metadata": {f"k{i}": "v" * 600_000 for i in range(16)}}),
+        ("batch window", "/v1/batches", {"input_file_id": "file-x", "endpoint": "/v1/chat/completions",
+                                         "completion_window": "9" * 40 + "d"}),
+        ("long stops", "/generate", {"text": "hi", "sampling_params": {
+            "stop": ["ab" * 8_000] * 64, "n": 8, "max_new_tokens": 2000, "ignore_eos": True}}),
+        ("stops at the cap", "/v1/chat/completions", {**CHAT, "stop": ["a" * 1024] * 4, "max_tokens": 300,
+                                                      "ignore_eos": True}),
+        ("reply amplification", "/v1/chat/completions", {**CHAT, "n": 64, "max_tokens": 744, "min_tokens": 744,
+                                                         "logprobs": True, "top_logprobs": 20}),
     ]
     for name, path, body in oversized:
         yield f"oversized {name}", path, body

@@ -60,8 +60,8 @@ def _tool_use(call: dict) -> dict:
 
 
 class AnthropicMessages:
-    async def create(self, req: MessagesRequest, model: ModelClient, model_id: str) -> dict:
-        completion = await model.chat(chat_request(req))
+    async def create(self, req: MessagesRequest, model: ModelClient, model_id: str, owner: str | None) -> dict:
+        completion = await model.chat(chat_request(req), owner=owner)
         choice = completion["choices"][0]
         message = choice["message"]
         content = []
@@ -74,10 +74,11 @@ class AnthropicMessages:
         return {"id": new_id("msg_"), "type": "message", "role": "assistant", "model": model_id, "content": content,
                 "stop_reason": reason, "stop_sequence": sequence, "usage": usage(completion["usage"])}
 
-    async def stream(self, req: MessagesRequest, model: ModelClient, model_id: str) -> AsyncIterator[dict]:
+    async def stream(self, req: MessagesRequest, model: ModelClient, model_id: str,
+                     owner: str | None) -> AsyncIterator[dict]:
         """The events (dicts, framed at the edge); an error before the model's first chunk raises first."""
         events = _MessageEvents(req, model_id)
-        async for chunk in model.chat_stream(chat_request(req)):
+        async for chunk in model.chat_stream(chat_request(req), owner):
             if isinstance(chunk, StreamError):
                 yield {"type": "error", **anthropic_error(chunk.status, chunk.message)}
                 return

@@ -25,7 +25,7 @@ class ResponsesAPI:
 
     async def create(self, req: ResponsesRequest, model: ModelClient, model_id: str, owner: str | None) -> dict:
         history, chat = await self._prepare(req, owner)
-        completion = await model.chat(chat)
+        completion = await model.chat(chat, owner=owner)
         choice = completion["choices"][0]
         logprobs = (choice["logprobs"] or {}).get("content") if req.wants_logprobs else None
         output = output_items(choice["message"], logprobs)
@@ -41,7 +41,7 @@ class ResponsesAPI:
         history, chat = await self._prepare(req, owner)
         events = ResponseEvents(req, new_id("resp_"), model_id)
         started = False
-        async for chunk in model.chat_stream(chat):
+        async for chunk in model.chat_stream(chat, owner):
             if not started:
                 started = True
                 for event in events.start():
