@@ -7,20 +7,28 @@ advances with every accepted token.
 
 A compile can take minutes and much memory (thousands of optional
 properties), and a thread cannot be stopped, so each constraint is first
-compiled in a compile process, which is killed (returning its CPU and memory)
-if it overruns its deadline; only a constraint that compiled there in time is
-compiled again here, the same work, so it ends. Shipping the compiled grammar
-back instead would cost more than compiling it twice: xgrammar serializes it
-to JSON some fifty times its size, and reading that back took six times as
-long as the compile. A cached grammar is answered without waiting for any
-process.
+compiled in a compile process (a fresh interpreter running
+runtime/grammar_process.py: NUM_PROCESSES of them, one constraint each at a
+time), which is killed, returning its CPU and memory, if it overruns its
+deadline; only a constraint that compiled there in time is compiled again
+here, the same work, so it ends. A new constraint thus costs its compile
+twice (a typical schema's: milliseconds). Shipping the compiled grammar back
+would cost more: xgrammar serializes it to JSON some fifty times its size
+(1.2 MB compiled, 56 MB of JSON for 400 optional properties on the test
+model), and reading that back took six times as long as the compile. A
+cached grammar is answered without waiting for any process.
 """
 
 import json
 import multiprocessing
+import os
 import queue
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,7 +38,9 @@ import torch
 import xgrammar as xgr
 from transformers import PreTrainedTokenizerBase
 
+from runtime import grammar_process
 from runtime.errors import InvalidInputError
+from runtime.grammar_process import compile_constraint
 
 KINDS = ("json_schema", "json_object", "regex", "ebnf", "tool_call")
 
@@ -38,6 +48,7 @@ KINDS = ("json_schema", "json_object", "regex", "ebnf", "tool_call")
 MAX_CONSTRAINT_CHARS = 32 * 1024  # a schema, regex or grammar longer than this is refused before compiling
 CACHE_BYTES = 256 << 20  # compiled grammars kept for reuse, least recently used dropped first
 NUM_PROCESSES = 2  # constraints compiled at once (each on up to 2 threads); more wait for a process
+STARTUP_TIMEOUT_S = 300.0  # for a compile process to import xgrammar and read the vocabulary
 
 
 @dataclass(frozen=True)
@@ -120,7 +131,8 @@ class GrammarCompiler:
             error = process.try_compile(constraint.kind, constraint.value, deadline)
             if error is not None:
                 raise InvalidInputError(constraint.param, f"invalid {constraint.kind}: {error}")
-            compiled = _compile(self._compiler, constraint.kind, constraint.value)  # it ended there: it ends here
+            # it compiled there in time, so the same work ends here
+            compiled = compile_constraint(self._compiler, constraint.kind, constraint.value)
         start = xgr.GrammarMatcher(compiled)
         allowed = xgr.allocate_token_bitmask(1, self._vocab_size)
         start.fill_next_token_bitmask(allowed, 0)
@@ -158,105 +170,99 @@ def _check(constraint: Constraint) -> None:
             raise InvalidInputError(constraint.param, f"the JSON schema is not valid JSON: {e}") from None
 
 
-def _compile(compiler: xgr.GrammarCompiler, kind: str, value: str) -> xgr.CompiledGrammar:
-    """A checked constraint compiled; xgrammar raises on bad input (several exception types)."""
-    if kind == "json_schema":
-        return compiler.compile_json_schema(value, any_whitespace=False)
-    if kind == "json_object":
-        return compiler.compile_builtin_json_grammar()
-    if kind == "regex":
-        return compiler.compile_regex(value)
-    if kind == "ebnf":
-        return compiler.compile_grammar(value)
-    call = xgr.Grammar.from_json_schema(value, any_whitespace=False)
-    return compiler.compile_grammar(xgr.Grammar.concat(
-        xgr.Grammar.from_ebnf('root ::= "<tool_call>\\n"'), call, xgr.Grammar.from_ebnf('root ::= "\\n</tool_call>"')))
-
-
-def _serve(conn, tokenizer_info: str) -> None:
-    """A compile process's loop: compile each (kind, value) it is sent; answer None, or the error's text."""
-    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.deserialize_json(tokenizer_info), max_threads=2,
-                                   cache_enabled=False)
-    while True:
-        try:
-            kind, value = conn.recv()
-        except EOFError:  # the engine closed its end
-            return
-        try:
-            _compile(compiler, kind, value)
-            conn.send(None)
-        except Exception as e:
-            conn.send(str(e) or type(e).__name__)
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 class _Process:
-    """A compile process, used by one compile at a time. Forked from multiprocessing's fork server (which has
-    this module loaded), not from the engine's process, whose threads a fork would copy mid-step."""
+    """A compile process, used by one compile at a time: a fresh interpreter. Not a fork of the engine's
+    process, whose threads a fork would copy mid-step; not multiprocessing's, which reruns the parent's main
+    module in the child (a Ray worker's: all of Ray)."""
 
-    def __init__(self, tokenizer_info: str):
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload([__name__])
-        self._conn, child = context.Pipe()
-        self.process = context.Process(target=_serve, args=(child, tokenizer_info), name="grammar-compile",
-                                       daemon=True)
-        self.process.start()
+    def __init__(self, tokenizer_info_path: str):
+        self._conn, child = multiprocessing.Pipe()
+        # run as a script, but with its folder kept off sys.path (runtime's modules would shadow others)
+        run = f"import runpy; runpy.run_path({grammar_process.__file__!r}, run_name='__main__')"
+        self.process = subprocess.Popen([sys.executable, "-c", run, str(child.fileno()), tokenizer_info_path],
+                                        pass_fds=[child.fileno()], stdin=subprocess.DEVNULL)
         child.close()
+
+    def wait_ready(self) -> None:
+        try:
+            ready = self._conn.poll(STARTUP_TIMEOUT_S) and self._conn.recv() is True
+        except (OSError, EOFError):
+            ready = False
+        if not ready:
+            self.kill()
+            raise ChildProcessError("a grammar compile process did not start")
 
     def try_compile(self, kind: str, value: str, deadline: float | None) -> str | None:
         """None once the constraint compiled, or the error it raised; TimeoutError, the process killed, when it
-        did not finish by `deadline`."""
-        self._conn.send((kind, value))
-        if self._conn.poll(None if deadline is None else max(0.0, deadline - time.monotonic())):
-            try:
-                return self._conn.recv()
-            except EOFError:
-                self.kill()
-                return "its compile process died"
+        did not finish by `deadline` (starting up included, for a process not waited for); ChildProcessError when
+        the process died."""
+        if _remaining(deadline) == 0:  # the wait for a process used it all up
+            raise TimeoutError(f"the {kind} did not start compiling in time")
+        try:
+            self._conn.send((kind, value))
+            while self._conn.poll(_remaining(deadline)):
+                answer = self._conn.recv()
+                if answer is not True:  # True: it is ready, and compiles next
+                    return answer
+        except (OSError, EOFError):
+            self.kill()
+            raise ChildProcessError("the grammar compile process died") from None
         self.kill()
         raise TimeoutError(f"the {kind} did not compile in time")
 
     def kill(self) -> None:
         self.process.kill()
-        self.process.join()
+        self.process.wait()
         self._conn.close()
 
     @property
     def alive(self) -> bool:
-        return self.process.is_alive()
+        return self.process.poll() is None
 
 
 class _Processes:
-    """NUM_PROCESSES compile processes, each leased to one compile at a time; one killed is replaced at once."""
+    """NUM_PROCESSES compile processes, each leased to one compile at a time; one killed is replaced at once.
+    They read the tokenizer's vocabulary from a file, and are killed when the engine shuts down or exits."""
 
     def __init__(self, tokenizer_info: str):
-        self._info = tokenizer_info
+        fd, self._info_path = tempfile.mkstemp(prefix="grammar-tokenizer-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            f.write(tokenizer_info)
         self._idle: queue.SimpleQueue[_Process] = queue.SimpleQueue()
-        for _ in range(NUM_PROCESSES):
-            self._idle.put(_Process(tokenizer_info))
-        self._closed = False
+        self.close = weakref.finalize(self, _stop, self._idle, self._info_path)
+        started = [_Process(self._info_path) for _ in range(NUM_PROCESSES)]
+        for process in started:
+            process.wait_ready()  # the first compiles' deadlines do not pay for starting up
+            self._idle.put(process)
 
     @contextmanager
     def lease(self, deadline: float | None) -> Iterator[_Process]:
         """An idle process, for the caller alone until it returns (TimeoutError if none is free by `deadline`)."""
         try:
-            process = self._idle.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+            process = self._idle.get(timeout=_remaining(deadline))
         except queue.Empty:
             raise TimeoutError("no grammar compile process was free in time") from None
         try:
             yield process
         finally:
-            if self._closed:
+            if not self.close.alive:  # closed meanwhile
                 process.kill()
             else:
-                self._idle.put(process if process.alive else _Process(self._info))
+                self._idle.put(process if process.alive else _Process(self._info_path))
 
-    def close(self) -> None:
-        self._closed = True
-        while True:
-            try:
-                self._idle.get_nowait().kill()
-            except queue.Empty:
-                return
+
+def _stop(idle: queue.SimpleQueue, info_path: str) -> None:
+    """Kill the idle compile processes (a leased one is killed when it comes back) and remove the vocabulary."""
+    while True:
+        try:
+            idle.get_nowait().kill()
+        except queue.Empty:
+            break
+    os.unlink(info_path)
 
 
 def allocate_bitmask(rows: int, vocab_size: int) -> torch.Tensor:

@@ -162,7 +162,7 @@ def test_an_observer_sees_every_stream_start_deliver_and_end_finished_or_left(qw
 
 def test_a_grammar_over_its_bounds_is_refused_and_the_engine_serves_on(qwen2_model, monkeypatch):
     """Over the size bound: refused before compiling. Over the time bound (here 0 s): refused at once, naming the
-    field, its compile process killed."""
+    field."""
     import runtime.async_engine
     from runtime.grammar import MAX_CONSTRAINT_CHARS, Constraint
 
