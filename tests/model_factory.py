@@ -13,9 +13,14 @@ from transformers import (
     AutoModelForCausalLM,
     GenerationConfig,
     LlamaConfig,
+    MistralConfig,
+    MixtralConfig,
+    Phi3Config,
     PreTrainedTokenizerFast,
     Qwen2Config,
+    Qwen2MoeConfig,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -59,6 +64,22 @@ ARCHITECTURES = {
     "qwen2": Qwen2Config,
     "qwen3": Qwen3Config,
     "llama": LlamaConfig,
+    "mistral": MistralConfig,
+    "phi3": Phi3Config,
+    "mixtral": MixtralConfig,
+    "qwen2_moe": Qwen2MoeConfig,
+    "qwen3_moe": Qwen3MoeConfig,
+}
+
+# config fields a family needs beyond the shared ones: no sliding window, no pad id outside the tiny
+# vocabulary, and for mixtures of experts 4 experts with top-2 routing
+FAMILY_FIELDS = {
+    "mistral": {"sliding_window": None},
+    "phi3": {"pad_token_id": None},
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
+    "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                  "shared_expert_intermediate_size": 96, "norm_topk_prob": False},
+    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": True},
 }
 
 
@@ -101,15 +122,17 @@ def build_model_dir(
     tokenizer_vocab: int | None = None,
     dtype: torch.dtype = torch.float32,
     rope_theta: float | None = None,
+    **fields,
 ) -> Path:
     """Write a random-weight checkpoint of `arch` to `path` and return it.
 
     `tokenizer_vocab` caps the tokenizer below the model's vocabulary (for big benchmark shapes, where
-    only token ids matter).
+    only token ids matter). `fields` are more config fields, over the family's `FAMILY_FIELDS`.
     """
     path = Path(path)
     tokenizer = build_tokenizer(tokenizer_vocab or vocab_size)
-    extra = {"head_dim": head_dim} if head_dim else {}
+    # head_dim always: Mistral's config class would otherwise default it to 128
+    extra = {"head_dim": head_dim or hidden_size // num_heads, **FAMILY_FIELDS.get(arch, {}), **fields}
     if rope_theta:
         extra["rope_theta"] = rope_theta
     config = ARCHITECTURES[arch](

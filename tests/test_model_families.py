@@ -1,0 +1,137 @@
+"""Every model family against transformers' own class on a tiny random config: greedy tokens under chunked
+prefill, with the prefix cache on and off, TP=2 against TP=1, and the configs the engine refuses at start."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
+
+from runtime import LLM, InvalidInputError, SamplingParams
+from runtime.models import SUPPORTED_ARCHITECTURES
+from tests.model_factory import build_model_dir
+from tests.test_greedy_parity import WORDS, _reference
+
+# each family's tiny shape beyond build_model_dir's defaults (MoE families: 4 experts, top-2)
+FAMILIES = {
+    "mistral": {},
+    "phi3": {},
+    "mixtral": {},
+    "qwen2_moe": {"num_layers": 3, "mlp_only_layers": [1]},  # a dense layer between two sparse ones
+    "qwen3_moe": {"head_dim": 32},
+}
+GREEDY = SamplingParams(temperature=0, max_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    """Builds each family's checkpoint once, on first use."""
+    built = {}
+
+    def get(family: str):
+        if family not in built:
+            built[family] = build_model_dir(tmp_path_factory.mktemp(family), family, **FAMILIES[family])
+        return built[family]
+
+    return get
+
+
+def _prompts(tokenizer) -> list[list[int]]:
+    """16 prompts of 3 to 33 words; every other one opens with the same system text (two cache blocks)."""
+    system = tokenizer.encode(" ".join(WORDS * 2))
+    prompts = []
+    for i in range(16):
+        words = tokenizer.encode(" " + " ".join(WORDS[(i * 5 + j) % len(WORDS)] for j in range(3 + 2 * i)))
+        prompts.append(system + words if i % 2 else words)
+    return prompts
+
+
+def _tokens(llm: LLM, prompts) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_greedy_matches_transformers_with_chunked_prefill_and_prefix_cache(model_dirs, family):
+    path = model_dirs(family)
+    options = {"dtype": "float32", "max_model_len": 256, "max_num_batched_tokens": 32}
+    cached = LLM(str(path), **options)
+    prompts = _prompts(cached.tokenizer)
+    outputs = cached.generate(prompts, GREEDY)
+    assert sum(o.num_cached_tokens for o in outputs) > 0
+    expected = _reference(path, prompts, GREEDY.max_tokens)
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+    assert _tokens(LLM(str(path), enable_prefix_caching=False, **options), prompts) == expected
+
+
+@pytest.mark.parametrize("family", ["qwen2_moe", "phi3"])  # experts and a shared expert; fused q/k/v and gate/up
+def test_tp2_matches_tp1(ray_cluster, model_dirs, family):
+    path = model_dirs(family)
+    tp1 = LLM(str(path), max_model_len=256)
+    prompts = _prompts(tp1.tokenizer)
+    expected = _tokens(tp1, prompts)  # before TP=2 joins this process to its group
+    llm = LLM(str(path), max_model_len=256, tensor_parallel_size=2)
+    try:
+        assert _tokens(llm, prompts) == expected
+    finally:
+        llm.shutdown()
+
+
+def test_fused_expert_tensors_load(model_dirs, tmp_path):
+    """A checkpoint holding each layer's experts as fused [E, ...] tensors (transformers' in-memory layout)."""
+    source = model_dirs("mixtral")
+    shutil.copytree(source, tmp_path, dirs_exist_ok=True)
+    state = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).state_dict()
+    assert "model.layers.0.mlp.experts.gate_up_proj" in state
+    save_file({name: t.contiguous() for name, t in state.items()}, tmp_path / "model.safetensors")
+    llm = LLM(str(tmp_path), dtype="float32", max_model_len=256)
+    prompts = _prompts(llm.tokenizer)[:4]
+    assert _tokens(llm, prompts) == _reference(source, prompts, GREEDY.max_tokens)
+
+
+def _edited(source, target, **fields):
+    """A copy of the checkpoint at `source` whose config.json has `fields` replaced."""
+    shutil.copytree(source, target, dirs_exist_ok=True)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, **fields}))
+    return str(target)
+
+
+def test_unknown_architecture_is_refused_naming_it_and_the_supported_ones(model_dirs, tmp_path):
+    path = _edited(model_dirs("mistral"), tmp_path, architectures=["GemmaForCausalLM"])
+    with pytest.raises(InvalidInputError) as e:
+        LLM(path)
+    assert e.value.param == "model" and "GemmaForCausalLM" in str(e.value)
+    assert all(name in str(e.value) for name in SUPPORTED_ARCHITECTURES)
+    assert {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Phi3ForCausalLM"} <= set(SUPPORTED_ARCHITECTURES)
+
+
+def test_sliding_window_shorter_than_max_model_len_is_refused(model_dirs, tmp_path):
+    path = _edited(model_dirs("mistral"), tmp_path, sliding_window=64)
+    with pytest.raises(InvalidInputError) as e:
+        LLM(path, max_model_len=256)
+    assert e.value.param == "max_model_len" and "sliding_window (64)" in str(e.value)
+    LLM(path, max_model_len=64)  # the window covers every position: plain attention is exact
+
+
+def test_unimplemented_rope_is_refused(model_dirs, tmp_path):
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8, "long_factor": [4.0] * 8,
+            "original_max_position_embeddings": 128}
+    path = _edited(model_dirs("phi3"), tmp_path / "longrope", rope_parameters=rope,
+                   original_max_position_embeddings=128)
+    with pytest.raises(InvalidInputError, match="longrope"):
+        LLM(path, max_model_len=256)
+    llm = LLM(path, dtype="float32", max_model_len=128)  # within the original context: the short factors
+    prompts = _prompts(llm.tokenizer)[:4]
+    assert _tokens(llm, prompts) == _reference(path, prompts, GREEDY.max_tokens)
+    partial = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    path = _edited(model_dirs("phi3"), tmp_path / "partial", rope_parameters=partial)
+    with pytest.raises(InvalidInputError, match="partial_rotary_factor"):
+        LLM(path, max_model_len=256)
+
+
+def test_lora_on_a_mixture_of_experts_is_refused(model_dirs):
+    with pytest.raises(InvalidInputError) as e:
+        LLM(str(model_dirs("qwen3_moe")), enable_lora=True)
+    assert e.value.param == "enable_lora" and "Qwen3MoeForCausalLM" in str(e.value)
