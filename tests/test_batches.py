@@ -316,3 +316,13 @@ def test_a_manager_restarted_by_ray_resumes_its_batches_with_no_api_call(server,
         ray.kill(ray.get_actor("batch-manager-unpolled", namespace="rayllm"), no_restart=False)
         done = wait_until(lambda: (s := state()).batch.status == "completed" and s, timeout=120)
         assert done.batch.request_counts.completed == 200
+
+
+def test_batch_capacity_follows_the_running_replicas_serve_reports(server):
+    """The manager sizes each model's batch fan-out from Serve's count of its RUNNING replicas."""
+    from deployments.app_config import replica_name
+    from deployments.batch.capacity import running_replicas
+
+    models = {MODEL_ID: replica_name(MODEL_ID), "gone": "no-such-deployment"}
+    assert running_replicas("default", models) == {MODEL_ID: 1, "gone": 0}
+    assert running_replicas("no-such-app", models) == {MODEL_ID: 0, "gone": 0}
