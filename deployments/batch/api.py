@@ -19,8 +19,8 @@ from deployments.errors import OpenAIError, remote_errors
 from runtime.storage import open_store
 
 NAMESPACE = "rayllm"
-# Serve's handles route in the caller's own event loop, not a second thread's, as Serve's throughput-optimized
-# mode sets: the manager's CPU per batch line is mostly the handle's routing, and the thread hop doubles it
+# The manager's Serve handles route in its own event loop, not a second thread's (what Serve's throughput-optimized
+# mode sets): its CPU per batch line is mostly the handle's routing, and this saves a thread hop per line
 _MANAGER_ENV = {"RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
 
 
