@@ -31,7 +31,8 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     max_num_seqs: int = 256
     max_num_seqs_per_owner: int | None = None  # running sequences past which an owner (API key) is admitted more
-    # only while no other owner under it waits (a lone owner still fills the engine); default: max_num_seqs // 2
+    # only while no other owner under it waits, and gives such a newcomer a seat back, one a step (a lone owner
+    # still fills the engine); default: max_num_seqs // 2
     max_num_batched_tokens: int = 8192
     block_size: int = 16
     gpu_memory_utilization: float = 0.9

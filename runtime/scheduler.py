@@ -6,10 +6,11 @@ sequences, whose prompts are chunked into whatever budget is left, so prefill
 and decode share a batch. Lower `priority` values run first. Within a
 priority, waiting sequences are admitted fairly (see `WaitingQueue`): owners
 (API keys) in turn, each owner's requests in turn, so neither a request with
-many sequences nor an owner with many requests holds the others back. When
-blocks run out, the lowest-priority, newest running sequence not yet
-scheduled this step is preempted: its blocks are freed (they stay in the
-prefix cache) and it is recomputed later, ahead of sequences not yet started.
+many sequences nor an owner with many requests holds the others back; an
+owner over its cap gives a seat back to a newcomer under it. When blocks run
+out, the lowest-priority, newest running sequence not yet scheduled this step
+is preempted: its blocks are freed (they stay in the prefix cache) and it is
+recomputed later, ahead of sequences not yet started.
 """
 
 import heapq
@@ -39,10 +40,10 @@ class ScheduledBatch:
 
 class WaitingQueue:
     """Waiting sequences in admission order. The highest priority first; within it, sequences that were
-    preempted (by arrival: they had their turn, and blocks ran out), then fresh ones: owners in turn, each
-    owner's requests in turn, one sequence a turn, so with two owners waiting each gets every other seat.
-    An owner already running `cap` sequences is passed over while another owner under it waits, so one that
-    filled the engine alone gives the seats it frees to newcomers; alone, it still gets every seat.
+    preempted (by arrival: they had their turn), then fresh ones: owners in turn, each owner's requests in
+    turn, one sequence a turn, so with two owners waiting each gets every other seat. An owner already running
+    `cap` sequences is passed over (its preempted sequences too) while another owner under it waits, so one
+    that filled the engine alone gives the seats it frees to newcomers; alone, it still gets every seat.
 
     `peek` costs O(1) plus the owners passed over at their cap (at most max_num_seqs / cap of them) and the
     finished sequences it drops (each once): sequences finished while waiting leave lazily."""
@@ -66,10 +67,13 @@ class WaitingQueue:
             heapq.heappop(self._preempted)
         while self._fresh:
             priority = min(self._fresh)
-            if self._preempted and self._preempted[0][0][0] <= priority:
-                return self._preempted[0][1]
             owners = self._fresh[priority]
-            owner = next((o for o in owners if running[o] < cap), next(iter(owners)))
+            under = next((o for o in owners if running[o] < cap), None)
+            if self._preempted and self._preempted[0][0][0] <= priority:
+                top = self._preempted[0][1]
+                if top.priority < priority or under is None or running[top.request.owner] < cap:
+                    return top
+            owner = next(iter(owners)) if under is None else under
             requests = owners[owner]
             request, seqs = next(iter(requests.items()))
             if seqs[0].status is SequenceStatus.WAITING:
@@ -129,6 +133,7 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
 
     def schedule(self) -> ScheduledBatch:
+        self._free_a_seat()
         budget = self.max_num_batched_tokens
         scheduled: dict[Sequence, int] = {}
         preempted = False
@@ -157,6 +162,23 @@ class Scheduler:
             batch.num_new_tokens.append(n)
             batch.num_decodes += n == 1
         return batch
+
+    def _free_a_seat(self) -> None:
+        """Every seat taken while an owner under its cap waits: the newest sequence of the owner running the
+        most, when that is over its cap, gives its seat back (preempted by recompute; its blocks stay in the
+        prefix cache), so a newcomer waits a step, not until the sequences that filled the engine end. Never
+        for a newcomer of lower priority; one seat a step."""
+        cap = self.max_num_seqs_per_owner
+        if len(self.running) < self.max_num_seqs:
+            return
+        seq = self.waiting.peek(self.running_per_owner, cap)
+        if seq is None or self.running_per_owner[seq.request.owner] >= cap:
+            return
+        owner, count = self.running_per_owner.most_common(1)[0]
+        if count > cap:
+            victim = max((s for s in self.running if s.request.owner == owner), key=Sequence.sort_key)
+            if victim.priority >= seq.priority:
+                self._preempt(victim)
 
     def _admit(self, scheduled: dict[Sequence, int], budget: int) -> int:
         while budget > 0 and len(self.running) < self.max_num_seqs:

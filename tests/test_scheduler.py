@@ -119,7 +119,6 @@ def test_owners_take_turns_and_so_do_each_owners_requests():
 
 
 def test_a_request_of_1024_sequences_lets_another_owner_in_and_still_completes():
-    """Before, admission went by arrival, sequence by sequence: b waited for all 1,024 of a's to start."""
     scheduler = _scheduler(num_blocks=2048, max_num_batched_tokens=4096, max_num_seqs=256)
     big = _add(scheduler, "big", 4, max_tokens=6, n=1024, owner="a")
     _step(scheduler)
@@ -129,30 +128,38 @@ def test_a_request_of_1024_sequences_lets_another_owner_in_and_still_completes()
     while chat.seqs[0].status is SequenceStatus.WAITING:
         _step(scheduler)
         steps += 1
-    assert steps <= 6  # the first seats a frees (after its 6 tokens) go to b
+    assert steps == 1  # a, over its cap, gave b a seat at once (before, b waited for all of a's to start)
     while scheduler.num_waiting or scheduler.running:
         _step(scheduler)
     assert all(s.is_finished and s.num_output_tokens == 6 for s in big.seqs) and chat.seqs[0].num_output_tokens == 4
     assert scheduler.blocks.num_free_blocks == scheduler.blocks.num_blocks
 
 
-def test_an_owner_at_its_cap_is_passed_over_while_another_waits():
-    scheduler = _scheduler(num_blocks=256, max_num_batched_tokens=256, max_num_seqs=4)  # cap: 2 a owner
+def test_an_owner_over_its_cap_gives_a_seat_back_to_a_newcomer_one_a_step():
+    scheduler = _scheduler(num_blocks=256, max_num_batched_tokens=256, max_num_seqs=4)  # cap: 2 an owner
     long = _add(scheduler, "long", 4, max_tokens=30, n=3, owner="a")
-    short = _add(scheduler, "short", 4, max_tokens=2, n=1, owner="a")
+    later = _add(scheduler, "later", 4, max_tokens=30, owner="a")
     _step(scheduler)
-    more = _add(scheduler, "more", 4, max_tokens=30, n=4, owner="a")
+    assert scheduler.running_per_owner == {"a": 4}  # alone, an owner fills the engine
     other = _add(scheduler, "other", 4, max_tokens=30, n=2, owner="b")
-    _step(scheduler)  # "short" finishes, a seat frees: a holds 3 (over its cap of 2) while b waits
-    assert short.seqs[0].is_finished
-    _step(scheduler)
-    assert other.seqs[0].status is SequenceStatus.RUNNING and more.seqs[0].status is SequenceStatus.WAITING
-    assert all(s.status is SequenceStatus.RUNNING for s in long.seqs)
+    more = _add(scheduler, "more", 4, max_tokens=30, owner="a")
+    assert _step(scheduler)[-1] == ("other", 4)  # a's newest sequence gave its seat back: b starts at once
+    assert later.seqs[0].status is SequenceStatus.WAITING and later.seqs[0].num_computed_tokens == 0
+    _step(scheduler)  # a still runs 3, over its cap: its newest gives b's second sequence a seat
+    assert long.seqs[2].status is SequenceStatus.WAITING and other.seqs[1].status is SequenceStatus.RUNNING
+    for _ in range(3):
+        _step(scheduler)
+    assert scheduler.running_per_owner == {"a": 2, "b": 2} and scheduler.num_preemptions == 2  # both at the cap
+    assert more.seqs[0].status is SequenceStatus.WAITING
+    while scheduler.num_waiting or scheduler.running:
+        _step(scheduler)
+    assert all(s.num_output_tokens == 30 for r in (long, later, other, more) for s in r.seqs)
+    assert scheduler.blocks.num_free_blocks == scheduler.blocks.num_blocks
 
 
 def test_fair_admission_keeps_greedy_tokens(qwen2_model):
-    """Two owners on the real engine: b's request starts within a bounded number of steps although a's has
-    many more sequences than seats, and every sequence's greedy tokens are those it has when run alone."""
+    """Two owners on the real engine: b's request starts at once although a's has many more sequences than
+    seats, and every sequence's greedy tokens (one of a's preempted and recomputed) are those it has alone."""
     engine = _engine(qwen2_model, max_num_seqs=4)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, n=12)
     engine.add_request("a", [5, 6, 7, 8], params, owner="key-a")
@@ -169,7 +176,7 @@ def test_fair_admission_keeps_greedy_tokens(qwen2_model):
                 tokens.setdefault((delta.request_id, s.index), []).extend(s.token_ids)
         if not engine.has_unfinished_requests():
             break
-    assert steps_to_b <= 6  # a's first four finish after 6 tokens; before, b waited for all twelve
+    assert steps_to_b == 1  # a's newest gave b its seat (recomputed later); before, b waited for all twelve
     assert sorted(tokens) == [("a", i) for i in range(12)] + [("b", 0)]
     alone = {}
     for request_id, prompt, p in [("a", [5, 6, 7, 8], params), ("b", [9, 10, 11], PARAMS)]:
