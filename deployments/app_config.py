@@ -108,7 +108,7 @@ class AppConfig(StrictModel):
     max_file_bytes: int = Field(512 * 1024 * 1024, gt=0)
     max_file_lines: int = Field(50_000, gt=0)
     max_batch_line_bytes: int = Field(1024 * 1024, gt=0)
-    batch_concurrency: int = Field(64, gt=0)
+    batch_concurrency: int = Field(64, gt=0)  # a batch's lines in flight per RUNNING replica of its model
     # s3:// prefixes a batch's input_file_id may name, besides this app's own storage_uri; nothing else is read
     batch_input_prefixes: list[str] = Field(default_factory=list)
     # Serve options of the OpenAI ingress (num_replicas, autoscaling_config, ray_actor_options, ...). Two

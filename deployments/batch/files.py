@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 
+from deployments.api.format import cursor_page
 from deployments.errors import OpenAIError
 from runtime.storage import MissingObjectError, ObjectStore
 
@@ -88,15 +89,7 @@ def public(obj: dict) -> dict:
 
 def paginate(items: list[dict], after: str | None, limit: int, order: str = "desc") -> dict:
     """OpenAI's cursor pagination over objects with `id` and `created_at`."""
-    items = sorted(items, key=lambda m: (m["created_at"], m["id"]), reverse=order == "desc")
-    if after is not None:
-        ids = [m["id"] for m in items]
-        if after not in ids:
-            raise OpenAIError(400, f"after: no object with id {after!r}", "after")
-        items = items[ids.index(after) + 1 :]
-    page = items[:limit]
-    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}
+    return cursor_page(sorted(items, key=lambda m: (m["created_at"], m["id"]), reverse=order == "desc"), after, limit)
 
 
 class _Counted:

@@ -11,14 +11,13 @@ flight, across all batches, follow its running replicas (capacity.py).
 
 import asyncio
 import logging
-import re
 import threading
 import time
 
 import ray
 from ray import serve
 
-from deployments.api.protocol import ChatCompletionRequest
+from deployments.api.protocol import COMPLETION_WINDOW, ChatCompletionRequest
 from deployments.batch.capacity import Capacity, running_replicas
 from deployments.batch.files import FileLimits, FileStore, paginate
 from deployments.batch.input_line import ENDPOINTS, BatchRequest
@@ -31,7 +30,6 @@ from runtime.storage import StoreError, open_s3_object, open_store
 logger = logging.getLogger(__name__)
 
 BATCH_PRIORITY = 1  # online requests run at 0: lower goes first
-_WINDOW = re.compile(r"^(\d{1,6})([smhd])$")  # at most 999,999 days: expires_at stays far within int64
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _REPLICAS_EVERY_S = 5.0  # how often each model's running replicas are read from Serve
 
@@ -146,7 +144,7 @@ class BatchManager:
         await self._resume()
         if endpoint not in ENDPOINTS:
             raise OpenAIError(400, f"endpoint: expected one of {sorted(ENDPOINTS)}, got {endpoint!r}", "endpoint")
-        match = _WINDOW.match(completion_window or "")
+        match = COMPLETION_WINDOW.match(completion_window or "")
         if not match:
             raise OpenAIError(400, f"completion_window: expected a duration like '24h', got {completion_window!r}",
                               "completion_window")
