@@ -62,7 +62,7 @@ def step_overhead(path, waiting: int) -> float:
     for _ in range(steps):
         start = time.perf_counter()
         batch = engine.scheduler.schedule()
-        inputs, _ = engine.runner.prepare(batch)
+        inputs, *_ = engine.runner.prepare(batch)
         engine.runner.attention_metadata(inputs)
         total += time.perf_counter() - start
         for s, n in zip(batch.seqs, batch.num_new_tokens):  # finish the step without the model

@@ -30,6 +30,7 @@ from runtime.engine import LLMEngine, ValidRequest
 from runtime.errors import InvalidInputError, RequestFailedError
 from runtime.lora import LoRARequest
 from runtime.outputs import RequestDelta
+from runtime.pooling import PoolerConfig
 from runtime.sampling_params import SamplingParams
 
 GRAMMAR_TIMEOUT_S = 20.0
@@ -98,6 +99,19 @@ class AsyncLLMEngine:
         return self.engine.spec.max_model_len
 
     @property
+    def runner(self) -> str:
+        """What the model serves: generate or pooling (embeddings)."""
+        return self.engine.config.runner
+
+    @property
+    def pooler(self) -> PoolerConfig:
+        return self.engine.pooler
+
+    @property
+    def embedding_size(self) -> int:
+        return self.engine.spec.hf_config.hidden_size
+
+    @property
     def healthy(self) -> bool:
         """The loop runs and no step has failed (cheap; see `check_health` for the workers too)."""
         return self.error is None and self._thread.is_alive()
@@ -111,6 +125,18 @@ class AsyncLLMEngine:
         """The request checked against the model (`InvalidInputError` if it is bad), ready for `generate`; a
         LoRA adapter is read here, on the caller's thread."""
         return self.engine.validate(prompt_token_ids, params, lora)
+
+    def validate_embedding(self, prompt_token_ids: list[int], lora: LoRARequest | None = None) -> ValidRequest:
+        """An embedding request checked against the model (`InvalidInputError` if it is bad), ready for `embed`."""
+        return self.engine.validate_embedding(prompt_token_ids, lora)
+
+    async def embed(self, request: ValidRequest, request_id: str | None = None, priority: int = 0,
+                    owner: str | None = None) -> RequestDelta:
+        """Run a validated embedding request; its one delta, with the embedding and the prompt's token count."""
+        last = None
+        async for last in self.generate(request, request_id, priority, owner):
+            pass  # one delta: the request finishes in the step that computes its last prompt token
+        return last
 
     async def generate(self, request: ValidRequest, request_id: str | None = None, priority: int = 0,
                        owner: str | None = None) -> AsyncIterator[RequestDelta]:

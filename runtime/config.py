@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from runtime.errors import InvalidInputError, require
+from runtime.pooling import PoolerConfig
 
 DTYPES = {
     "float32": torch.float32,
@@ -44,6 +45,10 @@ class EngineConfig:
     enable_lora: bool = False  # serve LoRA adapters (runtime.lora), each request with at most one
     max_loras: int = 4  # adapter slots on the device; the least recently used idle one is replaced
     max_lora_rank: int = 16
+    runner: str = "generate"  # what the model serves: generate (chat, completions) | pooling (embeddings); the
+    # engine runs either kind of request, in the same batches
+    pooler_config: PoolerConfig | dict | None = None  # embeddings: {pooling_type: last | mean, normalize: bool};
+    # unset keys from the checkpoint's sentence-transformers files, else last-token pooling, normalised
     attention_backend: str = "auto"  # torch | cpu | triton | flash; auto: flash, else triton on GPU; cpu (the C++
     # kernel) on CPU where it applies, else torch
 
@@ -54,6 +59,8 @@ class EngineConfig:
             raise InvalidInputError("device", f"expected 'auto', 'cpu' or 'cuda', got {self.device!r}")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise InvalidInputError("dtype", f"expected one of auto, {', '.join(DTYPES)}; got {self.dtype!r}")
+        require(self.runner in ("generate", "pooling"), "runner", f"expected generate or pooling, got {self.runner!r}")
+        self.pooler_config = PoolerConfig.parse(self.pooler_config)
         require(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "must be at least 2")
         require(self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be at least 1")
         require(self.max_num_seqs >= 1, "max_num_seqs", "must be at least 1")

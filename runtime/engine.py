@@ -1,7 +1,9 @@
 """The synchronous engine: add requests, abort them, and step the batch forward.
 
 `step()` schedules one batch, runs it, and turns the sampled tokens into
-per-request deltas (new tokens, new text, logprobs, finish reason). A failure
+per-request deltas (new tokens, new text, logprobs, finish reason). An embedding
+request (`validate_embedding`) is prefilled in the same batches and finishes
+with its pooled embedding once its last prompt token is computed. A failure
 that belongs to one request (its sampling, prompt logprobs, text or stop
 handling) finishes that request with an error; the step goes on for the others.
 """
@@ -23,12 +25,15 @@ from runtime.lora import AdapterSlots, LoRAAdapter, LoRARequest, load_adapter
 from runtime.model_runner import ModelRunner
 from runtime.model_spec import ModelSpec
 from runtime.outputs import RequestDelta, SequenceDelta
+from runtime.pooling import PoolerConfig
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Scheduler
 from runtime.sequence import Request, Sequence
 from runtime.tokenizer import TokenCountBound, encode, eos_token_ids, load_tokenizer
 
 logger = logging.getLogger(__name__)
+
+_EMBEDDING_PARAMS = SamplingParams(max_tokens=None)  # an embedding request samples nothing
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,7 @@ class ValidRequest:
     max_tokens: int  # resolved against the context
     grammar: Grammar | None = None  # the structured-output constraint, when compiled ahead of queueing
     adapter: LoRAAdapter | None = None  # the LoRA adapter it runs with, read and checked
+    pooling: PoolerConfig | None = None  # an embedding request: how its hidden states are pooled
 
 
 class LLMEngine:
@@ -49,6 +55,7 @@ class LLMEngine:
         self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(self.spec.tokenizer)
         self.eos_token_ids = eos_token_ids(self.spec.path, self.tokenizer)
         self.token_count_bound = TokenCountBound(self.tokenizer)
+        self.pooler = config.pooler_config.resolve(self.spec.path)  # how embedding requests pool
         self.workers = None
         address = None
         if config.tensor_parallel_size > 1:
@@ -92,21 +99,16 @@ class LLMEngine:
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams,
                  lora: LoRARequest | None = None) -> ValidRequest:
-        """Check a request against the model and context: the one place requests are checked. A LoRA adapter
-        is read from disk here, off the engine's thread when the caller is."""
-        adapter = None
-        if lora is not None:
-            require(self.config.enable_lora, "model", "this engine serves no LoRA adapters (enable_lora)")
-            adapter = self._read_adapter(lora)
+        """Check a generation request against the model and context (`validate_embedding` checks embedding
+        requests). A LoRA adapter is read from disk here, off the engine's thread when the caller is."""
+        adapter = self._adapter(lora)
         limit = self.spec.max_model_len
         n = len(prompt_token_ids)
-        require(n > 0, "prompt", "must not be empty")
         require(n < limit, "prompt",
                 f"this model's maximum context length is {limit} tokens, and the prompt has {n} tokens; "
                 "at least one token must be left for the completion")
+        self._check_prompt(prompt_token_ids)
         vocab = self.spec.vocab_size
-        bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
-        require(bad is None, "prompt", f"token id {bad} is outside the vocabulary [0, {vocab})")
         for field, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids)):
             bad = next((t for t in ids if not 0 <= t < vocab), None)
             require(bad is None, field, f"token id {bad} is outside the vocabulary [0, {vocab})")
@@ -116,6 +118,27 @@ class LLMEngine:
                 f"this model's maximum context length is {limit} tokens; the prompt has {n} tokens and "
                 f"max_tokens is {params.max_tokens}, {n + params.max_tokens} in total")
         return ValidRequest(list(prompt_token_ids), params, params.max_tokens, adapter=adapter)
+
+    def validate_embedding(self, prompt_token_ids: list[int], lora: LoRARequest | None = None) -> ValidRequest:
+        """An embedding request checked against the model: its prompt may fill the whole context."""
+        adapter = self._adapter(lora)
+        limit = self.spec.max_model_len
+        require(len(prompt_token_ids) <= limit, "input",
+                f"this model's maximum context length is {limit} tokens, and the input has {len(prompt_token_ids)}")
+        self._check_prompt(prompt_token_ids, "input")
+        return ValidRequest(list(prompt_token_ids), _EMBEDDING_PARAMS, 0, adapter=adapter, pooling=self.pooler)
+
+    def _check_prompt(self, prompt_token_ids: list[int], param: str = "prompt") -> None:
+        require(len(prompt_token_ids) > 0, param, "must not be empty")
+        vocab = self.spec.vocab_size
+        bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
+        require(bad is None, param, f"token id {bad} is outside the vocabulary [0, {vocab})")
+
+    def _adapter(self, lora: LoRARequest | None) -> LoRAAdapter | None:
+        if lora is None:
+            return None
+        require(self.config.enable_lora, "model", "this engine serves no LoRA adapters (enable_lora)")
+        return self._read_adapter(lora)
 
     def _read_adapter(self, lora: LoRARequest) -> LoRAAdapter:
         """An adapter read once and kept while recently used (adapters are immutable by name and path)."""
@@ -157,8 +180,9 @@ class LLMEngine:
         prompt, params, grammar = valid.prompt_token_ids, valid.params, valid.grammar
         if params.structured_output is not None and grammar is None:
             grammar = self.compile_grammar(params.structured_output)
-        request = Request(request_id, prompt, params, priority, lambda: self._detokenizer(prompt, params), grammar,
-                          valid.adapter, owner)
+        make_detokenizer = (lambda: None) if valid.pooling else (lambda: self._detokenizer(prompt, params))
+        request = Request(request_id, prompt, params, priority, make_detokenizer, grammar, valid.adapter, owner,
+                          valid.pooling)
         request.max_tokens = valid.max_tokens
         self.requests[request_id] = request
         self.scheduler.add(request)
@@ -201,6 +225,8 @@ class LLMEngine:
             return []
         sampled = batch.sampled
         result = self.runner.run(batch)
+        for seq, total in result.pooled.items():  # a sum restarts with the prompt (after a preemption, say)
+            seq.pooled = total if seq.pooled is None or seq.num_computed_tokens == 0 else seq.pooled + total
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
         failed = result.failed
@@ -219,6 +245,9 @@ class LLMEngine:
             if delta is None:
                 delta = deltas[seq.request.request_id] = self._request_delta(seq.request)
             delta.seqs.append(seq_delta)
+        for seq in result.pooled:
+            if seq.num_computed_tokens == seq.num_tokens:
+                deltas[seq.request.request_id] = self._embedded(seq)
         for request, error in failed.items():
             deltas[request.request_id] = self._fail(request, error)
         for request_id, delta in deltas.items():
@@ -242,6 +271,14 @@ class LLMEngine:
             matched_stop=seq.matched_stop,
             num_output_tokens=seq.num_output_tokens,
         )
+
+    def _embedded(self, seq: Sequence) -> RequestDelta:
+        """Finish an embedding request whose whole prompt is computed; the delta carrying its embedding."""
+        delta = self._request_delta(seq.request)
+        delta.embedding = seq.request.pooling.pool(seq.pooled, seq.num_tokens)
+        seq.pooled = None
+        self._finish(seq, "stop", None)
+        return delta
 
     def _fail(self, request: Request, error: str) -> RequestDelta:
         """Finish every unfinished completion of `request` with reason "error"; the delta that says so."""

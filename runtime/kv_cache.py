@@ -48,8 +48,8 @@ class BlockManager:
 
     def cached_prefix(self, seq: Sequence) -> list[int]:
         """Block ids of the longest cached prefix of `seq`, leaving at least one token to compute."""
-        if seq.params.prompt_logprobs is not None:
-            return []  # prompt logprobs need every prompt position's logits
+        if seq.request.needs_every_prompt_position:
+            return []  # prompt logprobs (mean pooling) need every prompt position's logits (hidden states)
         if not self.enable_prefix_caching and seq.request.num_seqs == 1:
             return []
         hits = []

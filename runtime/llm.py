@@ -1,4 +1,4 @@
-"""The offline API for scripts and benchmarks: `LLM(model).generate(prompts, params)`."""
+"""The offline API for scripts and benchmarks: `LLM(model).generate(prompts, params)`, `LLM(model).embed(prompts)`."""
 
 import itertools
 
@@ -54,6 +54,26 @@ class LLM:
                 self.engine.abort(request_id)
             raise
         return list(outputs.values())
+
+    def embed(self, prompts: Prompt | list[Prompt]) -> list[list[float]]:
+        """Each prompt's embedding (its final hidden states pooled as the engine's `pooler_config` says), in order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        embeddings: dict[str, list[float] | None] = {}
+        try:
+            for prompt in prompts:
+                ids = self.engine.encode(prompt) if isinstance(prompt, str) else prompt
+                request_id = f"llm-{next(self._ids)}"
+                self.engine.enqueue(request_id, self.engine.validate_embedding(ids))
+                embeddings[request_id] = None
+            while self.engine.has_unfinished_requests():
+                for delta in self.engine.step():
+                    embeddings[delta.request_id] = delta.embedding
+        except BaseException:
+            for request_id in embeddings:
+                self.engine.abort(request_id)
+            raise
+        return list(embeddings.values())
 
     def chat(
         self,

@@ -2,7 +2,9 @@
 
 The batch is flattened into one token stream (decodes first, then prefill
 chunks); logits are computed only where a token is sampled, plus prompt
-positions of requests that asked for prompt logprobs.
+positions of requests that asked for prompt logprobs. Embedding requests'
+final hidden states are summed over the rows they pool (their last prompt
+token, or every prompt token of the chunk), and nothing is sampled for them.
 """
 
 from dataclasses import dataclass, field
@@ -30,6 +32,7 @@ class StepResult:
     logprobs: list[TokenLogprob | None]
     prompt_logprobs: dict[Request, list[TokenLogprob]]  # logprobs of prompt tokens computed this step
     failed: dict[Request, str]  # requests whose sampling or prompt logprobs raised: why
+    pooled: dict[Sequence, torch.Tensor] = field(default_factory=dict)  # embedding requests' sums of pooled rows
 
 
 @dataclass
@@ -46,6 +49,7 @@ class StepInputs:
     prompt_spans: list[tuple[int, int]]  # (first row, count) of prompt positions needing logprobs
     lora_slots: list[int] = field(default_factory=list)  # each sequence's adapter slot (-1: none), with LoRA
     lora_loads: list[tuple[int, LoRAAdapter]] = field(default_factory=list)  # applied before the forward
+    pool_spans: list[tuple[int, int]] = field(default_factory=list)  # (first row, count) of hidden states pooled
 
 
 class ModelRunner:
@@ -159,10 +163,10 @@ class ModelRunner:
     # --- rank 0 --------------------------------------------------------------
 
     def run(self, batch: ScheduledBatch) -> StepResult:
-        inputs, prompt_seqs = self.prepare(batch)
+        inputs, prompt_seqs, pool_seqs = self.prepare(batch)
         if self.config.tensor_parallel_size > 1:
             broadcast_from_rank0(inputs)
-        logits, prompt_logits = self.execute(inputs)
+        logits, prompt_logits, pooled = self.execute(inputs)
         failed: dict[Request, str] = {}
         token_ids, logprobs = self._sample(logits, batch.sampled, failed)
         prompt_logprobs = {}
@@ -174,7 +178,7 @@ class ModelRunner:
                 prompt_logprobs[seq.request] = [token_logprob(rows[i], t, k) for i, t in enumerate(targets)]
             except Exception as e:
                 failed[seq.request] = describe(e)
-        return StepResult(token_ids, logprobs, prompt_logprobs, failed)
+        return StepResult(token_ids, logprobs, prompt_logprobs, failed, dict(zip(pool_seqs, pooled)))
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence], failed: dict[Request, str]):
         """The batch's tokens in one pass; if that raises, row by row, so only the rows that raise fail.
@@ -198,10 +202,11 @@ class ModelRunner:
             logprobs.append(logprob)
         return token_ids, logprobs
 
-    def prepare(self, batch: ScheduledBatch) -> tuple[StepInputs, list[tuple[Sequence, int]]]:
-        """The step's inputs, and the sequences (with their first position) whose prompt logprobs it computes."""
+    def prepare(self, batch: ScheduledBatch) -> tuple[StepInputs, list[tuple[Sequence, int]], list[Sequence]]:
+        """The step's inputs, the sequences (with their first position) whose prompt logprobs it computes, and
+        the embedding requests' sequences it pools rows of."""
         inputs = StepInputs([], [], [], [], [], batch.num_decodes, [], [], lora_loads=batch.lora_loads)
-        prompt_seqs = []
+        prompt_seqs, pool_seqs = [], []
         offset = 0
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             start = seq.num_computed_tokens
@@ -212,14 +217,22 @@ class ModelRunner:
             inputs.block_tables.append(seq.block_table)
             if self.lora_batch is not None:
                 inputs.lora_slots.append(-1 if seq.lora_slot is None else seq.lora_slot)
-            if start + n == seq.num_tokens:
+            pooling = seq.request.pooling
+            if pooling is not None:
+                if pooling.pooling_type == "mean":
+                    inputs.pool_spans.append((offset, n))
+                    pool_seqs.append(seq)
+                elif start + n == seq.num_tokens:
+                    inputs.pool_spans.append((offset + n - 1, 1))
+                    pool_seqs.append(seq)
+            elif start + n == seq.num_tokens:
                 inputs.logit_rows.append(offset + n - 1)
             if seq.params.prompt_logprobs is not None and seq.index == 0 and start < seq.num_prompt_tokens - 1:
                 last = min(start + n, seq.num_prompt_tokens - 1)  # the position predicting the last prompt token
                 inputs.prompt_spans.append((offset, last - start))
                 prompt_seqs.append((seq, start))
             offset += n
-        return inputs, prompt_seqs
+        return inputs, prompt_seqs, pool_seqs
 
     def shutdown(self) -> None:
         """Release the workers and leave the process group, even when a worker is already gone."""
@@ -234,21 +247,24 @@ class ModelRunner:
     # --- every rank ------------------------------------------------------------
 
     @torch.inference_mode()
-    def execute(self, inputs: StepInputs) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The forward pass and the logits rank 0 needs (the LM head is a collective, so all ranks run it)."""
+    def execute(self, inputs: StepInputs) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """The forward pass, the logits rank 0 needs (the LM head is a collective, so all ranks run it) and the
+        sums of the pooled hidden states (after the all-reduce, every rank holds them whole)."""
         if self.lora_batch is not None:
             for slot, adapter in inputs.lora_loads:
                 load_into_slot(self.model, slot, adapter)
             self.lora_batch.set(inputs.lora_slots, inputs.query_lens, self.device)
         if self.graphs is not None and self.graphs.fits(len(inputs.query_lens), inputs.num_decodes,
-                                                        max(map(len, inputs.block_tables)), bool(inputs.prompt_spans)):
+                                                        max(map(len, inputs.block_tables)),
+                                                        bool(inputs.prompt_spans or inputs.pool_spans)):
             return self.graphs.run(inputs.input_ids, inputs.positions, inputs.context_lens, inputs.block_tables,
-                                   self.config.block_size), []
+                                   self.config.block_size), [], []
         hidden = self.model(*self._tensors(inputs), self.attention_metadata(inputs))
         logits = self.model.compute_logits(hidden[inputs.logit_rows])
         prompt_logits = [self.model.compute_logits(hidden[first : first + count])
                          for first, count in inputs.prompt_spans]
-        return logits, prompt_logits
+        pooled = [hidden[first : first + count].float().sum(0) for first, count in inputs.pool_spans]
+        return logits, prompt_logits, pooled
 
     def attention_metadata(self, inputs: StepInputs) -> AttentionMetadata:
         return self.attention_backend.build_metadata(inputs.query_lens, inputs.context_lens, inputs.block_tables,

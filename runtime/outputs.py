@@ -44,6 +44,7 @@ class RequestDelta:
     finished: bool
     prompt_logprobs: list[TokenLogprob | None] | None = None  # on the first delta only, when asked
     error: str | None = None  # the request failed in the engine and is finished (the engine goes on)
+    embedding: list[float] | None = None  # an embedding request's, on its last delta
 
     def then(self, later: "RequestDelta") -> "RequestDelta":
         """This delta followed by `later` (of the same request), as one: what a consumer that skipped
@@ -52,7 +53,8 @@ class RequestDelta:
         for s in later.seqs:
             seqs[s.index] = seqs[s.index].then(s) if s.index in seqs else s
         return RequestDelta(self.request_id, later.num_prompt_tokens, later.num_cached_tokens, list(seqs.values()),
-                            later.finished, self.prompt_logprobs or later.prompt_logprobs, later.error)
+                            later.finished, self.prompt_logprobs or later.prompt_logprobs, later.error,
+                            later.embedding)
 
 
 @dataclass

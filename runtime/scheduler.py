@@ -31,8 +31,9 @@ class ScheduledBatch:
 
     @property
     def sampled(self) -> list[Sequence]:
-        """Sequences whose chunk reaches their last token, so a new token is sampled."""
-        return [s for s, n in zip(self.seqs, self.num_new_tokens) if s.num_computed_tokens + n == s.num_tokens]
+        """Generating sequences whose chunk reaches their last token, so a new token is sampled."""
+        return [s for s, n in zip(self.seqs, self.num_new_tokens)
+                if s.num_computed_tokens + n == s.num_tokens and s.request.pooling is None]
 
     def __len__(self) -> int:
         return len(self.seqs)

@@ -14,6 +14,7 @@ from runtime.detokenizer import IncrementalDetokenizer
 from runtime.grammar import Grammar, Matcher
 from runtime.lora.adapter import LoRAAdapter
 from runtime.outputs import TokenLogprob
+from runtime.pooling import PoolerConfig
 from runtime.sampling_params import SamplingParams
 
 _arrivals = itertools.count()
@@ -32,13 +33,15 @@ class Request:
         prompt_token_ids: list[int],
         params: SamplingParams,
         priority: int,
-        make_detokenizer: Callable[[], IncrementalDetokenizer],
+        make_detokenizer: Callable[[], IncrementalDetokenizer | None],
         grammar: Grammar | None = None,
         adapter: LoRAAdapter | None = None,
         owner: str | None = None,
+        pooling: PoolerConfig | None = None,
     ):
         self.request_id = request_id
         self.owner = owner  # who sent it (an API key's digest, a tenant; None: anonymous): admission is fair by owner
+        self.pooling = pooling  # an embedding request: its prompt is prefilled and pooled, nothing is sampled
         self.adapter = adapter  # the LoRA adapter it runs with; its name also keys its prefix-cache blocks
         self.prompt_token_ids = prompt_token_ids
         self.params = params
@@ -60,9 +63,15 @@ class Request:
     def num_cached_tokens(self) -> int:
         return self.seqs[0].num_cached_tokens
 
+    @property
+    def needs_every_prompt_position(self) -> bool:
+        """Whether every prompt position must be computed (so no prefix-cache hit may stand in for one)."""
+        return self.params.prompt_logprobs is not None or (self.pooling is not None and
+                                                           self.pooling.pooling_type == "mean")
+
 
 class Sequence:
-    def __init__(self, request: Request, index: int, detokenizer: IncrementalDetokenizer,
+    def __init__(self, request: Request, index: int, detokenizer: IncrementalDetokenizer | None,
                  grammar: Grammar | None = None):
         self.request = request
         self.index = index
@@ -75,13 +84,14 @@ class Sequence:
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []
         self.num_committed_blocks = 0
-        self.detokenizer = detokenizer
+        self.detokenizer = detokenizer  # None for an embedding request
         self.logprobs: list[TokenLogprob] = []
         self.finish_reason: str | None = None
         self.matched_stop: int | str | None = None
         self.generator: torch.Generator | None = None  # made by the sampler for seeded requests
         self.matcher = Matcher(grammar) if grammar is not None else None  # structured output state
         self.lora_slot: int | None = None  # the adapter slot pinned while it runs
+        self.pooled: torch.Tensor | None = None  # an embedding request's pooled hidden states so far (float32 sum)
 
     @property
     def priority(self) -> int:

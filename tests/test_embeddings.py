@@ -1,0 +1,126 @@
+"""Embeddings: the engine's pooled final hidden states equal transformers' `AutoModel` last hidden state pooled and
+normalised (last token, mean), chunked prefill included; an embedding request mixed into a generation's steps
+leaves its greedy tokens unchanged; the pooling a sentence-transformers checkpoint declares is read."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from transformers import AutoModel
+
+from runtime import LLM, InvalidInputError, SamplingParams
+from runtime.pooling import PoolerConfig
+from tests.model_factory import kv_cache_bytes
+
+WORDS = "the capital of France is Paris and the sky is blue because of scattering".split()
+MAX_BATCHED = 32
+
+
+def _prompts(tokenizer) -> list[list[int]]:
+    texts = [" ".join(WORDS[i % len(WORDS)] for i in range(k, k + length)) for k, length in ((0, 3), (5, 12), (2, 60))]
+    prompts = [tokenizer.encode(t) for t in texts] + [[7]]
+    assert max(map(len, prompts)) > MAX_BATCHED  # one prompt is prefilled in chunks
+    return prompts
+
+
+def _reference(path, prompts, pooling_type: str, normalize: bool = True) -> list[torch.Tensor]:
+    model = AutoModel.from_pretrained(path, dtype=torch.float32)
+    out = []
+    with torch.no_grad():
+        for ids in prompts:
+            hidden = model(torch.tensor([ids])).last_hidden_state[0]
+            vector = hidden[-1] if pooling_type == "last" else hidden.mean(0)
+            out.append(torch.nn.functional.normalize(vector, dim=-1) if normalize else vector)
+    return out
+
+
+def _llm(path, **kwargs) -> LLM:
+    return LLM(str(path), dtype="float32", max_model_len=256, max_num_batched_tokens=MAX_BATCHED,
+               kv_cache_bytes=kv_cache_bytes(path, num_blocks=64), runner="pooling", **kwargs)
+
+
+def _assert_close(ours: list[list[float]], expected: list[torch.Tensor]) -> None:
+    assert len(ours) == len(expected)
+    for got, want in zip(ours, expected):
+        torch.testing.assert_close(torch.tensor(got), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("pooling_type", ["last", "mean"])
+def test_embeddings_equal_transformers_pooled_hidden_states(qwen2_model, pooling_type):
+    llm = _llm(qwen2_model, pooler_config={"pooling_type": pooling_type})
+    prompts = _prompts(llm.tokenizer)
+    expected = _reference(qwen2_model, prompts, pooling_type)
+    _assert_close(llm.embed(prompts), expected)
+    _assert_close(llm.embed(prompts), expected)  # again, now over the prefix cache (mean pooling takes no hit)
+    stats = llm.engine.stats()
+    assert stats["num_free_blocks"] == stats["num_blocks"] and stats["num_requests"] == 0
+    if pooling_type == "last":
+        assert stats["prefix_cache_hit_tokens"] > 0
+
+
+def test_unnormalised_embeddings_and_a_prompt_filling_the_context(qwen2_model):
+    llm = _llm(qwen2_model, pooler_config={"pooling_type": "mean", "normalize": False})
+    prompt = [(i * 37) % 500 for i in range(256)]  # the whole context: nothing is generated after it
+    _assert_close(llm.embed([prompt]), _reference(qwen2_model, [prompt], "mean", normalize=False))
+    with pytest.raises(InvalidInputError, match="input"):
+        llm.embed([prompt + [1]])
+    with pytest.raises(InvalidInputError, match="input"):
+        llm.embed([[]])
+
+
+def test_an_embedding_mixed_with_decode_leaves_greedy_tokens_unchanged(qwen2_model):
+    llm = _llm(qwen2_model)
+    engine = llm.engine
+    prompt = llm.tokenizer.encode("the sky is blue because")
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    alone = llm.generate([prompt], params)[0].outputs[0].token_ids
+    embed_prompt = _prompts(llm.tokenizer)[2]
+    engine.add_request("gen", prompt, params)
+    tokens, embedding, mixed_steps = [], None, 0
+    while engine.has_unfinished_requests():
+        if len(tokens) == 2:
+            engine.enqueue("emb", engine.validate_embedding(embed_prompt))
+        mixed_steps += "emb" in engine.requests and "gen" in engine.requests
+        for delta in engine.step():
+            if delta.request_id == "gen":
+                tokens += delta.seqs[0].token_ids
+            else:
+                embedding = delta.embedding
+    assert tokens == alone
+    assert mixed_steps >= 2  # the embedding's prompt was prefilled in chunks beside the decodes
+    _assert_close([embedding], _reference(qwen2_model, [embed_prompt], "last"))
+    stats = engine.stats()
+    assert stats["num_free_blocks"] == stats["num_blocks"]
+
+
+def test_tp2_embeddings_equal_tp1(ray_cluster, qwen2_model):
+    llm = _llm(qwen2_model, pooler_config={"pooling_type": "mean"}, tensor_parallel_size=2)
+    try:
+        prompts = _prompts(llm.tokenizer)
+        _assert_close(llm.embed(prompts), _reference(qwen2_model, prompts, "mean"))
+    finally:
+        llm.shutdown()
+
+
+def test_pooling_read_from_a_sentence_transformers_checkpoint(qwen2_model, tmp_path):
+    path = tmp_path / "st"
+    shutil.copytree(qwen2_model, path)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    (path / "modules.json").write_text(json.dumps(modules))
+    (path / "1_Pooling").mkdir()
+    pooling = {"word_embedding_dimension": 64, "pooling_mode_mean_tokens": True, "pooling_mode_lasttoken": False}
+    (path / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    assert PoolerConfig().resolve(path) == PoolerConfig("mean", False)
+    modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+    (path / "modules.json").write_text(json.dumps(modules))
+    assert PoolerConfig().resolve(path) == PoolerConfig("mean", True)
+    assert PoolerConfig("last").resolve(path) == PoolerConfig("last", True)  # the engine option wins
+    assert PoolerConfig().resolve(qwen2_model) == PoolerConfig("last", True)  # Qwen3-Embedding's pooling
+    (path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True}))
+    with pytest.raises(InvalidInputError, match="pooler_config"):
+        PoolerConfig().resolve(path)
+    with pytest.raises(InvalidInputError, match="pooler_config"):
+        PoolerConfig.parse({"pooling_type": "max"})
+
