@@ -4,7 +4,7 @@ This is the only interface that crosses a Ray hop: the HTTP routes and the
 batch manager reach a model through it, and nothing else of a replica.
 `ModelClient` is what they call: chat, completions and /generate, each as one
 reply or a stream of chunks (dicts, serialised to SSE only at the HTTP edge:
-api/sse.py); /tokenize and /detokenize; a health probe. `LLMServer` (the
+api/sse.py); embeddings; /tokenize and /detokenize; a health probe. `LLMServer` (the
 replica) implements it in-process, which is what direct streaming uses; `RemoteModel` implements it
 over a Serve handle to the model's replicas, which is what the ingress and the
 batch manager use. Errors are `OpenAIError`s, raised by a call or by a stream
@@ -20,6 +20,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.exceptions import ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
+from deployments.api.embeddings import EmbeddingRequest
 from deployments.api.generate_protocol import GenerateRequest
 from deployments.api.protocol import ChatCompletionRequest, CompletionRequest
 from deployments.api.tokenize import DetokenizeRequest, TokenizeRequest
@@ -39,6 +40,8 @@ class ModelClient(Protocol):
                           owner: str | None = None) -> dict: ...
 
     async def generate(self, req: GenerateRequest, owner: str | None = None) -> dict | list: ...
+
+    async def embeddings(self, req: EmbeddingRequest, owner: str | None = None) -> dict: ...
 
     async def tokenize(self, req: TokenizeRequest) -> dict: ...
 
@@ -80,6 +83,9 @@ class RemoteModel:
 
     async def generate(self, req: GenerateRequest, owner: str | None = None) -> dict | list:
         return await _reply(lambda: self.handle.generate.remote(req, owner))
+
+    async def embeddings(self, req: EmbeddingRequest, owner: str | None = None) -> dict:
+        return await _reply(lambda: self.handle.embeddings.remote(req, owner))
 
     async def tokenize(self, req: TokenizeRequest) -> dict:
         return await _reply(lambda: self.handle.tokenize.remote(req))

@@ -1,16 +1,21 @@
 """Embeddings: the engine's pooled final hidden states equal transformers' `AutoModel` last hidden state pooled and
 normalised (last token, mean), chunked prefill included; an embedding request mixed into a generation's steps
-leaves its greedy tokens unchanged; the pooling a sentence-transformers checkpoint declares is read."""
+leaves its greedy tokens unchanged; the pooling a sentence-transformers checkpoint declares is read. Served:
+/v1/embeddings through the `openai` SDK equals the offline engine; the routes a model does not serve are 400s."""
 
+import base64
 import json
 import shutil
+import struct
 
 import pytest
+import requests
 import torch
 from transformers import AutoModel
 
 from runtime import LLM, InvalidInputError, SamplingParams
 from runtime.pooling import PoolerConfig
+from tests.conftest import ENGINE_KWARGS, MODEL_ID, another_app, app_args
 from tests.model_factory import kv_cache_bytes
 
 WORDS = "the capital of France is Paris and the sky is blue because of scattering".split()
@@ -124,3 +129,70 @@ def test_pooling_read_from_a_sentence_transformers_checkpoint(qwen2_model, tmp_p
     with pytest.raises(InvalidInputError, match="pooler_config"):
         PoolerConfig.parse({"pooling_type": "max"})
 
+
+# --- served: /v1/embeddings through the openai SDK -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def embedder(server, tmp_path_factory):
+    """An app beside the shared one serving the shared server's tiny model as an embedding model."""
+    import openai
+
+    args = app_args(server.model_dir, f"file://{tmp_path_factory.mktemp('embed-storage')}")
+    args["llm_configs"][0]["engine_kwargs"] = {**ENGINE_KWARGS, "runner": "pooling"}
+    with another_app(server, "embed", args) as url:
+        yield openai.Client(base_url=f"{url}/v1", api_key="None")
+
+
+@pytest.fixture(scope="module")
+def offline(server):
+    return LLM(str(server.model_dir), runner="pooling", **ENGINE_KWARGS)
+
+
+def test_served_embeddings_equal_the_offline_engine(embedder, offline):
+    texts = ["the sky is blue", "Paris is the capital of France and Tokyo of Japan", "hi"]
+    expected = offline.embed(texts)
+    for encoding in ({"encoding_format": "float"}, {}):  # unasked, the SDK asks for base64 and decodes it
+        reply = embedder.embeddings.create(model=MODEL_ID, input=texts, user="someone", **encoding)
+        assert reply.object == "list" and reply.model == MODEL_ID
+        assert [d.index for d in reply.data] == [0, 1, 2] and {d.object for d in reply.data} == {"embedding"}
+        _assert_close([d.embedding for d in reply.data], [torch.tensor(e) for e in expected])
+        tokens = sum(len(offline.tokenizer.encode(t)) for t in texts)
+        assert reply.usage.prompt_tokens == reply.usage.total_tokens == tokens
+    raw = requests.post(f"{embedder.base_url}embeddings", json={"input": "hi", "encoding_format": "base64"}).json()
+    packed = base64.b64decode(raw["data"][0]["embedding"])
+    _assert_close([list(struct.unpack(f"<{len(packed) // 4}f", packed))], [torch.tensor(expected[2])])
+
+    short = embedder.embeddings.create(model=MODEL_ID, input=texts[1], dimensions=16, encoding_format="float")
+    truncated = torch.nn.functional.normalize(torch.tensor(expected[1][:16]), dim=-1)
+    _assert_close([short.data[0].embedding], [truncated])
+
+    ids = [offline.tokenizer.encode(t) for t in texts]
+    one = embedder.embeddings.create(model=MODEL_ID, input=ids[0], encoding_format="float")
+    many = embedder.embeddings.create(model=MODEL_ID, input=ids, encoding_format="float")
+    _assert_close([one.data[0].embedding], [torch.tensor(expected[0])])
+    _assert_close([d.embedding for d in many.data], [torch.tensor(e) for e in expected])
+
+
+def test_served_embeddings_refusals(embedder, client):
+    import openai
+
+    def refused(call, param: str) -> str:
+        with pytest.raises(openai.BadRequestError) as e:
+            call()
+        assert e.value.body["param"] == param, e.value.body
+        return e.value.body["message"]
+
+    assert "not an embedding model" in refused(lambda: client.embeddings.create(model=MODEL_ID, input="hi"), "model")
+    for call in (lambda: embedder.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "hi"}]),
+                 lambda: embedder.completions.create(model=MODEL_ID, prompt="hi"),
+                 lambda: embedder.chat.completions.create(model=MODEL_ID, stream=True,
+                                                          messages=[{"role": "user", "content": "hi"}])):
+        assert "embedding model" in refused(call, "model")
+    refused(lambda: embedder.embeddings.create(model=MODEL_ID, input="hi", dimensions=65), "dimensions")
+    refused(lambda: embedder.embeddings.create(model=MODEL_ID, input=[[1] * 513]), "input")
+    refused(lambda: embedder.embeddings.create(model=MODEL_ID, input=[[70_000]]), "input")
+    with pytest.raises(openai.BadRequestError):
+        embedder.embeddings.create(model=MODEL_ID, input=["hi"] * 1025)
+    with pytest.raises(openai.BadRequestError):
+        embedder.embeddings.create(model=MODEL_ID, input=[])

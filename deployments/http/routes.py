@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException
 
 from deployments.api.anthropic.messages import AnthropicMessages, anthropic_error
 from deployments.api.anthropic.protocol import CountTokensRequest, MessagesRequest
+from deployments.api.embeddings import EmbeddingRequest
 from deployments.api.generate_protocol import GenerateRequest
 from deployments.api.protocol import ID, BatchCreateRequest, ChatCompletionRequest, CompletionRequest
 from deployments.api.responses.protocol import ResponsesRequest
@@ -187,6 +188,12 @@ async def completions(request: Request, front: OpenAIFront = Front):
 async def generate(request: Request, front: OpenAIFront = Front):
     body, model, owner = await front.generation(request, GenerateRequest)
     return await respond(request, body, lambda b: model.generate(b, owner), lambda b: model.generate_stream(b, owner))
+
+
+@router.post("/v1/embeddings", openapi_extra=_json_body(EmbeddingRequest))
+async def embeddings(request: Request, front: OpenAIFront = Front):
+    body, model, owner = await front.generation(request, EmbeddingRequest)
+    return await model.embeddings(body, owner)
 
 
 @router.post("/tokenize", openapi_extra=_json_body(TokenizeRequest))

@@ -1,4 +1,5 @@
-"""The replica deployment: one AsyncLLMEngine serving chat, completions and /generate for one model."""
+"""The replica deployment: one AsyncLLMEngine serving chat, completions and /generate for one model, or
+embeddings when it is an embedding model (engine option `runner: pooling`)."""
 
 import asyncio
 import logging
@@ -9,6 +10,7 @@ from collections.abc import AsyncIterator
 
 from deployments.api.chat import ChatHandler
 from deployments.api.completions import CompletionHandler
+from deployments.api.embeddings import EmbeddingHandler, EmbeddingRequest
 from deployments.api.format import TokenTexts, new_id
 from deployments.api.generate import GenerateHandler
 from deployments.api.generate_protocol import GenerateRequest
@@ -35,6 +37,7 @@ class LLMServer:
                                         config.tool_call_parser)
         self.completion_handler = CompletionHandler(self.engine, self.model_id, texts, adapters)
         self.generate_handler = GenerateHandler(self.engine, adapters)
+        self.embedding_handler = EmbeddingHandler(self.engine, self.model_id)
         self.tokenize_handler = TokenizeHandler(self.engine, self.chat_handler)
         threading.Thread(target=self._report_gauges, args=(EngineGauges(self.model_id),), name="gauges",
                          daemon=True).start()
@@ -48,14 +51,21 @@ class LLMServer:
 
     async def chat(self, req: ChatCompletionRequest, request_id: str | None = None, priority: int = 0,
                    owner: str | None = None) -> dict:
+        self._serves("generate")
         return await _reply(self.chat_handler.complete(req, request_id or new_id("chatcmpl-"), priority, owner))
 
     async def completions(self, req: CompletionRequest, request_id: str | None = None, priority: int = 0,
                           owner: str | None = None) -> dict:
+        self._serves("generate")
         return await _reply(self.completion_handler.complete(req, request_id or new_id("cmpl-"), priority, owner))
 
     async def generate(self, req: GenerateRequest, owner: str | None = None) -> dict | list:
+        self._serves("generate")
         return await _reply(self.generate_handler.complete(req, owner=owner))
+
+    async def embeddings(self, req: EmbeddingRequest, owner: str | None = None) -> dict:
+        self._serves("pooling")
+        return await _reply(self.embedding_handler.embed(req, new_id("embd-"), owner=owner))
 
     async def tokenize(self, req: TokenizeRequest) -> dict:
         return await _reply(self.tokenize_handler.tokenize(req))
@@ -65,18 +75,28 @@ class LLMServer:
 
     async def chat_stream(self, req: ChatCompletionRequest, owner: str | None = None
                           ) -> AsyncIterator[dict | StreamError]:
+        self._serves("generate")
         async for chunk in _stream(self.chat_handler.stream(req, new_id("chatcmpl-"), owner)):
             yield chunk
 
     async def completions_stream(self, req: CompletionRequest, owner: str | None = None
                                  ) -> AsyncIterator[dict | StreamError]:
+        self._serves("generate")
         async for chunk in _stream(self.completion_handler.stream(req, new_id("cmpl-"), owner)):
             yield chunk
 
     async def generate_stream(self, req: GenerateRequest, owner: str | None = None
                               ) -> AsyncIterator[dict | StreamError]:
+        self._serves("generate")
         async for chunk in _stream(self.generate_handler.stream(req, owner)):
             yield chunk
+
+    def _serves(self, runner: str) -> None:
+        """A 400 naming `model` unless this model serves the route's kind of request (runner)."""
+        if self.engine.runner != runner:
+            kind = "an embedding model (runner: pooling): it serves /v1/embeddings only" \
+                if self.engine.runner == "pooling" else "not an embedding model (engine_kwargs runner: pooling)"
+            raise OpenAIError(400, f"model: {self.model_id!r} is {kind}", "model")
 
     # --- operations ------------------------------------------------------------
 
