@@ -41,7 +41,8 @@ class ModelClient(Protocol):
 
     async def generate(self, req: GenerateRequest, owner: str | None = None) -> dict | list: ...
 
-    async def embeddings(self, req: EmbeddingRequest, owner: str | None = None) -> dict: ...
+    async def embeddings(self, req: EmbeddingRequest, request_id: str | None = None, priority: int = 0,
+                         owner: str | None = None) -> dict: ...
 
     async def tokenize(self, req: TokenizeRequest) -> dict: ...
 
@@ -84,8 +85,9 @@ class RemoteModel:
     async def generate(self, req: GenerateRequest, owner: str | None = None) -> dict | list:
         return await _reply(lambda: self.handle.generate.remote(req, owner))
 
-    async def embeddings(self, req: EmbeddingRequest, owner: str | None = None) -> dict:
-        return await _reply(lambda: self.handle.embeddings.remote(req, owner))
+    async def embeddings(self, req: EmbeddingRequest, request_id: str | None = None, priority: int = 0,
+                         owner: str | None = None) -> dict:
+        return await _reply(lambda: self.handle.embeddings.remote(req, request_id, priority, owner))
 
     async def tokenize(self, req: TokenizeRequest) -> dict:
         return await _reply(lambda: self.handle.tokenize.remote(req))

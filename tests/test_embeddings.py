@@ -196,3 +196,23 @@ def test_served_embeddings_refusals(embedder, client):
         embedder.embeddings.create(model=MODEL_ID, input=["hi"] * 1025)
     with pytest.raises(openai.BadRequestError):
         embedder.embeddings.create(model=MODEL_ID, input=[])
+
+
+def test_batch_lines_may_target_embeddings(embedder, offline):
+    """OpenAI's Batch API takes /v1/embeddings lines; their bodies are the route's replies."""
+    from tests.test_batches import finished, jsonl, read_jsonl
+
+    texts = ["the sky is blue", "hi"]
+    lines = [{"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
+              "body": {"model": MODEL_ID, "input": text, "encoding_format": "float"}} for i, text in enumerate(texts)]
+    lines.append({"custom_id": "bad", "method": "POST", "url": "/v1/embeddings", "body": {"model": MODEL_ID}})
+    upload = embedder.files.create(file=("embed.jsonl", jsonl(lines)), purpose="batch")
+    batch = finished(embedder, embedder.batches.create(input_file_id=upload.id, endpoint="/v1/embeddings",
+                                                       completion_window="24h").id)
+    assert batch.status == "completed" and (batch.request_counts.completed, batch.request_counts.failed) == (2, 1)
+    results = read_jsonl(embedder, batch.output_file_id)
+    assert [r["custom_id"] for r in results] == ["e0", "e1"]
+    vectors = [r["response"]["body"]["data"][0]["embedding"] for r in results]
+    _assert_close(vectors, [torch.tensor(e) for e in offline.embed(texts)])
+    (error,) = read_jsonl(embedder, batch.error_file_id)
+    assert error["custom_id"] == "bad" and "input" in error["error"]["message"]

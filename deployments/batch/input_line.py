@@ -4,12 +4,14 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from deployments.api.embeddings import EmbeddingRequest
 from deployments.api.protocol import ChatCompletionRequest, CompletionRequest
 from deployments.api.strict_json import loads_object
 from deployments.errors import from_validation_error
 from deployments.replica.adapters import adapter_name
 
-ENDPOINTS = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
+ENDPOINTS = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest,
+             "/v1/embeddings": EmbeddingRequest}
 
 
 class LineError(ValueError):
@@ -24,7 +26,7 @@ class LineError(ValueError):
 class BatchRequest:
     custom_id: str
     model: str  # the served model whose replicas run it
-    body: ChatCompletionRequest | CompletionRequest
+    body: ChatCompletionRequest | CompletionRequest | EmbeddingRequest
 
 
 def parse_line(raw: bytes, endpoint: str, models: set[str], seen: set[str], max_bytes: int) -> BatchRequest:

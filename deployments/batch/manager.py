@@ -17,7 +17,8 @@ import time
 import ray
 from ray import serve
 
-from deployments.api.protocol import COMPLETION_WINDOW, ChatCompletionRequest
+from deployments.api.embeddings import EmbeddingRequest
+from deployments.api.protocol import COMPLETION_WINDOW, ChatCompletionRequest, CompletionRequest
 from deployments.batch.capacity import Capacity, running_replicas
 from deployments.batch.files import FileLimits, FileStore, paginate
 from deployments.batch.input_line import ENDPOINTS, BatchRequest
@@ -131,7 +132,8 @@ class BatchManager:
         if model is None:
             handle = serve.get_deployment_handle(self.deployments[request.model], app_name=self.app_name)
             model = self._clients[request.model] = RemoteModel(handle)
-        call = model.chat if isinstance(request.body, ChatCompletionRequest) else model.completions
+        call = {ChatCompletionRequest: model.chat, CompletionRequest: model.completions,
+                EmbeddingRequest: model.embeddings}[type(request.body)]
         try:
             return 200, await call(request.body, request_id, BATCH_PRIORITY)
         except OpenAIError as e:

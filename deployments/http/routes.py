@@ -193,7 +193,7 @@ async def generate(request: Request, front: OpenAIFront = Front):
 @router.post("/v1/embeddings", openapi_extra=_json_body(EmbeddingRequest))
 async def embeddings(request: Request, front: OpenAIFront = Front):
     body, model, owner = await front.generation(request, EmbeddingRequest)
-    return await model.embeddings(body, owner)
+    return await model.embeddings(body, owner=owner)
 
 
 @router.post("/tokenize", openapi_extra=_json_body(TokenizeRequest))

@@ -63,9 +63,10 @@ class LLMServer:
         self._serves("generate")
         return await _reply(self.generate_handler.complete(req, owner=owner))
 
-    async def embeddings(self, req: EmbeddingRequest, owner: str | None = None) -> dict:
+    async def embeddings(self, req: EmbeddingRequest, request_id: str | None = None, priority: int = 0,
+                         owner: str | None = None) -> dict:
         self._serves("pooling")
-        return await _reply(self.embedding_handler.embed(req, new_id("embd-"), owner=owner))
+        return await _reply(self.embedding_handler.embed(req, request_id or new_id("embd-"), priority, owner))
 
     async def tokenize(self, req: TokenizeRequest) -> dict:
         return await _reply(self.tokenize_handler.tokenize(req))
