@@ -190,6 +190,9 @@ class AsyncLLMEngine:
             except TimeoutError:
                 raise InvalidInputError(constraint.param, f"the {constraint.kind} did not compile within "
                                                           f"{GRAMMAR_TIMEOUT_S:g} s; simplify it") from None
+            except ChildProcessError:  # its compile process died (out of memory, say): this grammar's doing
+                raise InvalidInputError(constraint.param, f"the {constraint.kind} could not be compiled (its "
+                                                          "compile process died); simplify it") from None
         return replace(request, grammar=grammar)
 
     def abort(self, request_id: str) -> None:
