@@ -81,7 +81,8 @@ def test_config_errors_name_the_field():
 def test_grafana_dashboard_queries_only_metrics_we_export():
     import re
 
-    source = (ROOT / "deployments/metrics.py").read_text()
+    source = "".join((ROOT / f"deployments/{path}").read_text()
+                     for path in ("metrics.py", "http/metrics.py", "replica/metrics.py"))
     defined = set(re.findall(r'"(rayllm_[a-z0-9_]+)"', source)) | {
         f"rayllm_{name}" for name in re.findall(r'\("([a-z_]+)", "[A-Z]', source)}
     dashboard = json.loads((ROOT / "k8s/grafana-dashboard.json").read_text())
