@@ -1,5 +1,6 @@
 """A batch's stored state: the public OpenAI object apart from the private progress, and the earlier flat format."""
 
+import concurrent.futures
 import json
 
 import pytest
@@ -126,6 +127,10 @@ def test_windows_run_ahead_of_a_slow_tail_commit_in_order_and_a_killed_run_resum
             await asyncio.sleep(0.01)
         run.cancel()  # the manager is killed
         await asyncio.gather(run, return_exceptions=True)
+        # ... and with it the store writes its threads had under way, which a cancel alone lets finish later
+        loop = asyncio.get_running_loop()
+        await loop.shutdown_default_executor()
+        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor())
         saved = BatchState.model_validate(store.get_json(job.state_key()))
         assert saved.batch.request_counts.completed == saved.progress.lines_done  # no line counted uncommitted
         resumed = _job(store, saved, send)
