@@ -120,6 +120,9 @@ def test_windows_run_ahead_of_a_slow_tail_commit_in_order_and_a_killed_run_resum
         return 200, {"echo": request.custom_id}
 
     async def killed_then_resumed():
+        loop = asyncio.get_running_loop()
+        killed_threads = concurrent.futures.ThreadPoolExecutor()
+        loop.set_default_executor(killed_threads)
         state = new_batch("file-in", "/v1/chat/completions", 3600, "1h", None, FileStore.content_key("file-in"), None)
         job = _job(store, state, send)
         run = asyncio.get_running_loop().create_task(job.run())
@@ -128,8 +131,7 @@ def test_windows_run_ahead_of_a_slow_tail_commit_in_order_and_a_killed_run_resum
         run.cancel()  # the manager is killed
         await asyncio.gather(run, return_exceptions=True)
         # ... and with it the store writes its threads had under way, which a cancel alone lets finish later
-        loop = asyncio.get_running_loop()
-        await loop.shutdown_default_executor()
+        await asyncio.to_thread(killed_threads.shutdown)
         loop.set_default_executor(concurrent.futures.ThreadPoolExecutor())
         saved = BatchState.model_validate(store.get_json(job.state_key()))
         assert saved.batch.request_counts.completed == saved.progress.lines_done  # no line counted uncommitted
