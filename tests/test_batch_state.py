@@ -131,7 +131,7 @@ def test_windows_run_ahead_of_a_slow_tail_commit_in_order_and_a_killed_run_resum
         run.cancel()  # the manager is killed
         await asyncio.gather(run, return_exceptions=True)
         # ... and with it the store writes its threads had under way, which a cancel alone lets finish later
-        await asyncio.to_thread(killed_threads.shutdown)
+        killed_threads.shutdown(wait=True)
         loop.set_default_executor(concurrent.futures.ThreadPoolExecutor())
         saved = BatchState.model_validate(store.get_json(job.state_key()))
         assert saved.batch.request_counts.completed == saved.progress.lines_done  # no line counted uncommitted
