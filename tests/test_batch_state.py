@@ -197,3 +197,26 @@ def test_batches_share_their_model_capacity_in_turn_and_it_follows_a_resize(tmp_
     window = order[both:both + 30]
     assert abs(window.count(first) - window.count(second)) <= 2
     assert 2 < peak_after_resize <= 6 and capacity.used == 0
+
+
+def test_a_waiter_cancelled_after_a_grant_passed_over_it_leaves_quietly():
+    """A slot's waiter cancelled, then skipped by a release before its task resumes: no error, no slot lost."""
+    import asyncio
+
+    from deployments.batch.capacity import Capacity
+
+    async def scenario():
+        capacity = Capacity(1)
+        await capacity.acquire()
+        waiting = asyncio.get_running_loop().create_task(capacity.acquire())
+        await asyncio.sleep(0)  # it queues its waiter
+        waiting.cancel()  # its waiter is cancelled; the task has not run its handler yet
+        capacity._waiters[0].cancel()
+        capacity.release()  # the grant passes over the cancelled waiter
+        results = await asyncio.gather(waiting, return_exceptions=True)
+        assert isinstance(results[0], asyncio.CancelledError)
+        assert capacity.used == 0 and not capacity._waiters
+        await capacity.acquire()  # the slot is still there
+        assert capacity.used == 1
+
+    asyncio.run(scenario())

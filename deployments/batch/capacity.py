@@ -35,7 +35,7 @@ class Capacity:
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():  # granted as it was cancelled: hand the slot on
                 self.release()
-            else:
+            elif waiter in self._waiters:  # (a grant may already have passed over it, cancelled)
                 self._waiters.remove(waiter)
             raise
 
