@@ -181,7 +181,7 @@ def test_bad_batch_requests_are_4xx(client, server):
     uploaded = client.files.create(file=("one.jsonl", jsonl([chat_line("r", "x")])), purpose="batch")
     cases = [
         (dict(input_file_id="file-missing", endpoint="/v1/chat/completions"), openai.NotFoundError),
-        (dict(input_file_id=uploaded.id, endpoint="/v1/embeddings"), openai.BadRequestError),
+        (dict(input_file_id=uploaded.id, endpoint="/v1/audio/transcriptions"), openai.BadRequestError),
         (dict(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="soon"),
          openai.BadRequestError),
         (dict(input_file_id="s3://no-such-bucket/x.jsonl", endpoint="/v1/chat/completions"), openai.APIStatusError),
