@@ -5,7 +5,6 @@ wrong type or range is a 400. Our extensions (SGLang's and vLLM's names) sit bes
 """
 
 import json
-import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -20,8 +19,6 @@ MAX_SEQUENCES = 1024  # prompts x n in one completions or /generate call
 MAX_LOGPROB_ENTRIES = 1_000_000  # n x max tokens x (1 + top logprobs): bounds the size of a streamed reply
 # ... and of one reply body, built whole in memory and sent at once (about 72 bytes an entry: 7 MB)
 MAX_REPLY_LOGPROB_ENTRIES = 100_000
-ID = re.compile(r"[A-Za-z0-9_-]{1,200}")  # a file, batch or response id: never a path, a NUL or 10 kB
-COMPLETION_WINDOW = re.compile(r"^(\d{1,6})([smhd])$")  # at most 999,999 days: expires_at stays within int64
 
 
 class RequestModel(BaseModel):
@@ -365,37 +362,6 @@ class CompletionRequest(_SamplingFields):
         if prompt_logprobs is None and self.echo:
             prompt_logprobs = self.logprobs
         return self.sampling_params(self.max_tokens, self.logprobs, self.constraint(), prompt_logprobs=prompt_logprobs)
-
-
-class BatchCreateRequest(RequestModel):
-    input_file_id: str = Field(min_length=1)  # a file id, or an s3://bucket/key URI staged by the user
-    endpoint: str
-    completion_window: str = "24h"
-    metadata: dict[str, str] | None = None
-
-    @field_validator("input_file_id")
-    @classmethod
-    def _an_id_or_an_s3_uri(cls, v: str) -> str:
-        if v.startswith("s3://"):
-            if len(v) > 1024 or any(ord(c) < 32 for c in v):
-                raise ValueError("an s3:// URI: at most 1024 characters, no control characters")
-        elif not ID.fullmatch(v):
-            raise ValueError("not a file id (letters, digits, _ and -; at most 200) nor an s3:// URI")
-        return v
-
-    @field_validator("completion_window")
-    @classmethod
-    def _a_duration(cls, v: str) -> str:
-        if not COMPLETION_WINDOW.match(v):
-            raise ValueError(f"expected a duration like '24h' (at most 6 digits, then s, m, h or d), got {v[:64]!r}")
-        return v
-
-    @field_validator("metadata")
-    @classmethod
-    def _openai_metadata_limits(cls, v: dict | None) -> dict | None:
-        if v is not None and (len(v) > 16 or any(len(k) > 64 or len(s) > 512 for k, s in v.items())):
-            raise ValueError("at most 16 pairs, keys of at most 64 characters, values of at most 512 (as OpenAI)")
-        return v
 
 
 def _bound_logprobs(entries: int, product: str, stream: bool) -> None:

@@ -17,8 +17,9 @@ import time
 import ray
 from ray import serve
 
+from deployments.api.batch_protocol import COMPLETION_WINDOW
 from deployments.api.embeddings import EmbeddingRequest
-from deployments.api.protocol import COMPLETION_WINDOW, ChatCompletionRequest, CompletionRequest
+from deployments.api.protocol import ChatCompletionRequest, CompletionRequest
 from deployments.batch.capacity import Capacity, running_replicas
 from deployments.batch.files import FileLimits, FileStore, paginate
 from deployments.batch.input_line import ENDPOINTS, BatchRequest

@@ -20,9 +20,10 @@ from starlette.exceptions import HTTPException
 
 from deployments.api.anthropic.messages import AnthropicMessages, anthropic_error
 from deployments.api.anthropic.protocol import CountTokensRequest, MessagesRequest
+from deployments.api.batch_protocol import ID, BatchCreateRequest
 from deployments.api.embeddings import EmbeddingRequest
 from deployments.api.generate_protocol import GenerateRequest
-from deployments.api.protocol import ID, BatchCreateRequest, ChatCompletionRequest, CompletionRequest
+from deployments.api.protocol import ChatCompletionRequest, CompletionRequest
 from deployments.api.responses.protocol import ResponsesRequest
 from deployments.api.sse import event_stream, sse_stream
 from deployments.api.tokenize import DetokenizeRequest, TokenizeRequest

@@ -1,0 +1,41 @@
+"""The body of POST /v1/batches, and the ids and durations the Files and Batches routes take."""
+
+import re
+
+from pydantic import Field, field_validator
+
+from deployments.api.protocol import RequestModel
+
+ID = re.compile(r"[A-Za-z0-9_-]{1,200}")  # a file, batch or response id: never a path, a NUL or 10 kB
+COMPLETION_WINDOW = re.compile(r"^(\d{1,6})([smhd])$")  # at most 999,999 days: expires_at stays within int64
+
+
+class BatchCreateRequest(RequestModel):
+    input_file_id: str = Field(min_length=1)  # a file id, or an s3://bucket/key URI staged by the user
+    endpoint: str
+    completion_window: str = "24h"
+    metadata: dict[str, str] | None = None
+
+    @field_validator("input_file_id")
+    @classmethod
+    def _an_id_or_an_s3_uri(cls, v: str) -> str:
+        if v.startswith("s3://"):
+            if len(v) > 1024 or any(ord(c) < 32 for c in v):
+                raise ValueError("an s3:// URI: at most 1024 characters, no control characters")
+        elif not ID.fullmatch(v):
+            raise ValueError("not a file id (letters, digits, _ and -; at most 200) nor an s3:// URI")
+        return v
+
+    @field_validator("completion_window")
+    @classmethod
+    def _a_duration(cls, v: str) -> str:
+        if not COMPLETION_WINDOW.match(v):
+            raise ValueError(f"expected a duration like '24h' (at most 6 digits, then s, m, h or d), got {v[:64]!r}")
+        return v
+
+    @field_validator("metadata")
+    @classmethod
+    def _openai_metadata_limits(cls, v: dict | None) -> dict | None:
+        if v is not None and (len(v) > 16 or any(len(k) > 64 or len(s) > 512 for k, s in v.items())):
+            raise ValueError("at most 16 pairs, keys of at most 64 characters, values of at most 512 (as OpenAI)")
+        return v
