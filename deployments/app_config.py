@@ -23,7 +23,7 @@ _ENGINE_OPTIONS = {f.name for f in dataclasses.fields(EngineConfig) if f.init} -
 _DEPLOYMENT_OPTIONS = {
     "num_replicas", "autoscaling_config", "max_ongoing_requests", "max_queued_requests", "ray_actor_options",
     "health_check_period_s", "health_check_timeout_s", "graceful_shutdown_timeout_s",
-    "graceful_shutdown_wait_loop_s", "request_router_config",
+    "graceful_shutdown_wait_loop_s", "request_router_config", "max_replicas_per_node",
 }
 
 
@@ -112,7 +112,8 @@ class AppConfig(StrictModel):
     # s3:// prefixes a batch's input_file_id may name, besides this app's own storage_uri; nothing else is read
     batch_input_prefixes: list[str] = Field(default_factory=list)
     # Serve options of the OpenAI ingress (num_replicas, autoscaling_config, ray_actor_options, ...). Two
-    # replicas by default, which Serve spreads over nodes: losing one node never takes the app's front door.
+    # replicas by default, at most as many per node as the cluster's nodes require (builder.py): losing one node
+    # never takes the app's front door.
     ingress_deployment_config: dict[str, Any] = Field(default_factory=lambda: {"num_replicas": 2})
     # A file:// storage_uri that every node sees (NFS, a shared volume). Without it, a file:// storage is
     # refused on a multi-node cluster: each node would keep its own batches, files and stored responses.

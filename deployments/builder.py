@@ -1,5 +1,6 @@
 """`deployments:build_openai_app`: the Serve application for a config's `args`."""
 
+import math
 import os
 
 import ray
@@ -26,7 +27,26 @@ def build_openai_app(args: dict) -> Application:
     options = dict(config.ingress_deployment_config)
     # no CPU reserved unless asked: like Serve's proxy, the ingress only routes; the cores go to the engines
     actor_options = {"num_cpus": 0, **options.pop("ray_actor_options", {})}
+    if "max_replicas_per_node" not in options and (per_node := _spread_over_nodes(options, actor_options)):
+        options["max_replicas_per_node"] = per_node
     return OpenAIIngress.options(ray_actor_options=actor_options, **options).bind(config, replicas)
+
+
+def _spread_over_nodes(options: dict, actor_options: dict) -> int | None:
+    """The fewest ingress replicas per node that still fits them all on the cluster's live nodes that can host
+    one, so that losing a node never takes every ingress replica with it. Serve's own SPREAD placement is best
+    effort: two replicas were seen sharing a node of four. None (no bound) on a single node or with no cluster
+    yet; a cluster that later shrinks below the bound leaves the extra replicas pending until nodes return."""
+    if not ray.is_initialized():
+        return None
+    wanted = options.get("autoscaling_config", {}).get("max_replicas") or options.get("num_replicas", 1)
+    if not isinstance(wanted, int):  # Serve's num_replicas: "auto"
+        return None
+    needs = actor_options.get("resources", {})
+    nodes = sum(1 for node in ray.nodes()
+                if node["Alive"] and all(node["Resources"].get(name, 0) >= need for name, need in needs.items()))
+    per_node = math.ceil(wanted / max(nodes, 1))
+    return per_node if per_node < wanted else None
 
 
 def _check_storage_is_shared(config: AppConfig) -> None:

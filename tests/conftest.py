@@ -94,7 +94,7 @@ def s3_endpoint(s3_server) -> str:
 def ray_cluster(s3_endpoint):
     import ray
 
-    ray.init(num_cpus=8, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=8, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     yield
     ray.shutdown()
 

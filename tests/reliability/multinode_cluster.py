@@ -1,12 +1,15 @@
 """Node losses on a real multi-node Ray cluster (`ray.cluster_utils.Cluster`: one raylet per node, one host).
 
-The cluster: a head with no CPUs (Serve's controller and its one proxy), three 1-CPU model nodes (two model
-replicas and a spare for the replacement), two ingress nodes (one ingress replica each). Scenarios, in order:
+The cluster: a head with no CPUs (Serve's controller and its one proxy) and four 1-CPU worker nodes, each able
+to host either role: two model replicas, two ingress replicas placed by the app's defaults (which must put them
+on different nodes), spares for the replacements. Scenarios, in order:
 
-1. A node with a model replica is SIGKILLed while 20 streams run: each stream must complete or end with an
-   error event and `[DONE]`, never be cut or get a plain-text body; a prober sending new requests throughout
-   must see every one succeed.
-2. A node with an ingress replica is SIGKILLed: the prober's requests may fail only inside a short window.
+1. A node with a model replica is SIGKILLed while 20 streams run (one without an ingress replica when the
+   layout has one): each stream must complete or end with an error event and `[DONE]`, never be cut or get a
+   plain-text body, unless the node also ran an ingress replica the stream went through; a prober sending new
+   requests throughout must see every one succeed.
+2. A worker node with an ingress replica is SIGKILLed: the prober's requests may fail only inside a short
+   window.
 3. The batch manager's process is SIGKILLed mid-batch and nobody calls the API: the batch must complete on its
    own (read from the storage directly), with every custom_id exactly once.
 
@@ -130,7 +133,8 @@ def replica_loss(cluster, base_url: str) -> dict:
         t.start()
     started.wait(60)
     time.sleep(1.0)  # every stream is admitted and streaming (ignore_eos, 1500 tokens: tens of seconds)
-    victim = node_of("LLMServer")[0]
+    ingress_nodes = set(node_of("OpenAIIngress"))
+    victim = min(node_of("LLMServer"), key=lambda node: node in ingress_nodes)  # a model-only node if any
     killed_at = kill_node(cluster, victim)
     for t in threads:
         t.join(150)
@@ -139,16 +143,19 @@ def replica_loss(cluster, base_url: str) -> dict:
     for outcome in outcomes:
         counts[outcome[0] if outcome else "unfinished"] = counts.get(outcome[0] if outcome else "unfinished", 0) + 1
     return {"streams": counts, "examples": sorted({str(o[2]) for o in outcomes if o})[:4],
-            "new_requests": summary(prober.stop(), killed_at)}
+            "victim_ran_ingress": victim in ingress_nodes, "new_requests": summary(prober.stop(), killed_at)}
 
 
 def ingress_loss(cluster, base_url: str) -> dict:
     prober = Prober(base_url)
     prober.start()
     time.sleep(2)
-    killed_at = kill_node(cluster, node_of("OpenAIIngress")[0])
+    ingress_nodes = node_of("OpenAIIngress")
+    workers = {node.node_id for node in cluster.worker_nodes}
+    killed_at = kill_node(cluster, next(node for node in ingress_nodes if node in workers))
     time.sleep(15)
-    return {"new_requests": summary(prober.stop(), killed_at)}
+    return {"ingress_nodes_before": len(ingress_nodes), "distinct_ingress_nodes_before": len(set(ingress_nodes)),
+            "new_requests": summary(prober.stop(), killed_at)}
 
 
 def manager_loss(base_url: str, storage: Path) -> dict:
@@ -194,10 +201,8 @@ def main(out: str) -> None:
     tmp = Path(tempfile.mkdtemp())
     model_dir = build_model_dir(tmp / "model", "qwen2")
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": FAST_DETECTION})
-    for _ in range(3):
-        cluster.add_node(num_cpus=1, resources={"model": 1})
-    for _ in range(2):
-        cluster.add_node(num_cpus=0, resources={"ingress": 1})
+    for _ in range(4):
+        cluster.add_node(num_cpus=1)
     ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
@@ -205,8 +210,7 @@ def main(out: str) -> None:
     args["shared_storage"] = True  # every "node" is this host
     args["llm_configs"][0]["engine_kwargs"] = {"max_model_len": 2048, "kv_cache_bytes": 256 << 20}
     args["llm_configs"][0]["deployment_config"] = {
-        "num_replicas": 2, "health_check_period_s": 1, "ray_actor_options": {"num_cpus": 1, "resources": {"model": 1}}}
-    args["ingress_deployment_config"] = {"num_replicas": 2, "ray_actor_options": {"resources": {"ingress": 1}}}
+        "num_replicas": 2, "health_check_period_s": 1, "ray_actor_options": {"num_cpus": 1}}
     started = time.monotonic()
     serve.run(build_openai_app(args), name="default", route_prefix="/")
     base_url = f"http://127.0.0.1:{port}"

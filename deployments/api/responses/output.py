@@ -31,7 +31,7 @@ def response_object(req: ResponsesRequest, response_id: str, created_at: int, mo
         "temperature": req.temperature,
         "top_p": req.top_p,
         "top_logprobs": req.top_logprobs,
-        "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
+        "tools": [t.model_dump() for t in req.tools or []],  # strict and parameters: required keys, null if not given
         "tool_choice": req.tool_choice if isinstance(req.tool_choice, str) else req.tool_choice.model_dump(),
         "parallel_tool_calls": req.parallel_tool_calls,
         "text": {"format": fmt or {"type": "text"}, "verbosity": req.text.verbosity if req.text else None},
