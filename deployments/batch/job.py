@@ -24,6 +24,7 @@ from itertools import islice
 
 from deployments.batch.capacity import Capacity
 from deployments.batch.files import FileStore
+from deployments.batch.index import state_key
 from deployments.batch.input_line import BatchRequest, LineError, parse_line, peek_custom_id
 from deployments.batch.state import TERMINAL, Batch, BatchError, BatchErrors, BatchState, Progress, Status
 from deployments.metrics import count_batch
@@ -91,7 +92,7 @@ class BatchJob:
         return self.batch.id
 
     def state_key(self) -> str:
-        return f"batches/{self.id}/state.json"
+        return state_key(self.id)
 
     def _part_key(self, window: int, kind: str) -> str:
         return f"batches/{self.id}/parts/{window:08d}-{kind}.jsonl"
