@@ -36,6 +36,7 @@ Send = Callable[[BatchRequest, str], Awaitable[tuple[int, dict]]]
 Slots = Callable[[str], Capacity]  # a model's shared capacity
 
 _READ_CHUNK = 256  # input lines read per hop to a thread
+_ERROR_CHARS = 1024  # of a failed batch's message (an exception's text): batch objects stay within ~70 kB
 _AHEAD_WINDOWS = 8  # uncommitted lines a batch may hold: this many windows, or twice its model's capacity
 
 
@@ -158,7 +159,7 @@ class BatchJob:
         await self.save()
 
     def _fail(self, code: str, message: str) -> None:
-        self.batch.errors = BatchErrors(data=[BatchError(code=code, message=message)])
+        self.batch.errors = BatchErrors(data=[BatchError(code=code, message=message[:_ERROR_CHARS])])
         self._set_status("failed")
 
     async def _process(self) -> None:
