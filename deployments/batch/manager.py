@@ -19,7 +19,7 @@ import time
 import ray
 from ray import serve
 
-from deployments.api.batch_protocol import COMPLETION_WINDOW
+from deployments.api.batch_protocol import window_seconds
 from deployments.api.embeddings import EmbeddingRequest
 from deployments.api.format import list_page
 from deployments.api.protocol import ChatCompletionRequest, CompletionRequest
@@ -36,7 +36,6 @@ from runtime.storage import StoreError, open_s3_object, open_store
 logger = logging.getLogger(__name__)
 
 BATCH_PRIORITY = 1  # online requests run at 0: lower goes first
-_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _REPLICAS_EVERY_S = 5.0  # how often each model's running replicas are read from Serve
 
 
@@ -154,11 +153,10 @@ class BatchManager:
         await self._resume()
         if endpoint not in ENDPOINTS:
             raise OpenAIError(400, f"endpoint: expected one of {sorted(ENDPOINTS)}, got {endpoint!r}", "endpoint")
-        match = COMPLETION_WINDOW.match(completion_window or "")
-        if not match:
+        window = window_seconds(completion_window or "")
+        if window is None:
             raise OpenAIError(400, f"completion_window: expected a duration like '24h', got {completion_window!r}",
                               "completion_window")
-        window = int(match.group(1)) * _SECONDS[match.group(2)]
         if metadata is not None and (not isinstance(metadata, dict) or len(metadata) > 16):
             raise OpenAIError(400, "metadata: at most 16 string key-value pairs", "metadata")
         input_uri = await asyncio.to_thread(self._input_uri, input_file_id, owner)
