@@ -86,4 +86,5 @@ class BatchIndex:
         for key in self.store.list(prefix):
             created_at, _, batch_id = key.removeprefix(prefix).partition("-")
             entries.append((int(created_at), batch_id))
-        return cursor_window([batch_id for _, batch_id in sorted(entries, reverse=True)], after, limit, str)
+        newest_first = [batch_id for _, batch_id in sorted(entries, reverse=True)]
+        return cursor_window(newest_first, after, limit, id_of=lambda batch_id: batch_id)
