@@ -112,7 +112,10 @@ class LLMEngine:
         for field, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids)):
             bad = next((t for t in ids if not 0 <= t < vocab), None)
             require(bad is None, field, f"token id {bad} is outside the vocabulary [0, {vocab})")
-        if params.max_tokens is None:
+        if params.max_tokens is None:  # up to the context's end, which min_tokens must fit in (as vLLM)
+            require(params.min_tokens <= limit - n, "min_tokens",
+                    f"({params.min_tokens}) must not exceed the {limit - n} tokens the context leaves after the "
+                    f"prompt's {n} (this model's maximum context length is {limit})")
             return ValidRequest(list(prompt_token_ids), params, limit - n, adapter=adapter)
         require(n + params.max_tokens <= limit, "max_tokens",
                 f"this model's maximum context length is {limit} tokens; the prompt has {n} tokens and "

@@ -38,6 +38,8 @@ def test_bad_requests_are_rejected_and_others_still_run(qwen2_model):
         ([5] * 10, SamplingParams(max_tokens=60), "max_tokens", "70 in total"),
         ([], GREEDY, "prompt", "empty"),
         ([5, 10**6], GREEDY, "prompt", "outside the vocabulary"),
+        ([5] * 10, SamplingParams(max_tokens=None, min_tokens=55), "min_tokens", "the 54 tokens the context leaves"),
+        ([5] * 10, SamplingParams(max_tokens=None, min_tokens=10**30), "min_tokens", "maximum context length is 64"),
     ]
     for prompt, params, param, text in cases:
         with pytest.raises(InvalidInputError) as e:

@@ -51,6 +51,23 @@ def test_a_new_batch_has_the_earlier_json_shape_and_its_state_round_trips():
     assert state.progress == Progress(input_uri="s3://in/x.jsonl")
 
 
+def test_expires_at_stays_within_int64_for_every_window_a_batch_may_ask_for():
+    """The longest window the body takes (999,999 days) ends in the year ~4,700; one digit more is refused."""
+    from pydantic import ValidationError
+
+    from deployments.api.batch_protocol import BatchCreateRequest, window_seconds
+
+    longest = BatchCreateRequest(input_file_id="file-1", endpoint="/v1/completions", completion_window="999999d")
+    seconds = window_seconds(longest.completion_window)
+    state = new_batch("file-1", "/v1/completions", seconds, longest.completion_window, None, "x", None)
+    assert state.batch.expires_at == state.batch.created_at + 999_999 * 86400 < 2**63 - 1
+    assert json.loads(json.dumps(state.model_dump()))["batch"]["expires_at"] == state.batch.expires_at
+    for refused in ("1000000d", "24h\n", "9" * 40 + "d", "-1d", "1w"):
+        with pytest.raises(ValidationError):
+            BatchCreateRequest(input_file_id="file-1", endpoint="/v1/completions", completion_window=refused)
+        assert window_seconds(refused) is None
+
+
 @pytest.mark.parametrize("cancelling, final", [(False, "failed"), (True, "cancelled")])
 def test_a_batch_whose_input_is_gone_ends_instead_of_retrying_forever(tmp_path, cancelling, final):
     """Its input deleted before it was read (a resume, or a delete between validation and processing): the

@@ -250,17 +250,21 @@ def test_s3_staged_batch_writes_results_to_s3(ray_cluster, s3_endpoint, tmp_path
         assert s3.head_object(Bucket="results", Key=f"rayllm/files/{uploaded.id}.jsonl")["ContentLength"] > 0
 
 
-def test_calls_during_the_resume_load_wait_for_it(server, tmp_path_factory):
-    """A manager starting over a store of earlier batches answers every concurrent call from the full set."""
-    from deployments.batch.state import new_batch
+def test_a_manager_over_many_finished_batches_holds_none_and_pages_them_from_the_store(server, tmp_path_factory):
+    """A manager starting over a store of earlier batches answers every concurrent call from the full set; it
+    holds none of the finished ones (nor one it ran, once it ends), and gets and lists answer each batch's
+    stored JSON, newest first, page after page."""
+    import requests
+
+    from deployments.batch.state import BatchState, new_batch
     from runtime.storage import open_store
 
     root = tmp_path_factory.mktemp("resume-storage")
     store = open_store(f"file://{root}")
     ids = []
-    for _ in range(200):  # finished batches of an earlier manager: loading them takes a while
-        state = new_batch("file-x", "/v1/chat/completions", 3600, "1h", None, "files/x", None)
-        state.batch.status = "completed"
+    for i in range(200):  # finished batches of an earlier manager (the earlier code's store: no index)
+        state = new_batch("file-x", "/v1/chat/completions", 3600, "1h", {"n": str(i)}, "files/x", None)
+        state.batch.status, state.batch.created_at = "completed", 1_700_000_000 + i // 3  # ties broken by id
         store.put_json(f"batches/{state.batch.id}/state.json", state.model_dump())
         ids.append(state.batch.id)
     with another_app(server, "resume", app_args(server.model_dir, f"file://{root}")) as url:
@@ -270,6 +274,23 @@ def test_calls_during_the_resume_load_wait_for_it(server, tmp_path_factory):
             return await asyncio.gather(*(client.batches.retrieve(i) for i in ids[::10]))
 
         assert [b.status for b in asyncio.run(retrieve_all())] == ["completed"] * 20
+        sync = openai.Client(base_url=f"{url}/v1", api_key="None")
+        uploaded = sync.files.create(file=("one.jsonl", jsonl([chat_line("r", "x")])), purpose="batch")
+        ran = finished(sync, sync.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                                 completion_window="24h").id)
+        manager = ray.get_actor("batch-manager-resume", namespace="rayllm")
+        held = lambda: ray.get(manager.__ray_call__.remote(lambda m: len(m.jobs)))  # noqa: E731
+        assert wait_until(lambda: held() == 0, every=0.05) and ran.status == "completed"
+        stored = [BatchState.model_validate(store.get_json(k)).batch.model_dump()
+                  for k in store.list("batches/") if k.endswith("/state.json")]
+        expected = sorted(stored, key=lambda b: (b["created_at"], b["id"]), reverse=True)
+        assert expected[0]["id"] == ran.id and len(expected) == 201
+        pages, after = [], None
+        while not pages or pages[-1]["has_more"]:
+            pages.append(requests.get(f"{url}/v1/batches", params={"limit": 30, "after": after}).json())
+            after = pages[-1]["last_id"]
+        assert [b for page in pages for b in page["data"]] == expected and len(pages) == 7
+        assert all(requests.get(f"{url}/v1/batches/{b['id']}").json() == b for b in expected[::20])
 
 
 def test_a_batch_stored_by_the_earlier_code_resumes(server, tmp_path_factory):

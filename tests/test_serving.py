@@ -189,6 +189,16 @@ def test_bad_input_gets_openai_error_and_server_keeps_serving(server, name, path
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
 
 
+@pytest.mark.parametrize("path, body", [("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                                        ("/v1/completions", {"prompt": "hi", "max_tokens": None})])
+def test_min_tokens_past_the_context_with_no_max_tokens_is_a_400_naming_it(server, path, body):
+    """With no max_tokens the completion may run to the context's end; a min_tokens past it is refused (as vLLM
+    refuses one past max_tokens), not run until the context is full."""
+    response = requests.post(f"{server.base_url}{path}", json={**body, "min_tokens": 10**30})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "min_tokens"
+    assert "the context leaves" in response.json()["error"]["message"]
+
+
 def test_too_long_prompt_message_has_the_token_counts(server):
     response = requests.post(f"{server.base_url}/v1/completions", json={"prompt": LONG})
     message = response.json()["error"]["message"]

@@ -7,7 +7,14 @@ from pydantic import Field, field_validator
 from deployments.api.protocol import RequestModel
 
 ID = re.compile(r"[A-Za-z0-9_-]{1,200}")  # a file, batch or response id: never a path, a NUL or 10 kB
-COMPLETION_WINDOW = re.compile(r"^(\d{1,6})([smhd])$")  # at most 999,999 days: expires_at stays within int64
+COMPLETION_WINDOW = re.compile(r"(\d{1,6})([smhd])")  # at most 999,999 days: expires_at stays within int64
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def window_seconds(completion_window: str) -> int | None:
+    """A completion window's seconds (None when it is not one)."""
+    match = COMPLETION_WINDOW.fullmatch(completion_window)
+    return int(match.group(1)) * _SECONDS[match.group(2)] if match else None
 
 
 class BatchCreateRequest(RequestModel):
@@ -29,7 +36,7 @@ class BatchCreateRequest(RequestModel):
     @field_validator("completion_window")
     @classmethod
     def _a_duration(cls, v: str) -> str:
-        if not COMPLETION_WINDOW.match(v):
+        if window_seconds(v) is None:
             raise ValueError(f"expected a duration like '24h' (at most 6 digits, then s, m, h or d), got {v[:64]!r}")
         return v
 

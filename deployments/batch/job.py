@@ -24,6 +24,7 @@ from itertools import islice
 
 from deployments.batch.capacity import Capacity
 from deployments.batch.files import FileStore
+from deployments.batch.index import state_key
 from deployments.batch.input_line import BatchRequest, LineError, parse_line, peek_custom_id
 from deployments.batch.state import TERMINAL, Batch, BatchError, BatchErrors, BatchState, Progress, Status
 from deployments.metrics import count_batch
@@ -35,6 +36,7 @@ Send = Callable[[BatchRequest, str], Awaitable[tuple[int, dict]]]
 Slots = Callable[[str], Capacity]  # a model's shared capacity
 
 _READ_CHUNK = 256  # input lines read per hop to a thread
+_ERROR_CHARS = 1024  # of a failed batch's message (an exception's text): batch objects stay within ~70 kB
 _AHEAD_WINDOWS = 8  # uncommitted lines a batch may hold: this many windows, or twice its model's capacity
 
 
@@ -91,7 +93,7 @@ class BatchJob:
         return self.batch.id
 
     def state_key(self) -> str:
-        return f"batches/{self.id}/state.json"
+        return state_key(self.id)
 
     def _part_key(self, window: int, kind: str) -> str:
         return f"batches/{self.id}/parts/{window:08d}-{kind}.jsonl"
@@ -157,7 +159,7 @@ class BatchJob:
         await self.save()
 
     def _fail(self, code: str, message: str) -> None:
-        self.batch.errors = BatchErrors(data=[BatchError(code=code, message=message)])
+        self.batch.errors = BatchErrors(data=[BatchError(code=code, message=message[:_ERROR_CHARS])])
         self._set_status("failed")
 
     async def _process(self) -> None:

@@ -1,9 +1,11 @@
 """The batch manager: a detached, named Ray actor that owns the Batches API's state.
 
 Every batch's object lives in the store (`batches/<id>/state.json`); as soon
-as it starts (or Ray restarts it), the manager loads them all and resumes each
-unfinished one, so a restarted actor, or a new cluster pointed at the same
-storage, loses nothing and needs no API call to go on. Requests
+as it starts (or Ray restarts it), the manager loads the unfinished ones and
+resumes them, so a restarted actor, or a new cluster pointed at the same
+storage, loses nothing and needs no API call to go on. Only unfinished
+batches are held in memory; a finished one is read from the store when asked
+for, and lists page through the store's index (index.py). Requests
 go to the model replicas through Serve handles at batch priority, so online
 traffic is admitted first. Each model's handle is made once; its lines in
 flight, across all batches, follow its running replicas (capacity.py).
@@ -17,14 +19,16 @@ import time
 import ray
 from ray import serve
 
-from deployments.api.batch_protocol import COMPLETION_WINDOW
+from deployments.api.batch_protocol import window_seconds
 from deployments.api.embeddings import EmbeddingRequest
+from deployments.api.format import list_page
 from deployments.api.protocol import ChatCompletionRequest, CompletionRequest
 from deployments.batch.capacity import Capacity, running_replicas
-from deployments.batch.files import FileLimits, FileStore, paginate
+from deployments.batch.files import FileLimits, FileStore
+from deployments.batch.index import BatchIndex
 from deployments.batch.input_line import ENDPOINTS, BatchRequest
 from deployments.batch.job import BatchJob, BatchLimits
-from deployments.batch.state import TERMINAL, BatchState, new_batch
+from deployments.batch.state import TERMINAL, Batch, BatchState, new_batch
 from deployments.clients import RemoteModel
 from deployments.errors import OpenAIError
 from runtime.storage import StoreError, open_s3_object, open_store
@@ -32,7 +36,6 @@ from runtime.storage import StoreError, open_s3_object, open_store
 logger = logging.getLogger(__name__)
 
 BATCH_PRIORITY = 1  # online requests run at 0: lower goes first
-_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _REPLICAS_EVERY_S = 5.0  # how often each model's running replicas are read from Serve
 
 
@@ -42,10 +45,11 @@ class BatchManager:
                  limits: BatchLimits):
         self.store = open_store(storage_uri)
         self.files = FileStore(self.store, file_limits)
+        self.index = BatchIndex(self.store)
         self.app_name = app_name
         self.deployments = deployments  # model id -> replica deployment name
         self.limits = limits
-        self.jobs: dict[str, BatchJob] = {}
+        self.jobs: dict[str, BatchJob] = {}  # the unfinished batches
         self.tasks: dict[str, asyncio.Task] = {}
         self._loading: asyncio.Task | None = None
         self._clients: dict[str, RemoteModel] = {}
@@ -59,7 +63,7 @@ class BatchManager:
                          name="resume", daemon=True).start()
 
     async def resume(self) -> None:
-        """Load every batch and restart the unfinished ones, retrying while the storage is unreachable."""
+        """Restart the unfinished batches, retrying while the storage is unreachable."""
         delay = 1.0
         while True:
             try:
@@ -69,7 +73,7 @@ class BatchManager:
                 delay = min(delay * 2, 30)
 
     async def _resume(self) -> None:
-        """Load every batch from the store and restart the unfinished ones, once per actor life.
+        """Load the unfinished batches from the store and restart them, once per actor life.
 
         Calls that arrive while the load runs wait for it rather than answer from a partial set; a load
         that failed (storage unreachable) is tried again by the next call.
@@ -85,15 +89,9 @@ class BatchManager:
             raise
 
     async def _load(self) -> None:
-        keys = await asyncio.to_thread(self.store.list, "batches/")
-        for key in keys:
-            if key.endswith("/state.json"):
-                state = BatchState.model_validate(await asyncio.to_thread(self.store.get_json, key))
-                if state.batch.id in self.jobs:  # loaded by an earlier, interrupted attempt
-                    continue
-                job = self._job(state)
-                if state.batch.status not in TERMINAL:
-                    self._start(job)
+        for state in await asyncio.to_thread(self.index.unfinished):
+            if state.batch.id not in self.jobs:  # else loaded by an earlier, interrupted attempt
+                self._start(self._job(state))
 
     def _job(self, state: BatchState) -> BatchJob:
         job = BatchJob(state, self.store, self.files, set(self.deployments), self._send, self.limits,
@@ -119,13 +117,21 @@ class BatchManager:
             await asyncio.sleep(_REPLICAS_EVERY_S)
 
     async def _run(self, job: BatchJob) -> None:
+        """Run a batch to its end, then let it go: its final state saved (again: the last save may have failed
+        after the status changed), it is unmarked and read from the store from then on."""
         delay = 1.0
-        while job.batch.status not in TERMINAL:
+        while True:
             try:
-                await job.run()
+                if job.batch.status not in TERMINAL:
+                    await job.run()
+                    continue
+                await job.save()
+                await asyncio.to_thread(self.index.finish, job.id)
+                break
             except StoreError:  # storage unreachable: keep the progress saved so far and try again
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30)
+        del self.jobs[job.id], self.tasks[job.id]
 
     async def _send(self, request: BatchRequest, request_id: str) -> tuple[int, dict]:
         """One line's request to its model's replicas: (HTTP status, body) for the output line."""
@@ -147,16 +153,21 @@ class BatchManager:
         await self._resume()
         if endpoint not in ENDPOINTS:
             raise OpenAIError(400, f"endpoint: expected one of {sorted(ENDPOINTS)}, got {endpoint!r}", "endpoint")
-        match = COMPLETION_WINDOW.match(completion_window or "")
-        if not match:
+        window = window_seconds(completion_window or "")
+        if window is None:
             raise OpenAIError(400, f"completion_window: expected a duration like '24h', got {completion_window!r}",
                               "completion_window")
-        window = int(match.group(1)) * _SECONDS[match.group(2)]
         if metadata is not None and (not isinstance(metadata, dict) or len(metadata) > 16):
             raise OpenAIError(400, "metadata: at most 16 string key-value pairs", "metadata")
         input_uri = await asyncio.to_thread(self._input_uri, input_file_id, owner)
         job = self._job(new_batch(input_file_id, endpoint, window, completion_window, metadata, input_uri, owner))
-        await job.save()
+        try:
+            await asyncio.to_thread(self.index.begin, job.id)
+            await job.save()
+            await asyncio.to_thread(self.index.add, job.state)
+        except BaseException:
+            del self.jobs[job.id]
+            raise
         self._start(job)
         return job.batch.model_dump()
 
@@ -178,27 +189,34 @@ class BatchManager:
 
     async def retrieve(self, batch_id: str, owner: str | None = None) -> dict:
         await self._resume()
-        return self._get(batch_id, owner).batch.model_dump()
+        return (await self._get(batch_id, owner)).model_dump()
 
     async def list(self, after: str | None, limit: int, owner: str | None = None) -> dict:
         await self._resume()
-        batches = [j.batch.model_dump() for j in self.jobs.values() if j.progress.owner == owner]
-        return paginate(batches, after, limit)
+        ids, more = await asyncio.to_thread(self.index.page, owner, after, limit)
+        batches = await asyncio.gather(*(self._read(batch_id) for batch_id in ids))
+        return list_page([state.batch.model_dump() for state in batches if state is not None], more)
 
     async def cancel(self, batch_id: str, owner: str | None = None) -> dict:
         await self._resume()
-        job = self._get(batch_id, owner)
-        if job.batch.status in TERMINAL or job.batch.status == "finalizing":
-            raise OpenAIError(400, f"batch {batch_id} is already {job.batch.status}; it cannot be cancelled")
+        batch = await self._get(batch_id, owner)
+        if batch.status in TERMINAL or batch.status == "finalizing":
+            raise OpenAIError(400, f"batch {batch_id} is already {batch.status}; it cannot be cancelled")
+        job = self.jobs[batch_id]
         job.cancel()
         await job.save()
         return job.batch.model_dump()
 
-    def _get(self, batch_id: str, owner: str | None) -> BatchJob:
+    async def _read(self, batch_id: str) -> BatchState | None:
+        """An unfinished batch as it runs, a finished one from the store."""
         job = self.jobs.get(batch_id)
-        if job is None or job.progress.owner != owner:
+        return job.state if job else await asyncio.to_thread(self.index.read, batch_id)
+
+    async def _get(self, batch_id: str, owner: str | None) -> Batch:
+        state = await self._read(batch_id)
+        if state is None or state.progress.owner != owner:
             raise OpenAIError(404, f"No batch with id {batch_id!r}", "batch_id", "batch_not_found")
-        return job
+        return state.batch
 
 
 def _call_until_answered(manager) -> None:
