@@ -12,14 +12,19 @@ the ratio uses their mean.
 
 It also measures the batch manager's process: CPU seconds per line (its
 per-line work: reading, parsing, validating, the handle call, serialising)
-and RSS after the LINES batch and after a batch BIG_LINES long, which stays
-flat when neither input nor output is held whole.
+and peak RSS over batches of MID_LINES and BIG_LINES (OpenAI's limit), which
+stays flat when neither input nor output is held whole; the BIG_LINES output
+is read back and every custom_id must be there once. While the big batch
+runs, online streaming chats' time to first token is measured against the
+same chats on the idle server.
 
 Run: python -m benchmarks.batch_throughput
 """
 
 import json
+import statistics
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,7 +38,8 @@ from runtime import LLM, SamplingParams
 from tests.helpers import free_port, wait_until
 from tests.model_factory import build_model_dir
 
-LINES, BIG_LINES, MAX_TOKENS, WARMUP_LINES = 2000, 10_000, 16, 200
+LINES, MID_LINES, BIG_LINES, MAX_TOKENS, WARMUP_LINES = 2000, 10_000, 50_000, 16, 200
+TTFT_PROBES = 20  # sequential streaming chats, idle and during the big batch
 
 
 def conversations(count: int) -> list[list[dict]]:
@@ -63,14 +69,37 @@ def manager_process() -> psutil.Process:
     return next(p for p in psutil.Process().children(recursive=True) if p.name().startswith("ray::BatchManager"))
 
 
-def run_batch(client: openai.Client, count: int) -> dict:
-    """One batch of `count` lines, timed from create to completed; the manager's CPU and peak RSS on it."""
+def ttft_p50_ms(client: openai.Client) -> float:
+    """The median time to the first content chunk over TTFT_PROBES sequential streaming chats."""
+    ttfts = []
+    for i in range(TTFT_PROBES):
+        start = time.perf_counter()
+        stream = client.chat.completions.create(
+            model=MODEL_ID, messages=[{"role": "user", "content": f"hi {i}"}], max_tokens=8, temperature=0,
+            stream=True, extra_body={"ignore_eos": True})
+        next(c for c in stream if c.choices and c.choices[0].delta.content)
+        ttfts.append(time.perf_counter() - start)
+        stream.close()
+    return round(1000 * statistics.median(ttfts), 1)
+
+
+def run_batch(client: openai.Client, count: int, probe_online: bool = False) -> dict:
+    """One batch of `count` lines, timed from create to completed; the manager's CPU and peak RSS on it; with
+    `probe_online`, online TTFT while it runs and a check that its output has every custom_id once."""
     uploaded = client.files.create(file=("batch.jsonl", batch_file(count)), purpose="batch")
     start = time.perf_counter()
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
     manager = manager_process()
     cpu_before = sum(manager.cpu_times()[:2])
-    peak_rss = 0
+    peak_rss, figures = 0, {}
+
+    def probe():  # once lines are coming back, the batch has the replica's capacity
+        wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed > 0, timeout=600)
+        figures["online_ttft_p50_ms_during"] = ttft_p50_ms(client)
+
+    prober = threading.Thread(target=probe, daemon=True)
+    if probe_online:
+        prober.start()
 
     def done():
         nonlocal peak_rss
@@ -78,12 +107,17 @@ def run_batch(client: openai.Client, count: int) -> dict:
         b = client.batches.retrieve(batch.id)
         return b.status in ("completed", "failed", "cancelled", "expired") and b
 
-    batch = wait_until(done, timeout=1800, every=0.25)
+    batch = wait_until(done, timeout=3600, every=0.25)
     elapsed = time.perf_counter() - start
     assert batch.status == "completed" and batch.request_counts.completed == count, batch
-    return {"lines_s": round(count / elapsed, 1), "seconds": round(elapsed, 2),
-            "manager_cpu_ms_per_line": round(1000 * (sum(manager.cpu_times()[:2]) - cpu_before) / count, 3),
-            "manager_peak_rss_mib": round(peak_rss / 2**20, 1)}
+    figures.update(lines_s=round(count / elapsed, 1), seconds=round(elapsed, 2),
+                   manager_cpu_ms_per_line=round(1000 * (sum(manager.cpu_times()[:2]) - cpu_before) / count, 3),
+                   manager_peak_rss_mib=round(peak_rss / 2**20, 1))
+    if probe_online:
+        prober.join()
+        ids = [json.loads(line)["custom_id"] for line in client.files.content(batch.output_file_id).text.splitlines()]
+        figures["every_line_once"] = len(ids) == count and set(ids) == {f"line-{i}" for i in range(count)}
+    return figures
 
 
 @contextmanager
@@ -95,7 +129,7 @@ def serving(path: Path):
 
     from deployments import build_openai_app
 
-    ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_openai_app(local_config_args(path, direct_streaming=True)), route_prefix="/")
@@ -111,7 +145,9 @@ def served(path: Path) -> dict:
     with serving(path) as url:
         client = openai.Client(base_url=url, api_key="none", max_retries=0)
         run_batch(client, WARMUP_LINES)
-        return {"batch": run_batch(client, LINES), "big_batch": run_batch(client, BIG_LINES)}
+        idle_ttft = ttft_p50_ms(client)
+        return {"batch": run_batch(client, LINES), "mid_batch": run_batch(client, MID_LINES),
+                "big_batch": run_batch(client, BIG_LINES, probe_online=True), "online_ttft_p50_ms_idle": idle_ttft}
 
 
 def main() -> None:
@@ -120,10 +156,15 @@ def main() -> None:
     ours = served(path)
     after = offline_lines_s(path)
     engine = (before + after) / 2
+    big, mid = ours["big_batch"], ours["mid_batch"]
     report("batch_throughput", lines=LINES, max_tokens=MAX_TOKENS, served=ours["batch"],
            offline_engine_lines_s_before_after=[before, after],
            served_over_offline=round(ours["batch"]["lines_s"] / engine, 3),
-           big_batch={"lines": BIG_LINES, **ours["big_batch"]})
+           mid_batch={"lines": MID_LINES, **mid}, big_batch={"lines": BIG_LINES, **big},
+           manager_peak_rss_big_over_mid=round(big["manager_peak_rss_mib"] / mid["manager_peak_rss_mib"], 3),
+           online_ttft_p50_ms_idle=ours["online_ttft_p50_ms_idle"],
+           online_ttft_during_big_batch_over_idle=round(big["online_ttft_p50_ms_during"]
+                                                        / ours["online_ttft_p50_ms_idle"], 2))
 
 
 if __name__ == "__main__":
