@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
+    AutoModel,
     AutoModelForCausalLM,
     GenerationConfig,
     LlamaConfig,
@@ -122,12 +123,15 @@ def build_model_dir(
     tokenizer_vocab: int | None = None,
     dtype: torch.dtype = torch.float32,
     rope_theta: float | None = None,
+    base_model: bool = False,
     **fields,
 ) -> Path:
     """Write a random-weight checkpoint of `arch` to `path` and return it.
 
     `tokenizer_vocab` caps the tokenizer below the model's vocabulary (for big benchmark shapes, where
-    only token ids matter). `fields` are more config fields, over the family's `FAMILY_FIELDS`.
+    only token ids matter). `base_model` saves the family's base model (`Qwen3Model`: no LM head, tensor names
+    without the `model.` prefix), as embedding checkpoints are saved. `fields` are more config fields, over the
+    family's `FAMILY_FIELDS`.
     """
     path = Path(path)
     tokenizer = build_tokenizer(tokenizer_vocab or vocab_size)
@@ -150,7 +154,7 @@ def build_model_dir(
         **extra,
     )
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model = (AutoModel if base_model else AutoModelForCausalLM).from_config(config, dtype=dtype)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
