@@ -1,7 +1,8 @@
 """Every serving mode the README names starts with `serve run` on the installed Ray, streams a chat through the
 `openai` SDK and creates and streams a message through the `anthropic` SDK: the ingress hop with Serve's Python
-proxy, the ingress hop under HAProxy, direct streaming, and direct streaming under HAProxy. Each runs configs/local.yaml (on the tiny test model) in its own `serve run`,
-which starts its own Ray: HAProxy is switched on by the environment Ray's processes start with."""
+proxy, the ingress hop under HAProxy, direct streaming, and direct streaming under HAProxy. Each runs
+configs/local.yaml (on the tiny test model) in its own `serve run`, which starts its own Ray: HAProxy is switched
+on by the environment Ray's processes start with."""
 
 import os
 import signal
