@@ -5,6 +5,7 @@ generation_config.json, model.safetensors and a ChatML tokenizer, and the
 engine's real loading code reads it.
 """
 
+import json
 from pathlib import Path
 
 import torch
@@ -160,6 +161,18 @@ def build_model_dir(
     eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
     GenerationConfig(eos_token_id=eos, bos_token_id=None).save_pretrained(path)
     return path
+
+
+def write_sentence_transformers_modules(path: Path, pooling_mode: str, normalize: bool) -> None:
+    """sentence-transformers' `modules.json` and its Pooling module's config (`pooling_mode_lasttoken`,
+    `pooling_mode_mean_tokens`, ...), with a Normalize module when `normalize`, as Qwen3-Embedding ships them."""
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+    (path / "modules.json").write_text(json.dumps(modules))
+    (path / "1_Pooling").mkdir(exist_ok=True)
+    (path / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 64, pooling_mode: True}))
 
 
 def kv_cache_bytes(path: Path, num_blocks: int, block_size: int = 16) -> int:

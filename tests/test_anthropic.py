@@ -90,6 +90,9 @@ def test_errors_are_in_anthropics_shape(server, claude):
         claude.messages.create(model=MODEL_ID, max_tokens=0, messages=[{"role": "user", "content": "x"}])
     with pytest.raises(anthropic.NotFoundError):
         claude.messages.create(model="no-such-model", max_tokens=1, messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(anthropic.BadRequestError, match="budget_tokens"):  # as Anthropic's: below max_tokens
+        claude.messages.create(model=MODEL_ID, max_tokens=100, messages=[{"role": "user", "content": "x"}],
+                               thinking={"type": "enabled", "budget_tokens": 100})
     reply = requests.post(f"{server.base_url}/v1/messages", json={"model": MODEL_ID, "max_tokens": 1, "messages": [
         {"role": "user", "content": [{"type": "image", "source": {}}]}]})
     assert reply.status_code == 400

@@ -18,30 +18,11 @@ from transformers import AutoModel, AutoTokenizer
 
 from runtime import LLM, InvalidInputError, SamplingParams
 from runtime.pooling import PoolerConfig
-from tests.conftest import ENGINE_KWARGS, MODEL_ID, SHAPES, another_app, app_args
-from tests.model_factory import build_model_dir, kv_cache_bytes
+from tests.conftest import MODEL_ID
+from tests.model_factory import kv_cache_bytes, write_sentence_transformers_modules
 
 WORDS = "the capital of France is Paris and the sky is blue because of scattering".split()
 MAX_BATCHED = 32
-
-
-def write_sentence_transformers_modules(path, pooling_mode: str, normalize: bool) -> None:
-    """sentence-transformers' `modules.json` and its Pooling module's config, as Qwen3-Embedding ships them."""
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
-    if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
-    (path / "modules.json").write_text(json.dumps(modules))
-    (path / "1_Pooling").mkdir(exist_ok=True)
-    (path / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 64, pooling_mode: True}))
-
-
-@pytest.fixture(scope="module")
-def qwen3_embedding(tmp_path_factory):
-    """A tiny random Qwen3-Embedding: the base model's checkpoint and last-token pooling, normalised."""
-    path = build_model_dir(tmp_path_factory.mktemp("qwen3_embedding"), "qwen3", base_model=True, **SHAPES["qwen3"])
-    write_sentence_transformers_modules(path, "pooling_mode_lasttoken", normalize=True)
-    return path
 
 
 def _prompts(tokenizer) -> list[list[int]]:
@@ -162,17 +143,6 @@ def test_pooling_read_from_a_sentence_transformers_checkpoint(qwen3_embedding, q
 
 
 # --- served: /v1/embeddings through the openai SDK and a batch file -------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def embedder(server, qwen3_embedding, tmp_path_factory):
-    """An app beside the shared one serving the tiny Qwen3-Embedding as an embedding model."""
-    import openai
-
-    args = app_args(qwen3_embedding, f"file://{tmp_path_factory.mktemp('embed-storage')}")
-    args["llm_configs"][0]["engine_kwargs"] = {**ENGINE_KWARGS, "runner": "pooling"}
-    with another_app(server, "embed", args) as url:
-        yield openai.Client(base_url=f"{url}/v1", api_key="None")
 
 
 @pytest.fixture(scope="module")
