@@ -187,8 +187,8 @@ def _sweep(name: str, cases, must_refuse: bool) -> None:
             after = _timed(normal, base_url)
             statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
             slowest_answer, slowest_normal = max(slowest_answer, answer_s), max(slowest_normal, during, after)
-            shaped = (_anthropic_shaped if path == "/v1/messages" else _openai_shaped)(r)
-            answered = 400 <= r.status_code < 500 and shaped or (r.status_code < 300 and not must_refuse)
+            shaped = _anthropic_shaped if path == "/v1/messages" else _openai_shaped
+            answered = (r.status_code < 300 and not must_refuse) or (400 <= r.status_code < 500 and shaped(r))
             if not (answered and answer_s <= ANSWER_BOUND_S and max(during, after) <= NORMAL_BOUND_S):
                 findings.append((label, path, r.status_code, r.text[:160], round(answer_s, 2), round(during, 2),
                                  round(after, 2)))
