@@ -101,6 +101,8 @@ class LLMEngine:
                  lora: LoRARequest | None = None) -> ValidRequest:
         """Check a generation request against the model and context (`validate_embedding` checks embedding
         requests). A LoRA adapter is read from disk here, off the engine's thread when the caller is."""
+        require(not self.spec.model_class.headless, "model",
+                f"{self.spec.model_class.__name__} has no LM head: it only embeds")
         adapter = self._adapter(lora)
         limit = self.spec.max_model_len
         n = len(prompt_token_ids)

@@ -84,7 +84,8 @@ class ModelRunner:
             self.lora_batch = attach_lora(self.model, config.max_loras, config.max_lora_rank, spec.dtype, self.device)
         self.sampler = Sampler(eos_token_ids, self.device)
         use_graphs = (self.device.type == "cuda" and not config.enforce_eager and config.tensor_parallel_size == 1
-                      and self.attention_backend.supports_cuda_graphs and not config.enable_lora)
+                      and self.attention_backend.supports_cuda_graphs and not config.enable_lora
+                      and self.model.lm_head is not None)
         self.graphs = None
         self.num_blocks = self._allocate_kv_cache(use_graphs)
         if use_graphs:
@@ -138,13 +139,15 @@ class ModelRunner:
         tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(len(lens))]
         inputs = StepInputs([0] * tokens, [p for n in lens for p in range(n)], lens, lens, tables, 0, [], [])
         hidden = self.model(*self._tensors(inputs), self.attention_metadata(inputs))
-        rows = min(cfg.max_num_seqs, tokens)
-        logits = self.model.compute_logits(hidden[:rows]).float()
-        # the sampler's worst case: raw logprobs, processed logits, probabilities and the exponential draws
-        workspace = [torch.log_softmax(logits, -1), logits.clone(), torch.softmax(logits, -1), torch.empty_like(logits)]
+        workspace = []
+        if self.model.lm_head is not None:  # a base (embedding) model samples nothing
+            logits = self.model.compute_logits(hidden[: min(cfg.max_num_seqs, tokens)]).float()
+            # the sampler's worst case: raw logprobs, processed logits, probabilities and the exponential draws
+            workspace = [logits, torch.log_softmax(logits, -1), logits.clone(), torch.softmax(logits, -1),
+                         torch.empty_like(logits)]
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - before  # the scratch cache was already in `before`
-        del hidden, logits, workspace, scratch
+        del hidden, workspace, scratch
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
         budget = int(total * cfg.gpu_memory_utilization) - (total - free) - peak
@@ -180,11 +183,13 @@ class ModelRunner:
                 failed[seq.request] = describe(e)
         return StepResult(token_ids, logprobs, prompt_logprobs, failed, dict(zip(pool_seqs, pooled)))
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], failed: dict[Request, str]):
+    def _sample(self, logits: torch.Tensor | None, seqs: list[Sequence], failed: dict[Request, str]):
         """The batch's tokens in one pass; if that raises, row by row, so only the rows that raise fail.
 
         Seeded generators are rewound first, so every other row draws exactly what the batched pass would.
         """
+        if not seqs:  # a step of embedding requests only
+            return [], []
         states = [(s, s.generator.get_state()) for s in seqs if s.generator is not None]
         try:
             return self.sampler(logits, seqs)
@@ -247,9 +252,10 @@ class ModelRunner:
     # --- every rank ------------------------------------------------------------
 
     @torch.inference_mode()
-    def execute(self, inputs: StepInputs) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-        """The forward pass, the logits rank 0 needs (the LM head is a collective, so all ranks run it) and the
-        sums of the pooled hidden states (after the all-reduce, every rank holds them whole)."""
+    def execute(self, inputs: StepInputs) -> tuple[torch.Tensor | None, list[torch.Tensor], list[torch.Tensor]]:
+        """The forward pass, the logits rank 0 needs (the LM head is a collective, so all ranks run it; None when
+        nothing is sampled) and the sums of the pooled hidden states (after the all-reduce, every rank holds them
+        whole)."""
         if self.lora_batch is not None:
             for slot, adapter in inputs.lora_loads:
                 load_into_slot(self.model, slot, adapter)
@@ -260,7 +266,7 @@ class ModelRunner:
             return self.graphs.run(inputs.input_ids, inputs.positions, inputs.context_lens, inputs.block_tables,
                                    self.config.block_size), [], []
         hidden = self.model(*self._tensors(inputs), self.attention_metadata(inputs))
-        logits = self.model.compute_logits(hidden[inputs.logit_rows])
+        logits = self.model.compute_logits(hidden[inputs.logit_rows]) if inputs.logit_rows else None
         prompt_logits = [self.model.compute_logits(hidden[first : first + count])
                          for first, count in inputs.prompt_spans]
         pooled = [hidden[first : first + count].float().sum(0) for first, count in inputs.pool_spans]

@@ -38,6 +38,8 @@ class ModelSpec:
         _check_tp_split(hf_config, config.tensor_parallel_size)
         family = model_class(hf_config)
         family.check_config(hf_config, max_model_len)
+        require(config.runner == "pooling" or not family.headless, "runner",
+                f"{family.__name__} has no LM head: it serves embeddings only (runner: pooling)")
         require(not config.enable_lora or family.supports_lora, "enable_lora",
                 f"LoRA is not supported for {family.__name__} models")
         return cls(path, hf_config, _dtype(config, hf_config), max_model_len, config.tokenizer or str(path), family)

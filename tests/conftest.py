@@ -9,7 +9,7 @@ if not torch.cuda.is_available():  # Triton kernels run in its interpreter on CP
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from tests.helpers import free_port
-from tests.model_factory import build_model_dir
+from tests.model_factory import build_model_dir, write_sentence_transformers_modules
 
 # Qwen3 with a head_dim that differs from hidden/heads, as real Qwen3 checkpoints have
 SHAPES = {
@@ -28,6 +28,15 @@ def any_model(request, tmp_path_factory):
 @pytest.fixture(scope="session")
 def qwen2_model(tmp_path_factory):
     return build_model_dir(tmp_path_factory.mktemp("qwen2_main"), "qwen2")
+
+
+@pytest.fixture(scope="session")
+def qwen3_embedding(tmp_path_factory):
+    """A tiny random Qwen3-Embedding: the base model's checkpoint (`Qwen3Model`) and its sentence-transformers
+    modules (last-token pooling, normalised)."""
+    path = build_model_dir(tmp_path_factory.mktemp("qwen3_embedding"), "qwen3", base_model=True, **SHAPES["qwen3"])
+    write_sentence_transformers_modules(path, "pooling_mode_lasttoken", normalize=True)
+    return path
 
 
 MODEL_ID = "qwen/qwen2.5-0.5b-instruct"
@@ -135,6 +144,17 @@ def client(server):
     import openai  # imported here: the engine's tests run where the SDK is not installed (a GPU machine)
 
     return openai.Client(base_url=server.openai_url, api_key="None")
+
+
+@pytest.fixture(scope="module")
+def embedder(server, qwen3_embedding, tmp_path_factory):
+    """The `openai` SDK pointed at an app beside the shared one serving the tiny Qwen3-Embedding (at /embed)."""
+    import openai
+
+    args = app_args(qwen3_embedding, f"file://{tmp_path_factory.mktemp('embed-storage')}")
+    args["llm_configs"][0]["engine_kwargs"] = {**ENGINE_KWARGS, "runner": "pooling"}
+    with another_app(server, "embed", args) as url:
+        yield openai.Client(base_url=f"{url}/v1", api_key="None")
 
 
 ENGINE_KWARGS = {"max_model_len": 512, "kv_cache_bytes": 64 << 20}

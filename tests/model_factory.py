@@ -5,11 +5,13 @@ generation_config.json, model.safetensors and a ChatML tokenizer, and the
 engine's real loading code reads it.
 """
 
+import json
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
+    AutoModel,
     AutoModelForCausalLM,
     GenerationConfig,
     LlamaConfig,
@@ -122,12 +124,15 @@ def build_model_dir(
     tokenizer_vocab: int | None = None,
     dtype: torch.dtype = torch.float32,
     rope_theta: float | None = None,
+    base_model: bool = False,
     **fields,
 ) -> Path:
     """Write a random-weight checkpoint of `arch` to `path` and return it.
 
     `tokenizer_vocab` caps the tokenizer below the model's vocabulary (for big benchmark shapes, where
-    only token ids matter). `fields` are more config fields, over the family's `FAMILY_FIELDS`.
+    only token ids matter). `base_model` saves the family's base model (`Qwen3Model`: no LM head, tensor names
+    without the `model.` prefix), as embedding checkpoints are saved. `fields` are more config fields, over the
+    family's `FAMILY_FIELDS`.
     """
     path = Path(path)
     tokenizer = build_tokenizer(tokenizer_vocab or vocab_size)
@@ -150,12 +155,24 @@ def build_model_dir(
         **extra,
     )
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model = (AutoModel if base_model else AutoModelForCausalLM).from_config(config, dtype=dtype)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
     GenerationConfig(eos_token_id=eos, bos_token_id=None).save_pretrained(path)
     return path
+
+
+def write_sentence_transformers_modules(path: Path, pooling_mode: str, normalize: bool) -> None:
+    """sentence-transformers' `modules.json` and its Pooling module's config (`pooling_mode_lasttoken`,
+    `pooling_mode_mean_tokens`, ...), with a Normalize module when `normalize`, as Qwen3-Embedding ships them."""
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+    (path / "modules.json").write_text(json.dumps(modules))
+    (path / "1_Pooling").mkdir(exist_ok=True)
+    (path / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 64, pooling_mode: True}))
 
 
 def kv_cache_bytes(path: Path, num_blocks: int, block_size: int = 16) -> int:

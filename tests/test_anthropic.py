@@ -34,7 +34,8 @@ def test_a_message_is_the_chat_completion_of_the_same_conversation(claude, clien
     assert [b.type for b in message.content] == ["text"]
     assert message.content[0].text == chat.choices[0].message.content
     assert message.stop_reason == {"length": "max_tokens", "stop": "end_turn"}[chat.choices[0].finish_reason]
-    assert message.usage.input_tokens == chat.usage.prompt_tokens
+    # Anthropic's input_tokens leave out what came from the cache (an earlier test may have cached the prefix)
+    assert message.usage.input_tokens + message.usage.cache_read_input_tokens == chat.usage.prompt_tokens
     assert message.usage.output_tokens == chat.usage.completion_tokens
     counted = claude.messages.count_tokens(model=MODEL_ID, system=system, messages=[{"role": "user", "content": user}])
     assert counted.input_tokens == chat.usage.prompt_tokens
@@ -89,6 +90,9 @@ def test_errors_are_in_anthropics_shape(server, claude):
         claude.messages.create(model=MODEL_ID, max_tokens=0, messages=[{"role": "user", "content": "x"}])
     with pytest.raises(anthropic.NotFoundError):
         claude.messages.create(model="no-such-model", max_tokens=1, messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(anthropic.BadRequestError, match="budget_tokens"):  # as Anthropic's: below max_tokens
+        claude.messages.create(model=MODEL_ID, max_tokens=100, messages=[{"role": "user", "content": "x"}],
+                               thinking={"type": "enabled", "budget_tokens": 100})
     reply = requests.post(f"{server.base_url}/v1/messages", json={"model": MODEL_ID, "max_tokens": 1, "messages": [
         {"role": "user", "content": [{"type": "image", "source": {}}]}]})
     assert reply.status_code == 400

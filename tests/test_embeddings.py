@@ -1,7 +1,10 @@
-"""Embeddings: the engine's pooled final hidden states equal transformers' `AutoModel` last hidden state pooled and
-normalised (last token, mean), chunked prefill included; an embedding request mixed into a generation's steps
-leaves its greedy tokens unchanged; the pooling a sentence-transformers checkpoint declares is read. Served:
-/v1/embeddings through the `openai` SDK equals the offline engine; the routes a model does not serve are 400s."""
+"""Embeddings on a tiny random Qwen3 saved as Qwen3-Embedding is (`Qwen3Model`: no LM head, tensor names without
+the `model.` prefix, sentence-transformers' last-token Pooling and Normalize modules): the engine's pooled final
+hidden states equal transformers' `Qwen3Model` last hidden state pooled the same way (last token, mean; chunked
+prefill and TP=2 included); an embedding request mixed into a generation's steps leaves its greedy tokens
+unchanged; the pooling a sentence-transformers checkpoint declares is read. Served: /v1/embeddings through the
+`openai` SDK and a batch file equal transformers (dimensions and base64 included); the routes a model does not
+serve are 400s."""
 
 import base64
 import json
@@ -11,12 +14,12 @@ import struct
 import pytest
 import requests
 import torch
-from transformers import AutoModel
+from transformers import AutoModel, AutoTokenizer
 
 from runtime import LLM, InvalidInputError, SamplingParams
 from runtime.pooling import PoolerConfig
-from tests.conftest import ENGINE_KWARGS, MODEL_ID, another_app, app_args
-from tests.model_factory import kv_cache_bytes
+from tests.conftest import MODEL_ID
+from tests.model_factory import kv_cache_bytes, write_sentence_transformers_modules
 
 WORDS = "the capital of France is Paris and the sky is blue because of scattering".split()
 MAX_BATCHED = 32
@@ -29,7 +32,8 @@ def _prompts(tokenizer) -> list[list[int]]:
     return prompts
 
 
-def _reference(path, prompts, pooling_type: str, normalize: bool = True) -> list[torch.Tensor]:
+def _reference(path, prompts, pooling_type: str = "last", normalize: bool = True) -> list[torch.Tensor]:
+    """transformers' base model's last hidden state, pooled."""
     model = AutoModel.from_pretrained(path, dtype=torch.float32)
     out = []
     with torch.no_grad():
@@ -48,14 +52,16 @@ def _llm(path, **kwargs) -> LLM:
 def _assert_close(ours: list[list[float]], expected: list[torch.Tensor]) -> None:
     assert len(ours) == len(expected)
     for got, want in zip(ours, expected):
-        torch.testing.assert_close(torch.tensor(got), want, rtol=1e-4, atol=1e-5)
+        got = torch.tensor(got)
+        assert torch.nn.functional.cosine_similarity(got, want, dim=0) >= 0.9999
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("pooling_type", ["last", "mean"])
-def test_embeddings_equal_transformers_pooled_hidden_states(qwen2_model, pooling_type):
-    llm = _llm(qwen2_model, pooler_config={"pooling_type": pooling_type})
+def test_embeddings_equal_transformers_pooled_hidden_states(qwen3_embedding, pooling_type):
+    llm = _llm(qwen3_embedding, pooler_config={"pooling_type": pooling_type})
     prompts = _prompts(llm.tokenizer)
-    expected = _reference(qwen2_model, prompts, pooling_type)
+    expected = _reference(qwen3_embedding, prompts, pooling_type)
     _assert_close(llm.embed(prompts), expected)
     _assert_close(llm.embed(prompts), expected)  # again, now over the prefix cache (mean pooling takes no hit)
     stats = llm.engine.stats()
@@ -64,17 +70,26 @@ def test_embeddings_equal_transformers_pooled_hidden_states(qwen2_model, pooling
         assert stats["prefix_cache_hit_tokens"] > 0
 
 
-def test_unnormalised_embeddings_and_a_prompt_filling_the_context(qwen2_model):
-    llm = _llm(qwen2_model, pooler_config={"pooling_type": "mean", "normalize": False})
+def test_unnormalised_embeddings_and_a_prompt_filling_the_context(qwen3_embedding):
+    llm = _llm(qwen3_embedding, pooler_config={"pooling_type": "mean", "normalize": False})
     prompt = [(i * 37) % 500 for i in range(256)]  # the whole context: nothing is generated after it
-    _assert_close(llm.embed([prompt]), _reference(qwen2_model, [prompt], "mean", normalize=False))
+    _assert_close(llm.embed([prompt]), _reference(qwen3_embedding, [prompt], "mean", normalize=False))
     with pytest.raises(InvalidInputError, match="input"):
         llm.embed([prompt + [1]])
     with pytest.raises(InvalidInputError, match="input"):
         llm.embed([[]])
 
 
+def test_a_base_model_without_an_lm_head_only_embeds(qwen3_embedding):
+    with pytest.raises(InvalidInputError, match="runner") as e:
+        LLM(str(qwen3_embedding), max_model_len=256)
+    assert "Qwen3Model has no LM head" in str(e.value)
+    with pytest.raises(InvalidInputError, match="no LM head"):
+        _llm(qwen3_embedding).generate([[1, 2]], SamplingParams(max_tokens=1))
+
+
 def test_an_embedding_mixed_with_decode_leaves_greedy_tokens_unchanged(qwen2_model):
+    """A causal LM's checkpoint embeds too (its last norm's output), beside its own generations."""
     llm = _llm(qwen2_model)
     engine = llm.engine
     prompt = llm.tokenizer.encode("the sky is blue because")
@@ -99,30 +114,27 @@ def test_an_embedding_mixed_with_decode_leaves_greedy_tokens_unchanged(qwen2_mod
     assert stats["num_free_blocks"] == stats["num_blocks"]
 
 
-def test_tp2_embeddings_equal_tp1(ray_cluster, qwen2_model):
-    llm = _llm(qwen2_model, pooler_config={"pooling_type": "mean"}, tensor_parallel_size=2)
+def test_tp2_embeddings_equal_tp1(ray_cluster, qwen3_embedding):
+    llm = _llm(qwen3_embedding, pooler_config={"pooling_type": "mean"}, tensor_parallel_size=2)
     try:
         prompts = _prompts(llm.tokenizer)
-        _assert_close(llm.embed(prompts), _reference(qwen2_model, prompts, "mean"))
+        _assert_close(llm.embed(prompts), _reference(qwen3_embedding, prompts, "mean"))
     finally:
         llm.shutdown()
 
 
-def test_pooling_read_from_a_sentence_transformers_checkpoint(qwen2_model, tmp_path):
+def test_pooling_read_from_a_sentence_transformers_checkpoint(qwen3_embedding, qwen2_model, tmp_path):
+    assert PoolerConfig().resolve(qwen3_embedding) == PoolerConfig("last", True)
+    assert PoolerConfig().resolve(qwen2_model) == PoolerConfig("last", True)  # none declared: Qwen3-Embedding's
     path = tmp_path / "st"
-    shutil.copytree(qwen2_model, path)
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
-    (path / "modules.json").write_text(json.dumps(modules))
-    (path / "1_Pooling").mkdir()
-    pooling = {"word_embedding_dimension": 64, "pooling_mode_mean_tokens": True, "pooling_mode_lasttoken": False}
-    (path / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    shutil.copytree(qwen3_embedding, path)
+    write_sentence_transformers_modules(path, "pooling_mode_mean_tokens", normalize=False)
     assert PoolerConfig().resolve(path) == PoolerConfig("mean", False)
-    modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
-    (path / "modules.json").write_text(json.dumps(modules))
+    prompts = _prompts(AutoTokenizer.from_pretrained(path))
+    _assert_close(_llm(path).embed(prompts), _reference(path, prompts, "mean", normalize=False))
+    write_sentence_transformers_modules(path, "pooling_mode_mean_tokens", normalize=True)
     assert PoolerConfig().resolve(path) == PoolerConfig("mean", True)
     assert PoolerConfig("last").resolve(path) == PoolerConfig("last", True)  # the engine option wins
-    assert PoolerConfig().resolve(qwen2_model) == PoolerConfig("last", True)  # Qwen3-Embedding's pooling
     (path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True}))
     with pytest.raises(InvalidInputError, match="pooler_config"):
         PoolerConfig().resolve(path)
@@ -130,48 +142,44 @@ def test_pooling_read_from_a_sentence_transformers_checkpoint(qwen2_model, tmp_p
         PoolerConfig.parse({"pooling_type": "max"})
 
 
-# --- served: /v1/embeddings through the openai SDK -----------------------------------------------------------
+# --- served: /v1/embeddings through the openai SDK and a batch file -------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def embedder(server, tmp_path_factory):
-    """An app beside the shared one serving the shared server's tiny model as an embedding model."""
-    import openai
-
-    args = app_args(server.model_dir, f"file://{tmp_path_factory.mktemp('embed-storage')}")
-    args["llm_configs"][0]["engine_kwargs"] = {**ENGINE_KWARGS, "runner": "pooling"}
-    with another_app(server, "embed", args) as url:
-        yield openai.Client(base_url=f"{url}/v1", api_key="None")
+def tokenizer(qwen3_embedding):
+    return AutoTokenizer.from_pretrained(qwen3_embedding)
 
 
-@pytest.fixture(scope="module")
-def offline(server):
-    return LLM(str(server.model_dir), runner="pooling", **ENGINE_KWARGS)
+TEXTS = ["the sky is blue", "Paris is the capital of France and Tokyo of Japan", "hi"]
 
 
-def test_served_embeddings_equal_the_offline_engine(embedder, offline):
-    texts = ["the sky is blue", "Paris is the capital of France and Tokyo of Japan", "hi"]
-    expected = offline.embed(texts)
+def test_served_embeddings_equal_transformers(embedder, qwen3_embedding, tokenizer):
+    ids = [tokenizer.encode(t) for t in TEXTS]
+    expected = _reference(qwen3_embedding, ids)
     for encoding in ({"encoding_format": "float"}, {}):  # unasked, the SDK asks for base64 and decodes it
-        reply = embedder.embeddings.create(model=MODEL_ID, input=texts, user="someone", **encoding)
+        reply = embedder.embeddings.create(model=MODEL_ID, input=TEXTS, user="someone", **encoding)
         assert reply.object == "list" and reply.model == MODEL_ID
         assert [d.index for d in reply.data] == [0, 1, 2] and {d.object for d in reply.data} == {"embedding"}
-        _assert_close([d.embedding for d in reply.data], [torch.tensor(e) for e in expected])
-        tokens = sum(len(offline.tokenizer.encode(t)) for t in texts)
-        assert reply.usage.prompt_tokens == reply.usage.total_tokens == tokens
+        _assert_close([d.embedding for d in reply.data], expected)
+        assert reply.usage.prompt_tokens == reply.usage.total_tokens == sum(map(len, ids))
     raw = requests.post(f"{embedder.base_url}embeddings", json={"input": "hi", "encoding_format": "base64"}).json()
     packed = base64.b64decode(raw["data"][0]["embedding"])
-    _assert_close([list(struct.unpack(f"<{len(packed) // 4}f", packed))], [torch.tensor(expected[2])])
+    assert len(packed) == 64 * 4  # little-endian float32, the hidden size of them
+    _assert_close([list(struct.unpack("<64f", packed))], [expected[2]])
 
-    short = embedder.embeddings.create(model=MODEL_ID, input=texts[1], dimensions=16, encoding_format="float")
-    truncated = torch.nn.functional.normalize(torch.tensor(expected[1][:16]), dim=-1)
-    _assert_close([short.data[0].embedding], [truncated])
+    for dimensions in (16, 1, 64):
+        for encoding in ("float", "base64"):
+            short = embedder.embeddings.create(model=MODEL_ID, input=TEXTS[1], dimensions=dimensions,
+                                               encoding_format=encoding)
+            vector = short.data[0].embedding
+            if encoding == "base64":
+                vector = list(struct.unpack(f"<{dimensions}f", base64.b64decode(vector)))
+            _assert_close([vector], [torch.nn.functional.normalize(expected[1][:dimensions], dim=-1)])
 
-    ids = [offline.tokenizer.encode(t) for t in texts]
     one = embedder.embeddings.create(model=MODEL_ID, input=ids[0], encoding_format="float")
     many = embedder.embeddings.create(model=MODEL_ID, input=ids, encoding_format="float")
-    _assert_close([one.data[0].embedding], [torch.tensor(expected[0])])
-    _assert_close([d.embedding for d in many.data], [torch.tensor(e) for e in expected])
+    _assert_close([one.data[0].embedding], [expected[0]])
+    _assert_close([d.embedding for d in many.data], expected)
 
 
 def test_served_embeddings_refusals(embedder, client):
@@ -198,21 +206,24 @@ def test_served_embeddings_refusals(embedder, client):
         embedder.embeddings.create(model=MODEL_ID, input=[])
 
 
-def test_batch_lines_may_target_embeddings(embedder, offline):
+def test_batch_file_embeddings_equal_transformers(embedder, qwen3_embedding, tokenizer):
     """OpenAI's Batch API takes /v1/embeddings lines; their bodies are the route's replies."""
     from tests.test_batches import finished, jsonl, read_jsonl
 
-    texts = ["the sky is blue", "hi"]
+    expected = _reference(qwen3_embedding, [tokenizer.encode(t) for t in TEXTS])
     lines = [{"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
-              "body": {"model": MODEL_ID, "input": text, "encoding_format": "float"}} for i, text in enumerate(texts)]
+              "body": {"model": MODEL_ID, "input": text, "encoding_format": "float"}} for i, text in enumerate(TEXTS)]
+    lines[1]["body"].update(dimensions=16, encoding_format="base64")
     lines.append({"custom_id": "bad", "method": "POST", "url": "/v1/embeddings", "body": {"model": MODEL_ID}})
     upload = embedder.files.create(file=("embed.jsonl", jsonl(lines)), purpose="batch")
     batch = finished(embedder, embedder.batches.create(input_file_id=upload.id, endpoint="/v1/embeddings",
                                                        completion_window="24h").id)
-    assert batch.status == "completed" and (batch.request_counts.completed, batch.request_counts.failed) == (2, 1)
+    assert batch.status == "completed" and (batch.request_counts.completed, batch.request_counts.failed) == (3, 1)
     results = read_jsonl(embedder, batch.output_file_id)
-    assert [r["custom_id"] for r in results] == ["e0", "e1"]
+    assert [r["custom_id"] for r in results] == ["e0", "e1", "e2"]
     vectors = [r["response"]["body"]["data"][0]["embedding"] for r in results]
-    _assert_close(vectors, [torch.tensor(e) for e in offline.embed(texts)])
+    vectors[1] = list(struct.unpack("<16f", base64.b64decode(vectors[1])))
+    expected[1] = torch.nn.functional.normalize(expected[1][:16], dim=-1)
+    _assert_close(vectors, expected)
     (error,) = read_jsonl(embedder, batch.error_file_id)
     assert error["custom_id"] == "bad" and "input" in error["error"]["message"]

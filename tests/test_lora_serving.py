@@ -1,9 +1,11 @@
 """LoRA adapters through the public API: adapters staged in S3 (moto's server), named as `<model_id>:<adapter>`,
 listed by /v1/models, giving the offline engine's tokens for the same adapter, through two slots for three
-adapters, in a batch line; unknown and malformed adapters are OpenAI-shaped 404s and 400s and disturb nobody."""
+adapters, in a batch line, as a Messages request's model; unknown and malformed adapters are OpenAI-shaped 404s
+and 400s and disturb nobody."""
 
 import json
 
+import anthropic
 import boto3
 import openai
 import pytest
@@ -13,6 +15,7 @@ from runtime import LLM, LoRARequest, SamplingParams
 from tests.conftest import MODEL_ID, another_app, app_args
 from tests.helpers import wait_until
 from tests.test_lora import make_adapter
+from tests.test_serving_modes import assert_messages_create_and_stream
 
 BUCKET = "lora-adapters"
 NAMES = ["alpha", "beta", "gamma"]
@@ -111,6 +114,26 @@ def test_a_batch_line_names_an_adapter(server, staged, lora_app):
     rows = [json.loads(line) for line in client.files.content(done.output_file_id).text.splitlines()]
     got = {row["custom_id"]: row["response"]["body"]["choices"][0]["token_ids"] for row in rows}
     assert got == {name: chat_tokens(lora_app, f"{MODEL_ID}:{name}") for name in NAMES}
+
+
+def test_a_message_names_an_adapter(lora_app):
+    """messages.create and messages.stream with `<model_id>:<adapter>`: the adapter's chat reply, in Anthropic's
+    shapes, naming the adapter; an unknown adapter is Anthropic's not_found_error."""
+    claude = anthropic.Anthropic(base_url=lora_app, api_key="x")
+    model = f"{MODEL_ID}:beta"
+    assert_messages_create_and_stream(claude, model)
+    kwargs = dict(max_tokens=8, messages=MESSAGES, extra_body={"temperature": 0, "ignore_eos": True})
+    texts = {name: claude.messages.create(model=name, **kwargs).content[0].text for name in (model, MODEL_ID)}
+    chat = requests.post(f"{lora_app}/v1/chat/completions", json={"model": model, "messages": MESSAGES,
+                                                                   "max_tokens": 8, "temperature": 0,
+                                                                   "ignore_eos": True}).json()
+    assert texts[model] == chat["choices"][0]["message"]["content"] != texts[MODEL_ID]
+    with pytest.raises(anthropic.NotFoundError) as e:
+        claude.messages.create(model=f"{MODEL_ID}:nope", **kwargs)
+    assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "not_found_error"
+    response = openai.Client(base_url=f"{lora_app}/v1", api_key="x").responses.create(model=model, input="hi",
+                                                                                       max_output_tokens=2)
+    assert response.model == model  # the Responses API names the adapter too
 
 
 def test_each_adapter_is_served_by_one_of_two_replicas(server, staged, tmp_path_factory):

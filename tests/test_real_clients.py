@@ -106,3 +106,28 @@ def test_openai_agents_default_model_runs_an_agent_with_a_tool(server):
 
     run, events = asyncio.run(streamed_run())
     assert any(e.type == "raw_response_event" for e in events) and run.final_output == result.final_output
+
+
+def test_langchain_chat_anthropic_invoke_stream_and_tools(server):
+    """LangChain's ChatAnthropic on /v1/messages: the reply, its stream, usage, and a bound tool's call."""
+    from langchain_anthropic import ChatAnthropic
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+
+    def chat(**kwargs):
+        return ChatAnthropic(model=MODEL_ID, base_url=server.base_url, api_key="none", max_retries=0, **kwargs)
+
+    conversation = [SystemMessage("Be brief."), HumanMessage("hi")]
+    reply = chat(max_tokens=5, temperature=0, model_kwargs={"extra_body": {"ignore_eos": True}}).invoke(conversation)
+    assert isinstance(reply, AIMessage) and reply.text and reply.response_metadata["stop_reason"] == "max_tokens"
+    assert reply.usage_metadata["output_tokens"] == 5 and reply.usage_metadata["input_tokens"] > 5
+    streamed = list(chat(max_tokens=5, temperature=0, streaming=True,
+                         model_kwargs={"extra_body": {"ignore_eos": True}}).stream(conversation))
+    assert "".join(chunk.text for chunk in streamed) == reply.text
+    whole = sum(streamed[1:], streamed[0])
+    assert whole.usage_metadata["output_tokens"] == 5
+    assert whole.usage_metadata["input_tokens"] == reply.usage_metadata["input_tokens"]
+
+    called = chat(max_tokens=200, model_kwargs={"extra_body": forced(CALL)}).bind_tools([get_weather]).invoke(
+        [HumanMessage("Weather in Paris?")])
+    (call,) = called.tool_calls
+    assert call["name"] == "get_weather" and call["args"] == {"city": "Paris"}

@@ -1,7 +1,8 @@
-"""Every serving mode the README names starts with `serve run` on the installed Ray and streams a chat through the
-`openai` SDK: the ingress hop with Serve's Python proxy, the ingress hop under HAProxy, direct streaming, and
-direct streaming under HAProxy. Each runs configs/local.yaml (on the tiny test model) in its own `serve run`,
-which starts its own Ray: HAProxy is switched on by the environment Ray's processes start with."""
+"""Every serving mode the README names starts with `serve run` on the installed Ray, streams a chat through the
+`openai` SDK and creates and streams a message through the `anthropic` SDK: the ingress hop with Serve's Python
+proxy, the ingress hop under HAProxy, direct streaming, and direct streaming under HAProxy. Each runs
+configs/local.yaml (on the tiny test model) in its own `serve run`, which starts its own Ray: HAProxy is switched
+on by the environment Ray's processes start with."""
 
 import os
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anthropic
 import openai
 import pytest
 import requests
@@ -37,6 +39,19 @@ def local_config(model_dir, storage: Path, port: int, direct: bool) -> dict:
     return config
 
 
+def assert_messages_create_and_stream(claude: anthropic.Anthropic, model: str) -> None:
+    """A message and its stream through the `anthropic` SDK: the same greedy text, 8 tokens each."""
+    kwargs = dict(model=model, max_tokens=8, messages=[{"role": "user", "content": "hi"}],
+                  extra_body={"temperature": 0, "ignore_eos": True})
+    message = claude.messages.create(**kwargs)
+    assert message.model == model and message.stop_reason == "max_tokens" and message.usage.output_tokens == 8
+    with claude.messages.stream(**kwargs) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == final.content[0].text == message.content[0].text
+    assert final.usage.output_tokens == 8 and final.stop_reason == "max_tokens"
+
+
 def _ready(url: str) -> bool:
     try:
         return requests.get(f"{url}/v1/models", timeout=2).status_code == 200
@@ -45,7 +60,7 @@ def _ready(url: str) -> bool:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_each_mode_starts_and_streams_a_chat(mode, qwen2_model, tmp_path):
+def test_each_mode_starts_and_streams_a_chat_and_a_message(mode, qwen2_model, tmp_path):
     env_overrides, direct = MODES[mode]
     port = free_port()
     config = tmp_path / "config.yaml"
@@ -64,6 +79,7 @@ def test_each_mode_starts_and_streams_a_chat(mode, qwen2_model, tmp_path):
             stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert chunks[-1].usage.completion_tokens == 8
+        assert_messages_create_and_stream(anthropic.Anthropic(base_url=url, api_key="none"), MODEL_ID)
     finally:
         os.killpg(server.pid, signal.SIGINT)
         try:

@@ -37,6 +37,11 @@ class ModelRegistry:
             raise model_not_found(model)
         return base
 
+    def reply_name(self, model: str | None) -> str:
+        """The model a reply names: the one the request named (an adapter's reply names the adapter, as the chat
+        route's and vLLM's do), else the only one served."""
+        return model or self.model_id(None)
+
     async def max_model_len(self, model_id: str) -> int:
         """A model's context length, asked of a replica once."""
         if model_id not in self._max_model_len:

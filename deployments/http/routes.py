@@ -213,8 +213,8 @@ async def detokenize(request: Request, front: OpenAIFront = Front):
 async def create_response(request: Request, front: OpenAIFront = Front):
     owner = front.auth.owner(request)
     body = await front.body.parse(request, ResponsesRequest)
-    model_id = front.models.model_id(body.model)
-    model, responses = front.models.clients[model_id], front.responses
+    model, responses = front.models.client(body.model), front.responses
+    model_id = front.models.reply_name(body.model)
     return await respond(request, body, lambda b: responses.create(b, model, model_id, owner),
                          lambda b: responses.stream(b, model, model_id, owner), event_stream)
 
@@ -224,7 +224,7 @@ async def create_message(request: Request, front: OpenAIFront = Front):
     """Anthropic's Messages API; its errors in Anthropic's shape, also those of parsing and auth."""
     try:
         body, model, owner = await front.generation(request, MessagesRequest)
-        model_id = front.models.model_id(body.model)
+        model_id = front.models.reply_name(body.model)
         return await respond(request, body, lambda b: _ANTHROPIC.create(b, model, model_id, owner),
                              lambda b: _ANTHROPIC.stream(b, model, model_id, owner), event_stream)
     except OpenAIError as e:

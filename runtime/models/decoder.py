@@ -128,6 +128,9 @@ class CausalLM(nn.Module):
     """A decoder-only causal LM. Subclasses (one per family) override the class attributes and hooks."""
 
     qk_norm = False  # RMSNorm over each head of q and k (Qwen3)
+    # a base model (`Qwen3Model`, as embedding checkpoints are saved): no LM head, so it only pools, and its
+    # checkpoint names its tensors without the `model.` prefix
+    headless = False
     supports_lora = True
     # checkpoint projection -> (our fused parameter, its shard)
     stacked_params = {
@@ -144,8 +147,8 @@ class CausalLM(nn.Module):
         layers = [DecoderLayer(config, Attention(config, qkv_bias, o_bias, self.qk_norm), self.make_mlp(config, i))
                   for i in range(config.num_hidden_layers)]
         self.model = DecoderModel(config, layers, max_positions)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = None if self.headless else ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.tie_word_embeddings = not self.headless and bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -169,7 +172,8 @@ class CausalLM(nn.Module):
         return MLP(config.hidden_size, config.intermediate_size, bool(getattr(config, "mlp_bias", False)))
 
     def param_for(self, name: str) -> tuple[str, tuple]:
-        """The parameter a checkpoint tensor fills, and the shard arguments its weight loader takes after it."""
+        """The parameter a checkpoint tensor fills (named as a causal LM's checkpoint names it), and the shard
+        arguments its weight loader takes after it."""
         for part, (fused, shard) in self.stacked_params.items():
             if f".{part}." in name:
                 return name.replace(f".{part}.", f".{fused}."), (shard,)

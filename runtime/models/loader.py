@@ -12,7 +12,8 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
     """Load every checkpoint tensor through its parameter's `weight_loader`.
 
     The model's `param_for` names the parameter each tensor fills and the shard arguments (which of q/k/v or
-    gate/up, which expert) its loader takes. Raises if a parameter is left without a checkpoint tensor.
+    gate/up, which expert) its loader takes; a base model's tensor names gain the causal LM's `model.` prefix
+    first. Raises if a parameter is left without a checkpoint tensor.
     """
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
@@ -24,7 +25,7 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
             for name in f.keys():
                 if "rotary_emb" in name:
                     continue
-                target, shard = model.param_for(name)
+                target, shard = model.param_for(f"model.{name}" if model.headless else name)
                 if target not in params:
                     if model.tie_word_embeddings and target == "lm_head.weight":
                         continue

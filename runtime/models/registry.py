@@ -1,4 +1,5 @@
-"""Which implementation runs a checkpoint: its config's `architectures`, mapped to one class per family."""
+"""Which implementation runs a checkpoint: its config's `architectures`, mapped to one class per family (and
+the family's base model, which embedding checkpoints name)."""
 
 from transformers import PretrainedConfig
 
@@ -13,10 +14,15 @@ from runtime.models.qwen2_moe import Qwen2MoeForCausalLM
 from runtime.models.qwen3 import Qwen3ForCausalLM
 from runtime.models.qwen3_moe import Qwen3MoeForCausalLM
 
-_FAMILIES: dict[str, type[CausalLM]] = {cls.__name__: cls for cls in (
-    LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM,
-    Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
-)}
+
+def _base_model(family: type[CausalLM]) -> type[CausalLM]:
+    """The family's base model without an LM head (`Qwen3Model`: what Qwen3-Embedding is saved as)."""
+    return type(family.__name__.removesuffix("ForCausalLM") + "Model", (family,), {"headless": True})
+
+
+_CAUSAL_LMS = (LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM,
+               Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)
+_FAMILIES: dict[str, type[CausalLM]] = {cls.__name__: cls for cls in (*_CAUSAL_LMS, *map(_base_model, _CAUSAL_LMS))}
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_FAMILIES))
 

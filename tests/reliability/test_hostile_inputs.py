@@ -3,7 +3,9 @@ vocabulary, the wrong type) on chat, completions and /generate, and oversized te
 and grammars. Each answer must be a 2xx, or a 4xx in OpenAI's shape, within ANSWER_BOUND_S; a normal request
 sent while it runs and one sent right after must each succeed within NORMAL_BOUND_S (two cores). vLLM's
 structured-output names (guided_*, structured_outputs), SGLang's stop_regex and /v1/responses are swept at
-their extremes too.
+their extremes too. The newer routes' fields at their extremes (/v1/embeddings on an embedding model, /tokenize,
+Anthropic's /v1/messages) must each be a 4xx in the route's own error shape (Anthropic's on /v1/messages), a
+normal request of that app beside them as fast.
 
 Run with the reliability suite: `python -m pytest -m reliability -s`. RELIABILITY_SWEEP_FIELDS limits how
 many field sweeps run (all by default); `.ci/run` runs them all. Figures are printed as one JSON line.
@@ -108,35 +110,106 @@ def _nested(depth: int) -> dict:
     return schema
 
 
-def _normal(base_url: str) -> float:
-    start = time.monotonic()
+MESSAGES = {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+TOOL = {"name": "f", "input_schema": {"type": "object"}}
+NEWER_ROUTES_EXTREMES = [
+    *(("embeddings input", {"input": value}) for value in (
+        ["hi"] * 2048, [[1]] * 5000, [1] * 2048, [[1] * 100_000], [[INT64]], [[2**64]], [10**40], [-1], [[-INT64 - 1]],
+        [5, "hi"], [[]], [""], [], None, {}, 1e308, "word " * 2_000_000)),
+    *(("embeddings dimensions", {"input": "hi", "dimensions": value})
+      for value in (-1, 0, -INT64 - 1, 65, 10**6, INT64, 2**64, 1e308, "7x", [], {})),
+    *(("embeddings encoding_format", {"input": "hi", "encoding_format": value})
+      for value in ("junk", "FLOAT", "base64 ", "", 5, None, [], "x" * 1_000_000)),
+    *(("tokenize", body) for body in (
+        {"messages": [{"role": "user", "content": "hi"}] * 100_000},
+        {"messages": [{"role": "user", "content": "word " * 2_000_000}]},
+        {"prompt": "word " * 2_000_000},
+        {"messages": [{"role": "user", "content": "hi"}], "prompt": "hi"},
+        {"messages": []}, {})),
+    *(("messages max_tokens", {**MESSAGES, "max_tokens": value})
+      for value in (0, -1, 513, 10**6, INT64, 2**64, 10**40, 1e308, "x", None)),
+    *(("messages top_k", {**MESSAGES, "top_k": value}) for value in (-1, 0, -INT64 - 1, -(10**40), "x")),
+    *(("messages stop_sequences", {**MESSAGES, "stop_sequences": value})
+      for value in (["a"] * 100_000, ["x" * 1_000_000], ["ab" * 8_000] * 4, [None], "x", 5)),
+    *(("messages thinking", {**MESSAGES, "max_tokens": 100, "thinking": value}) for value in (
+        {"type": "enabled", "budget_tokens": -1}, {"type": "enabled", "budget_tokens": 0},
+        {"type": "enabled", "budget_tokens": 100}, {"type": "enabled", "budget_tokens": INT64},
+        {"type": "enabled", "budget_tokens": 2**64}, {"type": "enabled", "budget_tokens": "x"},
+        {"type": "enabled", "budget_tokens": []}, {"type": "junk"}, {"type": "x" * 1_000_000}, "enabled", [])),
+    *(("messages tools", {**MESSAGES, "tools": value}) for value in (
+        [{"name": ""}], [{**TOOL, "name": "x" * 100_000}], [{**TOOL, "input_schema": 5}], [5], "x", {},
+        [TOOL] * 100_000, [{**TOOL, "input_schema": _nested(200)}])),
+    *(("messages tool_choice", {**MESSAGES, "tools": [TOOL], "tool_choice": value}) for value in (
+        {"type": "tool"}, {"type": "tool", "name": "nope"}, {"type": "junk"}, "any", [])),
+    ("messages", {**MESSAGES, "messages": [{"role": "user", "content": "hi"}] * 100_000}),
+    ("messages", {**MESSAGES, "messages": [{"role": "user", "content": "word " * 2_000_000}]}),
+]
+NEWER_ROUTES = {"embeddings": "/v1/embeddings", "tokenize": "/tokenize", "messages": "/v1/messages"}
+
+
+def _completion(base_url: str) -> None:
     r = requests.post(f"{base_url}/v1/completions", json={"prompt": "hello", "max_tokens": 2, "temperature": 0},
                       timeout=30)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
+
+
+def _embedding(base_url: str) -> None:
+    r = requests.post(f"{base_url}/v1/embeddings", json={"input": "hello"}, timeout=30)
+    assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 64, r.text
+
+
+def _timed(normal, base_url: str) -> float:
+    start = time.monotonic()
+    normal(base_url)
     return time.monotonic() - start
+
+
+def _openai_shaped(r: requests.Response) -> bool:
+    return set(r.json().get("error", {})) == {"message", "type", "param", "code"}
+
+
+def _anthropic_shaped(r: requests.Response) -> bool:
+    body = r.json()
+    return body.get("type") == "error" and set(body.get("error", {})) == {"type", "message"}
+
+
+def _sweep(name: str, cases, must_refuse: bool) -> None:
+    """Send each (label, base URL, path, body, the normal request of that app) with its normal request beside it
+    and after it; every answer in its route's shape (a 2xx too, unless `must_refuse`) within the bounds."""
+    statuses, slowest_answer, slowest_normal, findings = {}, 0.0, 0.0, []
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for label, base_url, path, body, normal in cases:
+            start = time.monotonic()
+            hostile = pool.submit(requests.post, f"{base_url}{path}", json=body, timeout=ANSWER_BOUND_S * 4)
+            during = _timed(normal, base_url)
+            r = hostile.result()
+            answer_s = time.monotonic() - start
+            after = _timed(normal, base_url)
+            statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+            slowest_answer, slowest_normal = max(slowest_answer, answer_s), max(slowest_normal, during, after)
+            shaped = _anthropic_shaped if path == "/v1/messages" else _openai_shaped
+            answered = (r.status_code < 300 and not must_refuse) or (400 <= r.status_code < 500 and shaped(r))
+            if not (answered and answer_s <= ANSWER_BOUND_S and max(during, after) <= NORMAL_BOUND_S):
+                findings.append((label, path, r.status_code, r.text[:160], round(answer_s, 2), round(during, 2),
+                                 round(after, 2)))
+    print(json.dumps({"reliability": name, "requests": len(cases), "statuses": statuses,
+                      "slowest_answer_s": round(slowest_answer, 2), "slowest_normal_s": round(slowest_normal, 2),
+                      "findings": len(findings)}))
+    assert findings == [], findings
 
 
 def test_every_field_at_its_extremes_answers_in_shape_and_never_slows_a_normal_request(server):
     limit = int(os.environ.get("RELIABILITY_SWEEP_FIELDS", 10**6))
     fields = set((FIELDS + GENERATE_FIELDS)[:limit])
-    cases = [c for c in _cases() if c[0] in fields or c[0].startswith("oversized")]
-    statuses, slowest_answer, slowest_normal, findings = {}, 0.0, 0.0, []
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        for field, path, body in cases:
-            start = time.monotonic()
-            hostile = pool.submit(requests.post, f"{server.base_url}{path}", json=body, timeout=ANSWER_BOUND_S * 4)
-            during = _normal(server.base_url)
-            r = hostile.result()
-            answer_s = time.monotonic() - start
-            after = _normal(server.base_url)
-            statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
-            slowest_answer, slowest_normal = max(slowest_answer, answer_s), max(slowest_normal, during, after)
-            shaped = r.status_code < 300 or set(r.json().get("error", {})) == {"message", "type", "param", "code"}
-            if not (r.status_code < 500 and shaped and answer_s <= ANSWER_BOUND_S
-                    and max(during, after) <= NORMAL_BOUND_S):
-                findings.append((field, path, r.status_code, r.text[:160], round(answer_s, 2), round(during, 2),
-                                 round(after, 2)))
-    print(json.dumps({"reliability": "hostile_sweep", "requests": len(cases), "statuses": statuses,
-                      "slowest_answer_s": round(slowest_answer, 2), "slowest_normal_s": round(slowest_normal, 2),
-                      "findings": len(findings)}))
-    assert findings == []
+    _sweep("hostile_sweep", [(field, server.base_url, path, body, _completion) for field, path, body in _cases()
+                             if field in fields or field.startswith("oversized")], must_refuse=False)
+
+
+def test_the_newer_routes_refuse_every_extreme_in_their_own_shape(server, embedder):
+    embed_url = str(embedder.base_url).removesuffix("/").removesuffix("/v1")
+    cases = []
+    for label, body in NEWER_ROUTES_EXTREMES:
+        route = label.split()[0]
+        base_url, normal = (embed_url, _embedding) if route == "embeddings" else (server.base_url, _completion)
+        cases.append((label, base_url, NEWER_ROUTES[route], body, normal))
+    _sweep("newer_routes_sweep", cases, must_refuse=True)

@@ -2,7 +2,7 @@
 
 A stream is Anthropic's event sequence over the typed chat chunks: `message_start`, `ping`, per content block
 `content_block_start`, its deltas (`thinking_delta`, `text_delta`, `input_json_delta`) and
-`content_block_stop`, then `message_delta` (stop reason, output tokens) and `message_stop`; an error after
+`content_block_stop`, then `message_delta` (stop reason, the final usage) and `message_stop`; an error after
 the start is an `error` event. Errors are in Anthropic's shape: `{"type": "error", "error": {type, message}}`.
 """
 
@@ -128,8 +128,9 @@ class _MessageEvents:
         events = [] if self.started else self._start()
         events += self._close()
         reason, sequence = stop_reason(*self.finish, self.req)
+        # the whole usage, as Anthropic's message_delta carries it (LangChain reads the input tokens from it)
         return events + [self._event("message_delta", delta={"stop_reason": reason, "stop_sequence": sequence},
-                                     usage={"output_tokens": usage(self.usage)["output_tokens"]}),
+                                     usage=usage(self.usage)),
                          self._event("message_stop")]
 
     def _start(self) -> list[dict]:

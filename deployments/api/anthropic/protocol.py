@@ -10,7 +10,7 @@ required/named/none.
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag, field_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from deployments.api.protocol import ChatCompletionRequest, RequestModel
 
@@ -95,7 +95,7 @@ class ToolChoice(RequestModel):
 
 class Thinking(RequestModel):
     type: Literal["enabled", "disabled", "adaptive"]
-    budget_tokens: int | None = None
+    budget_tokens: int | None = Field(None, ge=1)  # accepted, not enforced: the model thinks within max_tokens
 
 
 class CountTokensRequest(RequestModel):
@@ -152,9 +152,16 @@ class CountTokensRequest(RequestModel):
         return ChatCompletionRequest.model_validate(chat)
 
 
-
 class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _budget_below_max_tokens(self):
+        """As Anthropic's: a thinking budget leaves room for the answer within max_tokens."""
+        budget = self.thinking.budget_tokens if self.thinking and self.thinking.type == "enabled" else None
+        if budget is not None and budget >= self.max_tokens:
+            raise ValueError(f"thinking.budget_tokens ({budget}) must be less than max_tokens ({self.max_tokens})")
+        return self
 
 
 # The chat request's fields, as the Messages request names them (an error's param)
