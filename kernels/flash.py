@@ -30,8 +30,10 @@ class FlashBackend(TritonBackend):
 
     def metadata(self, slot_mapping, num_decodes, block_tables, query_start_loc, context_lens, max_query_len,
                  max_context_len) -> FlashMetadata:
-        return FlashMetadata(self, slot_mapping, num_decodes, block_tables, query_start_loc, context_lens,
-                             max_query_len, max_context_len)
+        # a block freed before every layer's window (-1 in the table) is never attended to, but its page may be
+        # loaded: point it at block 0
+        return FlashMetadata(self, slot_mapping, num_decodes, block_tables.clamp(min=0), query_start_loc,
+                             context_lens, max_query_len, max_context_len)
 
     def attend(self, q, k_cache, v_cache, meta: FlashMetadata, scale: float, window=None, softcap=None,
                sinks=None) -> torch.Tensor:
