@@ -1,4 +1,5 @@
-"""The gated MLP's activation: SiLU of the first half of each row times its second half."""
+"""The gated MLP's activations: SiLU (or Gemma's tanh-approximated GELU) of the first half of each row times
+its second half."""
 
 import torch
 import torch.nn.functional as F
@@ -17,3 +18,9 @@ def silu_and_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
     """The torch version of `silu_and_mul`: the oracle for the kernel, and the fallback."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """`gelu(gate, tanh approximation) * up` for `gate_up` = [T, 2 * I] holding gate then up (Gemma)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up

@@ -11,6 +11,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
+    Gemma2Config,
+    Gemma3TextConfig,
     GenerationConfig,
     LlamaConfig,
     MistralConfig,
@@ -69,6 +71,8 @@ ARCHITECTURES = {
     "mixtral": MixtralConfig,
     "qwen2_moe": Qwen2MoeConfig,
     "qwen3_moe": Qwen3MoeConfig,
+    "gemma2": Gemma2Config,
+    "gemma3": Gemma3TextConfig,
 }
 
 # config fields a family needs beyond the shared ones: no sliding window, no pad id outside the tiny

@@ -25,6 +25,13 @@ FAMILIES = {
     "qwen2_moe": {"num_layers": 3, "mlp_only_layers": [1]},  # a dense layer between two sparse ones
     "qwen3_moe": {"head_dim": 32},
 }
+# Gemma: tied embeddings, a 16-token window on alternate layers (Gemma 3: its own RoPE base there), a query
+# scale off head_dim, caps low enough to bite (transformers' Gemma 3 applies no attention cap)
+GEMMA = {"tie_word_embeddings": True, "sliding_window": 16, "query_pre_attn_scalar": 24, "final_logit_softcapping": 5.0}
+FAMILIES |= {
+    "gemma2": {**GEMMA, "attn_logit_softcapping": 2.0},
+    "gemma3": {**GEMMA, "layer_types": ["sliding_attention", "full_attention"]},
+}
 # a 16-token window: every layer (Mistral), or layer 1 of 2 (Qwen2 slides from layer `max_window_layers` on)
 SLIDING = {
     "mistral_sliding": {"arch": "mistral", "sliding_window": 16},
@@ -100,8 +107,28 @@ def test_sliding_window_matches_transformers(model_dirs, family):
         assert [o.outputs[0].token_ids for o in uncached.generate(prompts, params)] == expected
 
 
-@pytest.mark.parametrize("family", ["qwen2_moe", "phi3", "mistral_sliding"])  # experts and a shared expert; fused
-# q/k/v and gate/up; a window
+@pytest.mark.parametrize("family", ["gemma2", "gemma3", "mistral_sliding"])
+def test_logprobs_match_transformers(model_dirs, family):
+    """Every prompt position's and every generated token's log-probability (chunked prefill, then decode) equal
+    transformers' over the whole sequence: numerics that greedy tokens of a tiny model can hide (a soft cap or a
+    RoPE base off leaves these models' argmax alone)."""
+    path = model_dirs(family)
+    llm = LLM(str(path), dtype="float32", max_model_len=256, max_num_batched_tokens=32)
+    prompts = [p for p in _prompts(llm.tokenizer) if len(p) > 40][:4]
+    params = SamplingParams(temperature=0, max_tokens=20, logprobs=0, prompt_logprobs=0)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    for prompt, output in zip(prompts, llm.generate(prompts, params)):
+        completion = output.outputs[0]
+        tokens = prompt + completion.token_ids
+        with torch.no_grad():
+            logits = model(torch.tensor([tokens]), use_cache=False).logits[0, :-1]
+        expected = logits.float().log_softmax(-1)[torch.arange(len(tokens) - 1), torch.tensor(tokens[1:])]
+        got = [lp.logprob for lp in output.prompt_logprobs[1:] + completion.logprobs]
+        torch.testing.assert_close(torch.tensor(got), expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["qwen2_moe", "phi3", "mistral_sliding", "gemma2", "gemma3"])  # experts and a
+# shared expert; fused q/k/v and gate/up; a window; Gemma's layers
 def test_tp2_matches_tp1(ray_cluster, model_dirs, family):
     path = model_dirs(family)
     tp1 = LLM(str(path), max_model_len=256)
