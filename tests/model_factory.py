@@ -14,6 +14,7 @@ from transformers import (
     Gemma2Config,
     Gemma3TextConfig,
     GenerationConfig,
+    GptOssConfig,
     LlamaConfig,
     MistralConfig,
     MixtralConfig,
@@ -73,6 +74,7 @@ ARCHITECTURES = {
     "qwen3_moe": Qwen3MoeConfig,
     "gemma2": Gemma2Config,
     "gemma3": Gemma3TextConfig,
+    "gpt_oss": GptOssConfig,
 }
 
 # config fields a family needs beyond the shared ones: no sliding window, no pad id outside the tiny
@@ -84,6 +86,7 @@ FAMILY_FIELDS = {
     "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                   "shared_expert_intermediate_size": 96, "norm_topk_prob": False},
     "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": True},
+    "gpt_oss": {"num_local_experts": 4, "num_experts_per_tok": 2},
 }
 
 

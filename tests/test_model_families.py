@@ -31,6 +31,7 @@ GEMMA = {"tie_word_embeddings": True, "sliding_window": 16, "query_pre_attn_scal
 FAMILIES |= {
     "gemma2": {**GEMMA, "attn_logit_softcapping": 2.0},
     "gemma3": {**GEMMA, "layer_types": ["sliding_attention", "full_attention"]},
+    "gpt_oss": {"sliding_window": 16},  # sinks, YaRN, biased experts on every layer; alternate layers slide
 }
 # a 16-token window: every layer (Mistral), or layer 1 of 2 (Qwen2 slides from layer `max_window_layers` on)
 SLIDING = {
@@ -107,7 +108,7 @@ def test_sliding_window_matches_transformers(model_dirs, family):
         assert [o.outputs[0].token_ids for o in uncached.generate(prompts, params)] == expected
 
 
-@pytest.mark.parametrize("family", ["gemma2", "gemma3", "mistral_sliding"])
+@pytest.mark.parametrize("family", ["gemma2", "gemma3", "gpt_oss", "mistral_sliding"])
 def test_logprobs_match_transformers(model_dirs, family):
     """Every prompt position's and every generated token's log-probability (chunked prefill, then decode) equal
     transformers' over the whole sequence: numerics that greedy tokens of a tiny model can hide (a soft cap or a
@@ -127,8 +128,8 @@ def test_logprobs_match_transformers(model_dirs, family):
         torch.testing.assert_close(torch.tensor(got), expected, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("family", ["qwen2_moe", "phi3", "mistral_sliding", "gemma2", "gemma3"])  # experts and a
-# shared expert; fused q/k/v and gate/up; a window; Gemma's layers
+@pytest.mark.parametrize("family", ["qwen2_moe", "phi3", "mistral_sliding", "gemma2", "gemma3", "gpt_oss"])
+# experts and a shared expert; fused q/k/v and gate/up; a window; Gemma's layers; sinks and biased experts
 def test_tp2_matches_tp1(ray_cluster, model_dirs, family):
     path = model_dirs(family)
     tp1 = LLM(str(path), max_model_len=256)

@@ -6,6 +6,7 @@ from runtime.errors import InvalidInputError
 from runtime.models.decoder import CausalLM
 from runtime.models.gemma2 import Gemma2ForCausalLM
 from runtime.models.gemma3 import Gemma3ForCausalLM
+from runtime.models.gpt_oss import GptOssForCausalLM
 from runtime.models.llama import LlamaForCausalLM
 from runtime.models.mistral import MistralForCausalLM
 from runtime.models.mixtral import MixtralForCausalLM
@@ -16,7 +17,7 @@ from runtime.models.qwen3 import Qwen3ForCausalLM
 from runtime.models.qwen3_moe import Qwen3MoeForCausalLM
 
 _FAMILIES: dict[str, type[CausalLM]] = {cls.__name__: cls for cls in (
-    Gemma2ForCausalLM, Gemma3ForCausalLM, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM,
+    Gemma2ForCausalLM, Gemma3ForCausalLM, GptOssForCausalLM, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM,
     Phi3ForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
 )}
 
