@@ -19,11 +19,11 @@ from kernels.attention_backend import AttentionBackend, AttentionMetadata, new_t
 
 @dataclass
 class DecodeGroup:
-    """Decode rows that share their first `len(prefix_slots)` context tokens."""
+    """Decode rows that share their first `len(prefix_slots)` context tokens (under a window: none)."""
 
     rows: torch.Tensor  # indices of the group's rows among the decode rows
     prefix_slots: torch.Tensor  # [P] slots of the shared prefix (P may be 0)
-    suffix_slots: torch.Tensor  # [rows, S] each row's slots after the prefix, padded
+    suffix_slots: torch.Tensor  # [rows, S] the slots each row reads after the prefix, padded
     suffix_mask: torch.Tensor  # [rows, 1, 1, S] True for real (unpadded) positions
 
 
@@ -60,14 +60,6 @@ class TorchMetadata(AttentionMetadata):
         if window not in self.views:
             self.views[window] = _build_view(self, window)
         return self.views[window]
-
-    @property
-    def decode_groups(self) -> list[DecodeGroup]:
-        return self.view(None).decode_groups
-
-    @property
-    def prefills(self) -> list[PrefillSpan]:
-        return self.view(None).prefills
 
 
 class TorchBackend(AttentionBackend):
