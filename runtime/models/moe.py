@@ -91,13 +91,13 @@ class FusedExperts(nn.Module):
         counts = torch.zeros(self.num_experts, dtype=torch.long, device=x.device).index_add_(
             0, flat, torch.ones_like(flat))
         ends = counts.cumsum(0)
-        rows = x[order // top_k]
+        rows, row_experts = x[order // top_k], flat[order]
         gate_up = _grouped_matmul(rows, self.gate_up_proj, ends)
         if self.gate_up_proj_bias is not None:
-            gate_up = gate_up + self.gate_up_proj_bias[flat[order]]
+            gate_up = gate_up + self.gate_up_proj_bias[row_experts]
         out = _grouped_matmul(self.activation(gate_up), self.down_proj, ends)
         if self.down_proj_bias is not None:
-            out = out + self.down_proj_bias[flat[order]]
+            out = out + self.down_proj_bias[row_experts]
         out = out * weights.flatten()[order, None].to(x.dtype)
         unsorted = torch.empty_like(out)
         unsorted[order] = out
