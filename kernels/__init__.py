@@ -8,7 +8,7 @@ backends). Attention is an object: the `AttentionBackend` chosen once per
 engine, which builds each step's metadata, stores K/V and attends.
 """
 
-from kernels.activation import silu_and_mul
+from kernels.activation import clamped_swiglu, gelu_tanh_and_mul, silu_and_mul
 from kernels.attention_backend import AttentionBackend, AttentionMetadata
 from kernels.backends import choose_attention_backend
 from kernels.linear import linear, pack_weight
@@ -23,5 +23,7 @@ __all__ = [
     "pack_weight",
     "rms_norm",
     "apply_rotary",
+    "clamped_swiglu",
+    "gelu_tanh_and_mul",
     "silu_and_mul",
 ]

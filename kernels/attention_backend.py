@@ -44,9 +44,15 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-               scale: float) -> torch.Tensor:
+               scale: float, window: int | None = None, softcap: float | None = None,
+               sinks: torch.Tensor | None = None) -> torch.Tensor:
         """Causal attention of the new queries [T, Hq, D] over each sequence's cached context; the new
-        tokens' K/V must already be stored."""
+        tokens' K/V must already be stored.
+
+        A layer may narrow or reshape it: `window` keeps the last `window` positions (the query's own
+        included: position p sees p - window + 1 .. p), `softcap` caps each scaled score s at
+        softcap * tanh(s / softcap), and `sinks` [Hq] adds to each head's softmax a virtual key of that
+        logit whose value is zero (gpt-oss's attention sinks)."""
 
 
 class NewTokens(NamedTuple):

@@ -24,6 +24,7 @@ from runtime.kv_cache import BlockManager
 from runtime.lora import AdapterSlots, LoRAAdapter, LoRARequest, load_adapter
 from runtime.model_runner import ModelRunner
 from runtime.model_spec import ModelSpec
+from runtime.models.sliding_window import kv_window
 from runtime.outputs import RequestDelta, SequenceDelta
 from runtime.pooling import PoolerConfig
 from runtime.sampling_params import SamplingParams
@@ -70,7 +71,8 @@ class LLMEngine:
                 self.workers.shutdown(wait=False)
                 destroy_tp_group()
             raise
-        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
+                                          kv_window(self.spec.hf_config, self.spec.max_model_len))
         self.adapter_slots = AdapterSlots(config.max_loras) if config.enable_lora else None
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.adapter_slots, config.max_num_seqs_per_owner)

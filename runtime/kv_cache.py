@@ -6,11 +6,18 @@ its parent's hash with its own token ids, so equal hashes mean equal prefixes
 user finished keeps its hash and waits in an LRU of free blocks, where a later
 request can hit it until it is evicted by a fresh allocation. Every operation
 costs O(1) per block: a dict lookup, an OrderedDict move or pop.
+
+When every layer of the model slides over the last `sliding_window` positions, a
+running sequence's blocks that lie wholly before the window of its next query are
+freed as it grows (into the LRU, still hashed); its block table keeps `FREED` in
+their place so positions still map to their block index.
 """
 
 from collections import OrderedDict
 
 from runtime.sequence import Sequence
+
+FREED = -1  # a block-table entry whose block was freed: no attention reads it again
 
 
 class Block:
@@ -24,8 +31,10 @@ class Block:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool,
+                 sliding_window: int | None = None):
         self.block_size = block_size
+        self.sliding_window = sliding_window  # how far back any layer reads, when every layer slides
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # oldest first
@@ -93,20 +102,37 @@ class BlockManager:
         for i in range(seq.num_committed_blocks, num_tokens // self.block_size):
             self._commit(seq, i)
         seq.num_committed_blocks = max(seq.num_committed_blocks, num_tokens // self.block_size)
+        if self.sliding_window is not None:
+            self._free_before_window(seq)
 
     def free(self, seq: Sequence) -> None:
         """Release `seq`'s blocks, tail first so that shared heads are evicted last."""
         for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count < 0:
-                raise AssertionError(f"block {block_id} freed twice")
-            if block.ref_count == 0:
-                self._free[block_id] = None
+            if block_id != FREED:
+                self._release(block_id)
         seq.block_table = []
         seq.num_committed_blocks = 0
 
     # --- internals -----------------------------------------------------------
+
+    def _release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count < 0:
+            raise AssertionError(f"block {block_id} freed twice")
+        if block.ref_count == 0:
+            self._free[block_id] = None
+
+    def _free_before_window(self, seq: Sequence) -> None:
+        """Free the blocks wholly before the window of the coming step's first query (position
+        num_computed_tokens sees from num_computed_tokens - window + 1 on); newest first, stopping at the
+        first one already freed, so each block is visited once."""
+        first_seen = seq.num_computed_tokens - self.sliding_window + 1
+        for index in range(first_seen // self.block_size - 1, -1, -1):
+            if seq.block_table[index] == FREED:
+                break
+            self._release(seq.block_table[index])
+            seq.block_table[index] = FREED
 
     def _take_free(self) -> int:
         block_id, _ = self._free.popitem(last=False)

@@ -13,7 +13,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModel,
     AutoModelForCausalLM,
+    Gemma2Config,
+    Gemma3TextConfig,
     GenerationConfig,
+    GptOssConfig,
     LlamaConfig,
     MistralConfig,
     MixtralConfig,
@@ -71,6 +74,9 @@ ARCHITECTURES = {
     "mixtral": MixtralConfig,
     "qwen2_moe": Qwen2MoeConfig,
     "qwen3_moe": Qwen3MoeConfig,
+    "gemma2": Gemma2Config,
+    "gemma3": Gemma3TextConfig,
+    "gpt_oss": GptOssConfig,
 }
 
 # config fields a family needs beyond the shared ones: no sliding window, no pad id outside the tiny
@@ -82,6 +88,7 @@ FAMILY_FIELDS = {
     "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                   "shared_expert_intermediate_size": 96, "norm_topk_prob": False},
     "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": True},
+    "gpt_oss": {"num_local_experts": 4, "num_experts_per_tok": 2},
 }
 
 

@@ -1,13 +1,16 @@
-"""Property test: random add / abort / step sequences never leak or double-free a block."""
+"""Property test: random add / abort / step sequences never leak or double-free a block, also where a sliding
+window frees blocks from running sequences."""
 
 from collections import Counter
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime import LLM, SamplingParams
+from runtime.kv_cache import FREED
 from runtime.sequence import SequenceStatus
-from tests.model_factory import kv_cache_bytes
+from tests.model_factory import build_model_dir, kv_cache_bytes
 
 add = st.tuples(
     st.just("add"),
@@ -34,15 +37,20 @@ def _check_invariants(engine) -> None:
                 assert seq.block_table == []
 
 
-def test_random_operations_keep_block_accounting_exact(qwen2_model):
-    llm = LLM(str(qwen2_model), dtype="float32", max_model_len=96, block_size=4, max_num_batched_tokens=40,
-              kv_cache_bytes=kv_cache_bytes(qwen2_model, num_blocks=40, block_size=4))
+@pytest.mark.parametrize(("window", "num_blocks", "num_examples"), [(None, 40, 1000), (6, 24, 200)])
+def test_random_operations_keep_block_accounting_exact(qwen2_model, tmp_path, window, num_blocks, num_examples):
+    """`window`: a Mistral whose every layer slides over 6 positions (blocks of 4: windows straddle blocks), with
+    the fewest blocks max_model_len allows, so sequences holding freed entries are preempted too."""
+    model = qwen2_model if window is None else build_model_dir(tmp_path, "mistral", sliding_window=window)
+    llm = LLM(str(model), dtype="float32", max_model_len=96, block_size=4, max_num_batched_tokens=40,
+              kv_cache_bytes=kv_cache_bytes(model, num_blocks=num_blocks, block_size=4))
     engine = llm.engine
+    freed = []
     counter = iter(range(10**9))
     examples = []
     prefixes = [[(p * 31 + i) % 400 + 3 for i in range(24)] for p in range(4)]
 
-    @settings(max_examples=1000, deadline=None, derandomize=True,
+    @settings(max_examples=num_examples, deadline=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(operations)
     def run(ops):
@@ -60,6 +68,7 @@ def test_random_operations_keep_block_accounting_exact(qwen2_model):
                 engine.abort(live[op[1] % len(live)])
             else:
                 engine.step()
+                freed.extend(b for s in engine.scheduler.running for b in s.block_table if b == FREED)
             _check_invariants(engine)
         while engine.has_unfinished_requests():
             engine.step()
@@ -68,5 +77,6 @@ def test_random_operations_keep_block_accounting_exact(qwen2_model):
         assert engine.scheduler.num_waiting == 0 and not engine.scheduler.running
 
     run()
-    assert len(examples) == 1000
+    assert len(examples) == num_examples
     assert engine.stats()["num_preemptions"] > 0
+    assert bool(freed) == (window is not None)

@@ -51,14 +51,17 @@ def test_store_kv_cache():
     assert torch.equal(got_k.cpu(), expected_k) and torch.equal(got_v.cpu(), expected_v)
 
 
+@pytest.mark.parametrize(("window", "softcap", "sinks"), [(None, None, False), (13, None, False),
+                                                       (None, 5.0, True), (20, 5.0, True)])
 @pytest.mark.parametrize(("heads", "kv_heads", "dim", "block", "dtype"), [
     (4, 2, 16, 4, torch.float32),
     (14, 2, 64, 16, torch.float32),  # Qwen2.5-0.5B's seven query heads per KV head
     pytest.param(14, 2, 64, 16, torch.bfloat16, marks=pytest.mark.skipif(
         DEVICE == "cpu", reason="Triton's interpreter computes bf16 dots wrongly; checked on the GPU")),
 ])
-def test_paged_attention_on_a_mixed_batch(heads, kv_heads, dim, block, dtype):
-    """Decodes (some sharing prefix blocks), a fresh prefill and a chunk after a cached prefix."""
+def test_paged_attention_on_a_mixed_batch(heads, kv_heads, dim, block, dtype, window, softcap, sinks):
+    """Decodes (some sharing prefix blocks), a fresh prefill and a chunk after a cached prefix; under a sliding
+    window, with soft-capped scores and with attention sinks too."""
     torch.manual_seed(3)
     k_cache, v_cache = torch.randn(48, block, kv_heads, dim, dtype=dtype), torch.randn(48, block, kv_heads, dim,
                                                                                        dtype=dtype)
@@ -68,10 +71,13 @@ def test_paged_attention_on_a_mixed_batch(heads, kv_heads, dim, block, dtype):
     tables, contexts, queries = [t for t, _, _ in seqs], [c for _, c, _ in seqs], [n for _, _, n in seqs]
     reference_meta = TorchBackend().build_metadata(queries, contexts, tables, block, 3, torch.device("cpu"))
     q = torch.randn(sum(queries), heads, dim, dtype=dtype)
-    expected = reference_attention(q.float(), k_cache.float(), v_cache.float(), reference_meta, scale=dim**-0.5)
+    sink_logits = torch.randn(heads) * 2 if sinks else None
+    expected = reference_attention(q.float(), k_cache.float(), v_cache.float(), reference_meta, dim**-0.5, window,
+                                   softcap, sink_logits)
     backend = triton_attention.TritonBackend()
     meta = backend.build_metadata(queries, contexts, tables, block, 3, torch.device(DEVICE))
     assert torch.equal(meta.slot_mapping.cpu(), reference_meta.slot_mapping)
-    got = backend.attend(q.to(DEVICE), k_cache.to(DEVICE), v_cache.to(DEVICE), meta, dim**-0.5)
+    got = backend.attend(q.to(DEVICE), k_cache.to(DEVICE), v_cache.to(DEVICE), meta, dim**-0.5, window=window,
+                         softcap=softcap, sinks=None if sink_logits is None else sink_logits.to(DEVICE))
     tol = 2e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.cpu().float(), expected, atol=tol, rtol=tol)

@@ -1,7 +1,9 @@
 // Causal attention over the paged KV cache on CPU, float32, read straight from the block tables.
 //
 // Every query row attends to the first `row_len[r]` tokens of its sequence (a decode row: its whole
-// context; a prefill row: the positions up to its own). One task is one (row, KV head). For each
+// context; a prefill row: the positions up to its own), or under a sliding window (`window` > 0) to the
+// last `window` of them. Scores may be soft-capped (cap * tanh(s / cap)) and each query head's softmax
+// may count a sink: a virtual key of that logit with a zero value. One task is one (row, KV head). For each
 // query head under that KV head: the scores of 16 cached tokens at a time (16 vector dot products,
 // summed across lanes together) and one softmax; then the V-weighted sums of all those heads, 16
 // tokens at a time. OpenMP spreads tasks over the threads torch uses. Written with GCC vector
@@ -9,6 +11,7 @@
 // ones elsewhere.
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -57,10 +60,10 @@ struct Cache {
   int num_kv_heads, block_size;
 };
 
-// Softmax of `len` scores in place.
-void softmax(float* row, int len) {
-  const float top = *std::max_element(row, row + len);
-  float total = 0.0f;
+// Softmax of `len` scores in place, over them and a `sink` logit (-inf: none) whose share is dropped.
+void softmax(float* row, int len, float sink) {
+  const float top = std::max(*std::max_element(row, row + len), sink);
+  float total = std::exp(sink - top);
 #pragma omp simd reduction(+ : total)
   for (int i = 0; i < len; ++i) {
     row[i] = kernels::exp_nonpositive(row[i] - top);
@@ -73,10 +76,10 @@ void softmax(float* row, int len) {
 
 // Query heads q[0..group) (consecutive, `dim` apart) over `len` cached tokens, the k-th at
 // `c.k + offsets[k]` (and `c.v + offsets[k]`); `offsets` holds `len` rounded up to 16 entries,
-// `scores` room for `group` rows of that many.
+// `scores` room for `group` rows of that many; `sinks` (or null) the heads' sink logits.
 template <int dim>
-void attend(const float* q, int group, const Cache& c, const long* offsets, int len, float scale, float* scores,
-            float* out) {
+void attend(const float* q, int group, const Cache& c, const long* offsets, int len, float scale, float softcap,
+            const float* sinks, float* scores, float* out) {
   constexpr int chunks = dim / kLanes;
   const int padded = (len + kLanes - 1) / kLanes * kLanes;
   for (int g = 0; g < group; ++g) {
@@ -93,7 +96,9 @@ void attend(const float* q, int group, const Cache& c, const long* offsets, int 
       }
       store(row + start, sum_lanes(partial));
     }
-    softmax(row, len);
+    if (softcap > 0.0f)
+      for (int i = 0; i < len; ++i) row[i] = softcap * std::tanh(row[i] / softcap);
+    softmax(row, len, sinks ? sinks[g] : -INFINITY);
     std::fill(row + len, row + padded, 0.0f);
   }
   // 16 tokens at a time for every head, so each V row is read from memory once per task; four tokens
@@ -116,22 +121,26 @@ void attend(const float* q, int group, const Cache& c, const long* offsets, int 
   }
 }
 
-// Where KV head `h` of each of the first `len` tokens lives, padded to a multiple of 16 by repeating
-// the last token (whose scores past `len` are discarded).
-void token_offsets(const int* table, int len, int h, int dim, const Cache& c, std::vector<long>& offsets) {
+// Where KV head `h` of tokens start..end-1 lives, padded to a multiple of 16 by repeating the last token
+// (whose scores past the end are discarded). Blocks before `start` are never read.
+void token_offsets(const int* table, int start, int end, int h, int dim, const Cache& c,
+                   std::vector<long>& offsets) {
+  const int len = end - start;
   offsets.resize(len + kLanes);
   const long token_stride = static_cast<long>(c.num_kv_heads) * dim;
-  int pos = 0;
-  for (int b = 0; pos < len; ++b) {
+  for (int pos = start; pos < end;) {
+    const int b = pos / c.block_size;
     const long first = static_cast<long>(table[b]) * c.block_size * token_stride + h * dim;
-    for (int i = 0; i < c.block_size && pos < len; ++i, ++pos) offsets[pos] = first + i * token_stride;
+    for (int i = pos % c.block_size; i < c.block_size && pos < end; ++i, ++pos)
+      offsets[pos - start] = first + i * token_stride;
   }
   std::fill(offsets.begin() + len, offsets.end(), offsets[len - 1]);
 }
 
 template <int dim>
 void run(const float* q, const Cache& c, const int* block_tables, int table_width, const int* row_seq,
-         const int* row_len, int num_rows, int num_heads, float scale, float* out, int num_threads) {
+         const int* row_len, int num_rows, int num_heads, float scale, int window, float softcap,
+         const float* sinks, float* out, int num_threads) {
   const int group = num_heads / c.num_kv_heads;
   const long tasks = static_cast<long>(num_rows) * c.num_kv_heads;
 #pragma omp parallel num_threads(num_threads)
@@ -142,11 +151,13 @@ void run(const float* q, const Cache& c, const int* block_tables, int table_widt
     for (long task = 0; task < tasks; ++task) {
       const long r = task / c.num_kv_heads;
       const int h = static_cast<int>(task % c.num_kv_heads);
-      const int len = row_len[r];
-      scores.resize(static_cast<size_t>(group) * (len + kLanes));
-      token_offsets(block_tables + row_seq[r] * static_cast<long>(table_width), len, h, dim, c, offsets);
+      const int end = row_len[r];
+      const int start = window > 0 ? std::max(0, end - window) : 0;
+      scores.resize(static_cast<size_t>(group) * (end - start + kLanes));
+      token_offsets(block_tables + row_seq[r] * static_cast<long>(table_width), start, end, h, dim, c, offsets);
       const long offset = (r * num_heads + h * group) * dim;
-      attend<dim>(q + offset, group, c, offsets.data(), len, scale, scores.data(), out + offset);
+      attend<dim>(q + offset, group, c, offsets.data(), end - start, scale, softcap,
+                  sinks ? sinks + h * group : nullptr, scores.data(), out + offset);
     }
   }
 }
@@ -157,12 +168,14 @@ void run(const float* q, const Cache& c, const int* block_tables, int table_widt
 extern "C" int paged_attention_f32(const float* q, const float* k_cache, const float* v_cache,
                                    const int* block_tables, int table_width, const int* row_seq, const int* row_len,
                                    int num_rows, int num_heads, int num_kv_heads, int head_dim, int block_size,
-                                   float scale, float* out, int num_threads) {
+                                   float scale, int window, float softcap, const float* sinks, float* out,
+                                   int num_threads) {
   const Cache c{k_cache, v_cache, num_kv_heads, block_size};
   switch (head_dim) {
 #define CASE(dim) \
   case dim:       \
-    run<dim>(q, c, block_tables, table_width, row_seq, row_len, num_rows, num_heads, scale, out, num_threads); \
+    run<dim>(q, c, block_tables, table_width, row_seq, row_len, num_rows, num_heads, scale, window, softcap, sinks, \
+             out, num_threads);                                                                                      \
     return 0;
     CASE(16) CASE(32) CASE(48) CASE(64) CASE(80) CASE(96) CASE(128) CASE(256)
 #undef CASE

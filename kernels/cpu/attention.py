@@ -22,7 +22,7 @@ def _kernel():
     kernel = library.paged_attention_f32
     pointer, integer = ctypes.c_void_p, ctypes.c_int
     kernel.argtypes = [pointer, pointer, pointer, pointer, integer, pointer, pointer, integer, integer, integer,
-                       integer, integer, ctypes.c_float, pointer, integer]
+                       integer, integer, ctypes.c_float, integer, ctypes.c_float, pointer, pointer, integer]
     kernel.restype = integer
     return kernel
 
@@ -50,16 +50,19 @@ class CpuBackend(AttentionBackend):
     def store_kv(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
         store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
 
-    def attend(self, q, k_cache, v_cache, meta: CpuMetadata, scale: float) -> torch.Tensor:
+    def attend(self, q, k_cache, v_cache, meta: CpuMetadata, scale: float, window=None, softcap=None,
+               sinks=None) -> torch.Tensor:
         q = q.contiguous()
         out = torch.empty_like(q)
         num_rows, num_heads, head_dim = q.shape
         _, block_size, num_kv_heads, _ = k_cache.shape
         assert k_cache.is_contiguous() and v_cache.is_contiguous() and q.dtype == torch.float32
+        sinks = None if sinks is None else sinks.float().contiguous()
         status = _kernel()(
             q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), meta.block_tables.data_ptr(),
             meta.block_tables.shape[1], meta.row_seq.data_ptr(), meta.row_len.data_ptr(), num_rows, num_heads,
-            num_kv_heads, head_dim, block_size, scale, out.data_ptr(), torch.get_num_threads(),
+            num_kv_heads, head_dim, block_size, scale, window or 0, softcap or 0.0,
+            None if sinks is None else sinks.data_ptr(), out.data_ptr(), torch.get_num_threads(),
         )
         if status:
             raise ValueError(f"head size {head_dim} has no CPU kernel instance (have {HEAD_DIMS})")

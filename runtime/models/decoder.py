@@ -1,9 +1,12 @@
 """The decoder-only transformer every family builds on: attention, gated MLP, layers, model, LM head.
 
 A family (`runtime/models/<family>.py`) subclasses `CausalLM` and sets what differs: biases on the q/k/v
-projections, per-head q/k norms, the MLP each layer gets, how checkpoint names map to parameters. Module
-names mirror transformers' so checkpoint names map directly.
+projections, per-head q/k norms, each layer's attention and MLP, how checkpoint names map to parameters.
+Module names mirror transformers' so checkpoint names map directly. Sliding-window layers pass their window
+to the attention backend (`sliding_window.layer_windows`).
 """
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -11,7 +14,6 @@ from transformers import PretrainedConfig
 
 from kernels import AttentionMetadata, apply_rotary, silu_and_mul
 from runtime.distributed import all_reduce
-from runtime.errors import InvalidInputError
 from runtime.models.layers import (
     MergedColumnParallelLinear,
     ParallelLMHead,
@@ -19,8 +21,10 @@ from runtime.models.layers import (
     RMSNorm,
     RowParallelLinear,
     VocabParallelEmbedding,
+    head_parameter,
 )
-from runtime.models.rotary import RotaryTables, check_rope
+from runtime.models.rotary import RotaryTables, check_rope, rope_key
+from runtime.models.sliding_window import layer_windows
 
 
 def head_dim_of(config: PretrainedConfig) -> int:
@@ -28,7 +32,13 @@ def head_dim_of(config: PretrainedConfig) -> int:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: PretrainedConfig, qkv_bias: bool, o_bias: bool, qk_norm: bool):
+    """Self-attention over the paged cache. Beyond the plain layer: a sliding `window`, a `scale` other than
+    head_dim ** -0.5, soft-capped scores (`softcap`), per-head q/k norms of class `qk_norm`, and learned
+    per-head attention `sinks` (gpt-oss)."""
+
+    def __init__(self, config: PretrainedConfig, qkv_bias: bool, o_bias: bool, qk_norm: type[nn.Module] | None,
+                 window: int | None = None, scale: float | None = None, softcap: float | None = None,
+                 sinks: bool = False):
         super().__init__()
         head_dim = head_dim_of(config)
         self.qkv_proj = QKVParallelLinear(
@@ -37,12 +47,14 @@ class Attention(nn.Module):
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.head_dim = head_dim
-        self.scale = head_dim**-0.5
+        self.scale = scale or head_dim**-0.5
+        self.window, self.softcap = window, softcap
         self.o_proj = RowParallelLinear(config.num_attention_heads * head_dim, config.hidden_size, o_bias)
         self.q_norm = self.k_norm = None
-        if qk_norm:
-            self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)
-            self.k_norm = RMSNorm(head_dim, config.rms_norm_eps)
+        if qk_norm is not None:
+            self.q_norm = qk_norm(head_dim, config.rms_norm_eps)
+            self.k_norm = qk_norm(head_dim, config.rms_norm_eps)
+        self.sinks = head_parameter(self.num_heads) if sinks else None
         self.k_cache = self.v_cache = torch.empty(0)  # bound by the model runner
 
     def forward(self, hidden: torch.Tensor, cos_sin, meta: AttentionMetadata) -> torch.Tensor:
@@ -59,7 +71,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, k, *cos_sin)
         meta.backend.store_kv(k, v, self.k_cache, self.v_cache, meta)
-        out = meta.backend.attend(q, self.k_cache, self.v_cache, meta, self.scale)
+        out = meta.backend.attend(q, self.k_cache, self.v_cache, meta, self.scale, self.window, self.softcap,
+                                  self.sinks)
         return self.o_proj(out.reshape(-1, q_size))
 
 
@@ -69,10 +82,13 @@ _CPU_MLP_ROWS = 512
 
 
 class MLP(nn.Module):
-    """The gated (SiLU) MLP, its intermediate features split across ranks."""
+    """The gated MLP (SiLU, or another `activation` of gate times up), its intermediate features split across
+    ranks."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False,
+                 activation: Callable[[torch.Tensor], torch.Tensor] = silu_and_mul):
         super().__init__()
+        self.activation = activation
         self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias)
 
@@ -85,7 +101,7 @@ class MLP(nn.Module):
         return all_reduce(blocks) if reduce else blocks  # one collective for the whole step, not one per block
 
     def _gated(self, x: torch.Tensor) -> torch.Tensor:
-        return silu_and_mul(self.gate_up_proj(x))
+        return self.activation(self.gate_up_proj(x))
 
 
 class DecoderLayer(nn.Module):
@@ -108,18 +124,27 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, config: PretrainedConfig, layers: list[DecoderLayer], max_positions: int):
+    """Embedding (times `embed_scale`, when the family scales it), layers, final norm; one rotary table per
+    set of RoPE parameters, each layer rotating by its own (`rotary.rope_key`)."""
+
+    def __init__(self, config: PretrainedConfig, layers: list[DecoderLayer], max_positions: int,
+                 norm: type[nn.Module] = RMSNorm, embed_scale: float | None = None):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_scale = embed_scale
         self.layers = nn.ModuleList(layers)
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = RotaryTables(config, head_dim_of(config), max_positions)
+        self.norm = norm(config.hidden_size, config.rms_norm_eps)
+        self.rope_keys = [rope_key(config, i) for i in range(len(layers))]
+        self.rotary = nn.ModuleDict({key: RotaryTables(config, head_dim_of(config), max_positions, key)
+                                     for key in dict.fromkeys(self.rope_keys)})
 
     def forward(self, input_ids, positions, meta):
-        cos_sin = self.rotary(positions)
+        tables = {key: rotary(positions) for key, rotary in self.rotary.items()}
         hidden, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
-            hidden, residual = layer(hidden, residual, cos_sin, meta)
+        if self.embed_scale is not None:  # rounded to the weights' dtype first, as transformers does
+            hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
+        for layer, key in zip(self.layers, self.rope_keys):
+            hidden, residual = layer(hidden, residual, tables[key], meta)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -127,7 +152,7 @@ class DecoderModel(nn.Module):
 class CausalLM(nn.Module):
     """A decoder-only causal LM. Subclasses (one per family) override the class attributes and hooks."""
 
-    qk_norm = False  # RMSNorm over each head of q and k (Qwen3)
+    qk_norm: type[nn.Module] | None = None  # the norm over each head of q and k (Qwen3: RMSNorm)
     # a base model (`Qwen3Model`, as embedding checkpoints are saved): no LM head, so it only pools, and its
     # checkpoint names its tensors without the `model.` prefix
     headless = False
@@ -143,10 +168,10 @@ class CausalLM(nn.Module):
 
     def __init__(self, config: PretrainedConfig, max_positions: int):
         super().__init__()
-        qkv_bias, o_bias = self.attention_biases(config)
-        layers = [DecoderLayer(config, Attention(config, qkv_bias, o_bias, self.qk_norm), self.make_mlp(config, i))
+        windows = layer_windows(config, max_positions)
+        layers = [self.make_layer(config, self.make_attention(config, windows[i]), self.make_mlp(config, i))
                   for i in range(config.num_hidden_layers)]
-        self.model = DecoderModel(config, layers, max_positions)
+        self.model = self.make_model(config, layers, max_positions)
         self.lm_head = None if self.headless else ParallelLMHead(config.vocab_size, config.hidden_size)
         self.tie_word_embeddings = not self.headless and bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
@@ -156,16 +181,22 @@ class CausalLM(nn.Module):
     def check_config(cls, config: PretrainedConfig, max_model_len: int) -> None:
         """Refuse, at engine start, a config this implementation would run wrongly (raises InvalidInputError)."""
         check_rope(config, max_model_len)
-        window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
-        if window and window < max_model_len:
-            raise InvalidInputError("max_model_len", f"{max_model_len} exceeds the model's sliding_window ({window}), "
-                                    "and sliding-window attention is not implemented: set max_model_len <= "
-                                    f"{window}")
 
     def attention_biases(self, config: PretrainedConfig) -> tuple[bool, bool]:
         """Whether the q/k/v projections and o_proj have biases (Llama's `attention_bias` sets both)."""
         bias = bool(getattr(config, "attention_bias", False))
         return bias, bias
+
+    def make_attention(self, config: PretrainedConfig, window: int | None) -> Attention:
+        """A decoder layer's attention, sliding over the last `window` positions unless None."""
+        qkv_bias, o_bias = self.attention_biases(config)
+        return Attention(config, qkv_bias, o_bias, self.qk_norm, window)
+
+    def make_layer(self, config: PretrainedConfig, attention: Attention, mlp: nn.Module) -> nn.Module:
+        return DecoderLayer(config, attention, mlp)
+
+    def make_model(self, config: PretrainedConfig, layers: list[nn.Module], max_positions: int) -> DecoderModel:
+        return DecoderModel(config, layers, max_positions)
 
     def make_mlp(self, config: PretrainedConfig, layer: int) -> nn.Module:
         """The feed-forward block of decoder layer `layer`."""

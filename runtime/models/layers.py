@@ -171,6 +171,13 @@ class ParallelLMHead(_Projection, VocabParallelEmbedding):
         return logits[..., : self.vocab_size]
 
 
+def head_parameter(num_heads: int) -> nn.Parameter:
+    """One value per attention head of this rank (gpt-oss's sinks), loaded from the checkpoint's all-heads tensor."""
+    param = nn.Parameter(torch.empty(num_heads), requires_grad=False)
+    param.weight_loader = lambda p, loaded: p.data.copy_(_shard(loaded, 0, p.shape[0], tp_rank()))
+    return param
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float):
         super().__init__()
@@ -180,3 +187,11 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         return rms_norm(x, self.weight, self.eps, residual)
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm, which scales by 1 + weight: the checkpoint's weight is stored plus one."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__(size, eps)
+        self.weight.weight_loader = lambda p, loaded: default_weight_loader(p, loaded.float() + 1)

@@ -1,5 +1,4 @@
-"""Mistral: Llama's architecture plus a sliding window, refused (by `CausalLM.check_config`) wherever it would
-be shorter than max_model_len, until sliding-window attention exists."""
+"""Mistral: Llama's architecture, every layer sliding over the last `sliding_window` positions when it is set."""
 
 from runtime.models.llama import LlamaForCausalLM
 

@@ -6,6 +6,7 @@ intermediate features (as the dense MLP splits its own); the block's partial sum
 """
 
 import re
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -38,25 +39,38 @@ def _grouped_matmul(rows: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor
 
 
 class FusedExperts(nn.Module):
-    """E gated (SiLU) MLPs as stacked parameters, stored input-major so each expert's matrix is contiguous as the
-    grouped matmul reads it (a transposed view ran 100x slower on a busy 2-core CPU): `gate_up_proj`
-    [E, H, 2 I/tp] (gate then up) and `down_proj` [E, I/tp, H]."""
+    """E gated MLPs (SiLU, or another `activation` of [T, 2 I] gate then up) as stacked parameters, stored
+    input-major so each expert's matrix is contiguous as the grouped matmul reads it (a transposed view ran 100x
+    slower on a busy 2-core CPU): `gate_up_proj` [E, H, 2 I/tp] (gate then up) and `down_proj` [E, I/tp, H];
+    with `bias`, `gate_up_proj_bias` [E, 2 I/tp] and `down_proj_bias` [E, H] (added once, on rank 0)."""
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, bias: bool = False,
+                 activation: Callable[[torch.Tensor], torch.Tensor] = silu_and_mul):
         super().__init__()
         self.num_experts = num_experts
         self.shard = intermediate_size // tp_size()
+        self.activation = activation
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, hidden_size, 2 * self.shard), requires_grad=False)
         self.down_proj = nn.Parameter(torch.empty(num_experts, self.shard, hidden_size), requires_grad=False)
-        self.gate_up_proj.weight_loader = self.weight_loader
-        self.down_proj.weight_loader = self.weight_loader
+        self.gate_up_proj_bias = self.down_proj_bias = None
+        if bias:
+            self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * self.shard), requires_grad=False)
+            self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden_size), requires_grad=False)
+        for param in self.parameters():
+            param.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, expert: int | None = None,
                       half: int | None = None) -> None:
         """Load one expert's projection (`half` 0: gate, 1: up; None for down), or, with no expert, a fused
-        checkpoint tensor holding every expert ([E, 2 I, H] gate then up, or [E, H, I])."""
+        checkpoint tensor holding every expert ([E, 2 I, H] gate then up, or [E, H, I]; biases [E, 2 I] gate then
+        up, or [E, H])."""
         start = tp_rank() * self.shard
-        if expert is None:
+        if param is self.down_proj_bias:
+            param.data.copy_(loaded if tp_rank() == 0 else torch.zeros_like(loaded))
+        elif param is self.gate_up_proj_bias:
+            for h, part in enumerate(loaded.chunk(2, dim=-1)):
+                param.data[:, h * self.shard : (h + 1) * self.shard].copy_(part[:, start : start + self.shard])
+        elif expert is None:
             for e in range(self.num_experts):
                 if param is self.down_proj:
                     self.weight_loader(param, loaded[e], e)
@@ -77,24 +91,30 @@ class FusedExperts(nn.Module):
         counts = torch.zeros(self.num_experts, dtype=torch.long, device=x.device).index_add_(
             0, flat, torch.ones_like(flat))
         ends = counts.cumsum(0)
-        rows = x[order // top_k]
-        hidden = silu_and_mul(_grouped_matmul(rows, self.gate_up_proj, ends))
-        out = _grouped_matmul(hidden, self.down_proj, ends) * weights.flatten()[order, None].to(x.dtype)
+        rows, row_experts = x[order // top_k], flat[order]
+        gate_up = _grouped_matmul(rows, self.gate_up_proj, ends)
+        if self.gate_up_proj_bias is not None:
+            gate_up = gate_up + self.gate_up_proj_bias[row_experts]
+        out = _grouped_matmul(self.activation(gate_up), self.down_proj, ends)
+        if self.down_proj_bias is not None:
+            out = out + self.down_proj_bias[row_experts]
+        out = out * weights.flatten()[order, None].to(x.dtype)
         unsorted = torch.empty_like(out)
         unsorted[order] = out
         return unsorted.view(tokens, top_k, -1).sum(dim=1)
 
 
 class SparseMoeBlock(nn.Module):
-    """Router + experts (+ a shared expert behind a sigmoid gate, as Qwen2-MoE has)."""
+    """Router + experts (+ a shared expert behind a sigmoid gate, as Qwen2-MoE has). A family whose experts
+    differ passes its own `experts`; `router_bias` puts a bias on the router."""
 
     def __init__(self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int, renormalize: bool,
-                 shared_intermediate_size: int = 0):
+                 shared_intermediate_size: int = 0, experts: FusedExperts | None = None, router_bias: bool = False):
         super().__init__()
         self.top_k = top_k
         self.renormalize = renormalize
-        self.gate = ReplicatedLinear(hidden_size, num_experts, bias=False)
-        self.experts = FusedExperts(num_experts, hidden_size, intermediate_size)
+        self.gate = ReplicatedLinear(hidden_size, num_experts, bias=router_bias)
+        self.experts = experts or FusedExperts(num_experts, hidden_size, intermediate_size)
         self.shared_expert = self.shared_expert_gate = None
         if shared_intermediate_size:
             self.shared_expert = MLP(hidden_size, shared_intermediate_size)

@@ -4,12 +4,13 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from runtime.models.decoder import MLP
+from runtime.models.layers import RMSNorm
 from runtime.models.moe import MoeCausalLM, SparseMoeBlock
 from runtime.models.qwen2_moe import is_sparse
 
 
 class Qwen3MoeForCausalLM(MoeCausalLM):
-    qk_norm = True
+    qk_norm = RMSNorm
 
     def make_mlp(self, config: PretrainedConfig, layer: int) -> nn.Module:
         if not is_sparse(config, layer):

@@ -5,6 +5,9 @@ from transformers import PretrainedConfig
 
 from runtime.errors import InvalidInputError
 from runtime.models.decoder import CausalLM
+from runtime.models.gemma2 import Gemma2ForCausalLM
+from runtime.models.gemma3 import Gemma3ForCausalLM
+from runtime.models.gpt_oss import GptOssForCausalLM
 from runtime.models.llama import LlamaForCausalLM
 from runtime.models.mistral import MistralForCausalLM
 from runtime.models.mixtral import MixtralForCausalLM
@@ -20,9 +23,11 @@ def _base_model(family: type[CausalLM]) -> type[CausalLM]:
     return type(family.__name__.removesuffix("ForCausalLM") + "Model", (family,), {"headless": True})
 
 
-_CAUSAL_LMS = (LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM,
+# families whose base model serves embeddings (Gemma's embedding models attend both ways: not built)
+_EMBEDDABLE = (LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM,
                Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)
-_FAMILIES: dict[str, type[CausalLM]] = {cls.__name__: cls for cls in (*_CAUSAL_LMS, *map(_base_model, _CAUSAL_LMS))}
+_CAUSAL_LMS = (Gemma2ForCausalLM, Gemma3ForCausalLM, GptOssForCausalLM, *_EMBEDDABLE)
+_FAMILIES: dict[str, type[CausalLM]] = {cls.__name__: cls for cls in (*_CAUSAL_LMS, *map(_base_model, _EMBEDDABLE))}
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_FAMILIES))
 

@@ -1,4 +1,5 @@
-"""Rotary-embedding cos/sin tables, with every RoPE variant transformers knows."""
+"""Rotary-embedding cos/sin tables, with every RoPE variant transformers knows, one table per set of RoPE
+parameters: a config may hold one set per layer type (Gemma 3: its local layers use their own base)."""
 
 import torch
 from torch import nn
@@ -7,33 +8,51 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from runtime.errors import InvalidInputError
 
+_DEFAULT = {"rope_type": "default", "rope_theta": 10000.0}
+
+
+def rope_key(config: PretrainedConfig, layer: int) -> str:
+    """Which RoPE parameters layer `layer` uses: its layer type where the config keys them by layer type, else
+    'default'."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    types = getattr(config, "layer_types", None)
+    return types[layer] if types and types[layer] in rope else "default"
+
+
+def _parameters(config: PretrainedConfig, key: str) -> dict:
+    rope = getattr(config, "rope_parameters", None) or _DEFAULT
+    return rope[key] if key in rope else rope
+
 
 def check_rope(config: PretrainedConfig, max_model_len: int) -> None:
     """Refuse RoPE settings these tables would get wrong: a partial rotary dimension, an unknown type, and
     longrope past its original context (there transformers switches to the long factors by sequence length)."""
-    rope = getattr(config, "rope_parameters", None) or {}
-    kind = rope.get("rope_type", "default")
-    if (rope.get("partial_rotary_factor") or 1.0) != 1.0:
-        raise InvalidInputError("model", f"partial_rotary_factor {rope['partial_rotary_factor']} is not supported")
-    if kind != "default" and kind not in ROPE_INIT_FUNCTIONS:
-        raise InvalidInputError("model", f"rope type {kind!r} is not supported; supported: "
-                                f"{', '.join(['default', *ROPE_INIT_FUNCTIONS])}")
-    original = rope.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings", 0)
-    if kind == "longrope" and max_model_len > original:
-        raise InvalidInputError("max_model_len", f"{max_model_len} exceeds the longrope model's original context "
-                                f"({original}), past which its long factors are not implemented")
+    for key in {rope_key(config, i) for i in range(config.num_hidden_layers)}:
+        rope = _parameters(config, key)
+        kind = rope.get("rope_type", "default")
+        if (rope.get("partial_rotary_factor") or 1.0) != 1.0:
+            raise InvalidInputError("model", f"partial_rotary_factor {rope['partial_rotary_factor']} is not supported")
+        if kind != "default" and kind not in ROPE_INIT_FUNCTIONS:
+            raise InvalidInputError("model", f"rope type {kind!r} is not supported; supported: "
+                                    f"{', '.join(['default', *ROPE_INIT_FUNCTIONS])}")
+        original = (rope.get("original_max_position_embeddings")
+                    or getattr(config, "original_max_position_embeddings", 0))
+        if kind == "longrope" and max_model_len > original:
+            raise InvalidInputError("max_model_len", f"{max_model_len} exceeds the longrope model's original "
+                                    f"context ({original}), past which its long factors are not implemented")
 
 
 class RotaryTables(nn.Module):
-    def __init__(self, config: PretrainedConfig, head_dim: int, max_positions: int):
+    def __init__(self, config: PretrainedConfig, head_dim: int, max_positions: int, key: str = "default"):
         super().__init__()
-        rope = getattr(config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0}
+        rope = _parameters(config, key)
         kind = rope.get("rope_type", "default")
         if kind == "default":
             exponents = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
             inv_freq, scaling = 1.0 / (rope["rope_theta"] ** exponents), 1.0
         else:
-            inv_freq, scaling = ROPE_INIT_FUNCTIONS[kind](config, "cpu")
+            by_type = {"layer_type": key} if key != "default" else {}
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[kind](config, "cpu", **by_type)
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq.float())
         self.register_buffer("cos", angles.cos() * scaling, persistent=False)
         self.register_buffer("sin", angles.sin() * scaling, persistent=False)

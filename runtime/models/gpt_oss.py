@@ -1,0 +1,62 @@
+"""gpt-oss: biased q/k/v/o projections, learned per-head attention sinks, sliding layers alternating with full
+ones (`layer_types`), YaRN RoPE, and an MoE block on every layer: a biased router whose top-k weights are
+renormalised, experts with biases and a clamped SwiGLU (`swiglu_alpha`, `swiglu_limit`).
+
+Checkpoints in bf16/fp32 only (transformers' layout: each layer's experts fused, input-major, gate and up
+interleaved); MXFP4-quantized checkpoints (`quantization_config`, as OpenAI publishes them) are refused.
+"""
+
+from functools import partial
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from kernels import clamped_swiglu
+from runtime.errors import InvalidInputError
+from runtime.models.decoder import Attention
+from runtime.models.moe import FusedExperts, MoeCausalLM, SparseMoeBlock
+
+
+def _gate_then_up(interleaved: torch.Tensor) -> torch.Tensor:
+    """[..., 2 I] holding gate and up interleaved (gate at even columns) as [..., 2 I] gate then up."""
+    return torch.cat([interleaved[..., 0::2], interleaved[..., 1::2]], dim=-1)
+
+
+class GptOssExperts(FusedExperts):
+    def __init__(self, config: PretrainedConfig):
+        super().__init__(config.num_local_experts, config.hidden_size, config.intermediate_size, bias=True,
+                         activation=partial(clamped_swiglu, alpha=config.swiglu_alpha, limit=config.swiglu_limit))
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, *shard) -> None:
+        """The checkpoint's fused tensors ([E, H, 2 I] and [E, I, H] input-major, gate and up interleaved) in the
+        layout `FusedExperts` loads (which comes back here with one expert's slice: `shard` holds its index)."""
+        if shard:
+            pass
+        elif param is self.gate_up_proj:
+            loaded = _gate_then_up(loaded).transpose(1, 2)
+        elif param is self.gate_up_proj_bias:
+            loaded = _gate_then_up(loaded)
+        elif param is self.down_proj:
+            loaded = loaded.transpose(1, 2)
+        super().weight_loader(param, loaded, *shard)
+
+
+class GptOssForCausalLM(MoeCausalLM):
+    @classmethod
+    def check_config(cls, config: PretrainedConfig, max_model_len: int) -> None:
+        super().check_config(config, max_model_len)
+        if getattr(config, "quantization_config", None):
+            raise InvalidInputError("model", "quantized gpt-oss checkpoints (MXFP4) are not supported; use a bf16 "
+                                    "or fp32 one")
+
+    def make_attention(self, config: PretrainedConfig, window: int | None) -> Attention:
+        return Attention(config, *self.attention_biases(config), self.qk_norm, window, sinks=True)
+
+    def make_mlp(self, config: PretrainedConfig, layer: int) -> nn.Module:
+        return SparseMoeBlock(config.hidden_size, config.num_local_experts, config.num_experts_per_tok,
+                              config.intermediate_size, renormalize=True, experts=GptOssExperts(config),
+                              router_bias=True)
+
+    def param_for(self, name: str) -> tuple[str, tuple]:
+        return super().param_for(name.replace(".mlp.router.", ".mlp.gate."))
