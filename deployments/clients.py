@@ -89,6 +89,10 @@ class RemoteModel:
                          owner: str | None = None) -> dict:
         return await _reply(lambda: self.handle.embeddings.remote(req, request_id, priority, owner))
 
+    async def answer_lines(self, lines: list[tuple[object, str]], priority: int) -> list[tuple[int, dict]]:
+        """Batch lines, (request body, request id) each, in one call: each one's (HTTP status, body)."""
+        return await _reply(lambda: self.handle.answer_lines.remote(lines, priority))
+
     async def tokenize(self, req: TokenizeRequest) -> dict:
         return await _reply(lambda: self.handle.tokenize.remote(req))
 

@@ -7,8 +7,9 @@ storage, loses nothing and needs no API call to go on. Only unfinished
 batches are held in memory; a finished one is read from the store when asked
 for, and lists page through the store's index (index.py). Requests
 go to the model replicas through Serve handles at batch priority, so online
-traffic is admitted first. Each model's handle is made once; its lines in
-flight, across all batches, follow its running replicas (capacity.py).
+traffic is admitted first. Each model's handle is made once, and the lines
+started together share a call (line_groups.py); its lines in flight, across
+all batches, follow its running replicas (capacity.py).
 """
 
 import asyncio
@@ -20,14 +21,13 @@ import ray
 from ray import serve
 
 from deployments.api.batch_protocol import window_seconds
-from deployments.api.embeddings import EmbeddingRequest
 from deployments.api.format import list_page
-from deployments.api.protocol import ChatCompletionRequest, CompletionRequest
 from deployments.batch.capacity import Capacity, running_replicas
 from deployments.batch.files import FileLimits, FileStore
 from deployments.batch.index import BatchIndex
 from deployments.batch.input_line import ENDPOINTS, BatchRequest
 from deployments.batch.job import BatchJob, BatchLimits
+from deployments.batch.line_groups import LineGroups
 from deployments.batch.state import TERMINAL, Batch, BatchState, new_batch
 from deployments.clients import RemoteModel
 from deployments.errors import OpenAIError
@@ -52,7 +52,7 @@ class BatchManager:
         self.jobs: dict[str, BatchJob] = {}  # the unfinished batches
         self.tasks: dict[str, asyncio.Task] = {}
         self._loading: asyncio.Task | None = None
-        self._clients: dict[str, RemoteModel] = {}
+        self._groups: dict[str, LineGroups] = {}
         self._capacity = {model: Capacity(limits.concurrency) for model in deployments}
         self._watching: asyncio.Task | None = None
         # resume at once, on first start and on every restart by Ray, not on the first API call: a batch
@@ -134,17 +134,14 @@ class BatchManager:
         del self.jobs[job.id], self.tasks[job.id]
 
     async def _send(self, request: BatchRequest, request_id: str) -> tuple[int, dict]:
-        """One line's request to its model's replicas: (HTTP status, body) for the output line."""
-        model = self._clients.get(request.model)
-        if model is None:
+        """One line's request to its model's replicas, coalesced with the lines started beside it
+        (line_groups.py): (HTTP status, body) for the output line."""
+        groups = self._groups.get(request.model)
+        if groups is None:
             handle = serve.get_deployment_handle(self.deployments[request.model], app_name=self.app_name)
-            model = self._clients[request.model] = RemoteModel(handle)
-        call = {ChatCompletionRequest: model.chat, CompletionRequest: model.completions,
-                EmbeddingRequest: model.embeddings}[type(request.body)]
-        try:
-            return 200, await call(request.body, request_id, BATCH_PRIORITY)
-        except OpenAIError as e:
-            return e.status, e.body()
+            model = RemoteModel(handle)
+            groups = self._groups[request.model] = LineGroups(lambda lines: model.answer_lines(lines, BATCH_PRIORITY))
+        return await groups.send(request.body, request_id)
 
     # --- the API ---------------------------------------------------------------
 

@@ -68,6 +68,20 @@ class LLMServer:
         self._serves("pooling")
         return await _reply(self.embedding_handler.embed(req, request_id or new_id("embd-"), priority, owner))
 
+    async def answer_lines(self, lines: list[tuple[object, str]], priority: int) -> list[tuple[int, dict]]:
+        """Batch lines the batch manager coalesced into one call, answered concurrently: each line's (HTTP
+        status, body), an error as its OpenAI error body, as the line's output records it."""
+        calls = {ChatCompletionRequest: self.chat, CompletionRequest: self.completions,
+                 EmbeddingRequest: self.embeddings}
+
+        async def answer(body, request_id: str) -> tuple[int, dict]:
+            try:
+                return 200, await calls[type(body)](body, request_id, priority)
+            except OpenAIError as e:
+                return e.status, e.body()
+
+        return list(await asyncio.gather(*(answer(body, request_id) for body, request_id in lines)))
+
     async def tokenize(self, req: TokenizeRequest) -> dict:
         return await _reply(self.tokenize_handler.tokenize(req))
 
