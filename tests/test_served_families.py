@@ -1,5 +1,6 @@
-"""Model families served end to end: a mixture-of-experts checkpoint behind the real app, through the `openai`
-SDK, answering as the offline engine does (greedy), streamed and whole, with a forced tool call."""
+"""Model families served end to end: a mixture-of-experts checkpoint and a sliding-window one (a 16-token window
+on every layer, shorter than every conversation here) behind the real app, through the `openai` SDK, answering
+as the offline engine does (greedy), streamed and whole, with a forced tool call."""
 
 import json
 
@@ -8,19 +9,20 @@ import pytest
 from runtime import LLM, SamplingParams
 from tests.conftest import ENGINE_KWARGS, MODEL_ID, another_app, app_args
 from tests.model_factory import build_model_dir
-from tests.test_model_families import FAMILIES
+from tests.test_model_families import FAMILIES, SLIDING
 from tests.test_reasoning_and_tools import WEATHER_TOOL
 
 MESSAGES = [{"role": "user", "content": "Tell me about the weather in Paris"}]
-SERVED = ["qwen3_moe"]
+SERVED = {"qwen3_moe": FAMILIES["qwen3_moe"], "mistral_sliding": SLIDING["mistral_sliding"]}
 
 
-@pytest.fixture(scope="module", params=SERVED)
+@pytest.fixture(scope="module", params=list(SERVED))
 def family_app(request, server, tmp_path_factory):
     """(SDK client, offline engine) for a tiny checkpoint of the family, served beside the shared app."""
     import openai
 
-    model_dir = build_model_dir(tmp_path_factory.mktemp(request.param), request.param, **FAMILIES[request.param])
+    fields = dict(SERVED[request.param])
+    model_dir = build_model_dir(tmp_path_factory.mktemp(request.param), fields.pop("arch", request.param), **fields)
     args = app_args(model_dir, f"file://{tmp_path_factory.mktemp(f'{request.param}-storage')}")
     with another_app(server, request.param, args) as url:
         yield openai.Client(base_url=f"{url}/v1", api_key="None"), LLM(str(model_dir), **ENGINE_KWARGS)
