@@ -1,0 +1,22 @@
+"""The engine's speculator for its `speculative_config`, or None when it has none."""
+
+from transformers import PreTrainedTokenizerBase
+
+from runtime.config import EngineConfig
+from runtime.model_spec import ModelSpec
+from runtime.speculative.ngram import NgramProposer
+from runtime.speculative.speculator import Speculator
+
+
+def build_speculator(config: EngineConfig, spec: ModelSpec, tokenizer: PreTrainedTokenizerBase,
+                     eos_token_ids: set[int], num_blocks: int) -> Speculator | None:
+    sc = config.speculative_config
+    if sc is None:
+        return None
+    if sc.method == "ngram":
+        proposer = NgramProposer(sc.prompt_lookup_min, sc.prompt_lookup_max)
+    else:
+        from runtime.speculative.draft_model import DraftModelProposer
+
+        proposer = DraftModelProposer(config, spec, tokenizer, eos_token_ids, num_blocks)
+    return Speculator(sc, proposer, spec.max_model_len)
