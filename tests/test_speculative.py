@@ -203,3 +203,30 @@ def test_sampled_tokens_have_plain_decodings_distribution_at_temperature_1(tmp_p
     monkeypatch.setattr("runtime.speculative.verifier.accepted_length", lambda drafts, samples: next(
         (i for i, (d, s) in enumerate(zip(drafts, samples)) if abs(d - s) > 1), len(drafts)))
     assert max(_excess_over_critical(path)[0]) > 1
+
+
+def test_a_draft_model_gives_plain_decodings_tokens_and_a_draft_equal_to_the_target_accepts_all(
+        copy_model, plain, tmp_path):
+    prompts = copy_prompts(plain, 16)
+    greedy = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    seeded = SamplingParams(temperature=0.8, seed=7, max_tokens=24, ignore_eos=True)
+    want, want_seeded = _tokens(plain, prompts, greedy), _tokens(plain, prompts[:4], seeded)
+    small = build_model_dir(tmp_path / "draft", "qwen2", hidden_size=32, intermediate_size=64, num_layers=1,
+                            init_std=0.02, seed=1)
+    for draft, all_accepted in [(copy_model, True), (small, False)]:
+        llm = LLM(str(copy_model), dtype="float32", max_model_len=512, max_num_batched_tokens=64,
+                  speculative_config={"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3})
+        assert _tokens(llm, prompts, greedy) == want
+        stats = llm.stats()
+        assert stats["spec_num_draft_tokens"] > 100
+        if all_accepted:
+            assert stats["spec_acceptance_rate"] == 1.0
+        assert _tokens(llm, prompts[:4], seeded) == want_seeded
+        assert llm.stats()["num_free_blocks"] == stats["num_blocks"]
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused_naming_it(copy_model, tmp_path):
+    other = build_model_dir(tmp_path / "other_vocab", "qwen2", vocab_size=640)
+    with pytest.raises(InvalidInputError, match=f"speculative_config.model: the draft model {other} has a vocabulary"):
+        LLM(str(copy_model), dtype="float32", max_model_len=128,
+            speculative_config={"method": "draft_model", "model": str(other), "num_speculative_tokens": 2})
