@@ -217,7 +217,7 @@ class ModelRunner:
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             start = seq.num_computed_tokens
             drafts = seq.draft_token_ids
-            inputs.input_ids.extend((seq.token_ids + drafts if drafts else seq.token_ids)[start : start + n])
+            inputs.input_ids.extend((seq.token_ids[start : start + n] + drafts)[:n])  # drafts follow its last token
             inputs.positions.extend(range(start, start + n))
             inputs.query_lens.append(n)
             inputs.context_lens.append(start + n)
