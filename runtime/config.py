@@ -65,6 +65,9 @@ class EngineConfig:
         require(self.runner in ("generate", "pooling"), "runner", f"expected generate or pooling, got {self.runner!r}")
         self.pooler_config = PoolerConfig.parse(self.pooler_config)
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        require(self.speculative_config is None or self.speculative_config.method == "ngram"
+                or self.tensor_parallel_size == 1, "speculative_config.method",
+                "a draft model runs only with tensor_parallel_size 1; ngram works at any size")
         require(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "must be at least 2")
         require(self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be at least 1")
         require(self.max_num_seqs >= 1, "max_num_seqs", "must be at least 1")

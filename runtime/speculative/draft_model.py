@@ -12,7 +12,7 @@ from dataclasses import replace
 import torch
 
 from runtime.config import EngineConfig
-from runtime.errors import InvalidInputError, require
+from runtime.errors import InvalidInputError
 from runtime.model_runner import ModelRunner, StepInputs
 from runtime.model_spec import ModelSpec
 from runtime.sequence import Sequence
@@ -24,8 +24,6 @@ _FIELD = "speculative_config.model"
 class DraftModelProposer:
     def __init__(self, config: EngineConfig, spec: ModelSpec, tokenizer, eos_token_ids: set[int], num_blocks: int):
         name = config.speculative_config.model
-        require(config.tensor_parallel_size == 1, _FIELD,
-                f"the draft model {name} runs only with tensor_parallel_size 1")
         draft = replace(config, model=name, tokenizer=None, speculative_config=None, enable_lora=False,
                         max_model_len=spec.max_model_len, runner="generate")
         try:
