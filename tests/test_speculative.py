@@ -231,17 +231,3 @@ def test_a_draft_model_with_another_vocabulary_is_refused_naming_it(copy_model, 
         LLM(str(copy_model), dtype="float32", max_model_len=128,
             speculative_config={"method": "draft_model", "model": str(other), "num_speculative_tokens": 2})
 
-
-def test_tp2_with_prompt_lookup_gives_tp1s_greedy_tokens(ray_cluster, copy_model, plain):
-    prompts = copy_prompts(plain, 4)
-    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    llm = LLM(str(copy_model), dtype="float32", max_model_len=512, max_num_batched_tokens=64,
-              tensor_parallel_size=2, speculative_config=NGRAM)
-    try:
-        assert _tokens(llm, prompts, params) == _tokens(plain, prompts, params)
-        assert llm.stats()["spec_num_accepted_tokens"] > 0
-    finally:
-        llm.shutdown()
-    with pytest.raises(InvalidInputError, match="tensor_parallel_size 1"):
-        LLM(str(copy_model), tensor_parallel_size=2,
-            speculative_config={"method": "draft_model", "model": str(copy_model), "num_speculative_tokens": 2})
