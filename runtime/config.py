@@ -12,6 +12,7 @@ import torch
 
 from runtime.errors import InvalidInputError, require
 from runtime.pooling import PoolerConfig
+from runtime.speculative.config import SpeculativeConfig
 
 DTYPES = {
     "float32": torch.float32,
@@ -49,6 +50,8 @@ class EngineConfig:
     # engine runs either kind of request, in the same batches
     pooler_config: PoolerConfig | dict | None = None  # embeddings: {pooling_type: last | mean, normalize: bool};
     # unset keys from the checkpoint's sentence-transformers files, else last-token pooling, normalised
+    speculative_config: SpeculativeConfig | dict | None = None  # {method: ngram | draft_model,
+    # num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, model (the draft), disable_by_batch_size}
     attention_backend: str = "auto"  # torch | cpu | triton | flash; auto: flash, else triton on GPU; cpu (the C++
     # kernel) on CPU where it applies, else torch
 
@@ -61,6 +64,10 @@ class EngineConfig:
             raise InvalidInputError("dtype", f"expected one of auto, {', '.join(DTYPES)}; got {self.dtype!r}")
         require(self.runner in ("generate", "pooling"), "runner", f"expected generate or pooling, got {self.runner!r}")
         self.pooler_config = PoolerConfig.parse(self.pooler_config)
+        self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        require(self.speculative_config is None or self.speculative_config.method == "ngram"
+                or self.tensor_parallel_size == 1, "speculative_config.method",
+                "a draft model runs only with tensor_parallel_size 1; ngram works at any size")
         require(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "must be at least 2")
         require(self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be at least 1")
         require(self.max_num_seqs >= 1, "max_num_seqs", "must be at least 1")

@@ -30,6 +30,7 @@ from runtime.pooling import PoolerConfig
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Scheduler
 from runtime.sequence import Request, Sequence
+from runtime.speculative.build import build_speculator
 from runtime.tokenizer import TokenCountBound, encode, eos_token_ids, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -76,6 +77,8 @@ class LLMEngine:
         self.adapter_slots = AdapterSlots(config.max_loras) if config.enable_lora else None
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.adapter_slots, config.max_num_seqs_per_owner)
+        self.speculator = build_speculator(config, self.spec, self.tokenizer, self.eos_token_ids,
+                                           self.runner.num_blocks)
         self.requests: dict[str, Request] = {}
         self._grammars: GrammarCompiler | None = None
         self._grammars_lock = threading.Lock()
@@ -227,24 +230,30 @@ class LLMEngine:
     # --- stepping -----------------------------------------------------------
 
     def step(self) -> list[RequestDelta]:
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         batch = self.scheduler.schedule()
         if not batch:
             return []
         sampled = batch.sampled
+        if self.speculator is not None:
+            self.speculator.scheduled(batch.seqs)
         result = self.runner.run(batch)
         for seq, total in result.pooled.items():  # a sum restarts with the prompt (after a preemption, say)
             seq.pooled = total if seq.pooled is None or seq.num_computed_tokens == 0 else seq.pooled + total
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            seq.num_computed_tokens += n
+            seq.num_computed_tokens += n - len(seq.draft_token_ids)  # accepted draft tokens count below
         failed = result.failed
         for request, logprobs in result.prompt_logprobs.items():
             request.prompt_logprobs.extend(logprobs)
         deltas: dict[str, RequestDelta] = {}
-        for seq, token_id, logprob in zip(sampled, result.token_ids, result.logprobs):
+        for seq, token_ids, logprobs in zip(sampled, result.token_ids, result.logprobs):
+            if seq.draft_token_ids:
+                self._verified(seq, len(token_ids) - 1, seq.request in failed)
             if seq.request in failed:
                 continue
             try:
-                seq_delta = self._advance(seq, token_id, logprob)
+                seq_delta = self._advance(seq, token_ids, logprobs)
             except Exception as e:  # this request's tokens, text or stop handling: it alone fails
                 failed[seq.request] = describe(e)
                 continue
@@ -264,16 +273,30 @@ class LLMEngine:
                 del self.requests[request_id]
         return list(deltas.values())
 
-    def _advance(self, seq: Sequence, token_id: int, logprob) -> SequenceDelta:
-        """Append a sampled token to `seq` (stops, length, grammar) and say what it gained."""
-        if logprob is not None:
-            seq.logprobs.append(logprob)
-        self._append_token(seq, token_id)
+    def _verified(self, seq: Sequence, accepted: int, failed: bool) -> None:
+        """`seq`'s first `accepted` draft tokens hold; the slots of the rest are released."""
+        if not failed:
+            seq.num_computed_tokens += accepted
+            self.speculator.record(seq, accepted)
+            self.block_manager.shrink(seq, seq.num_computed_tokens)
+        seq.draft_token_ids = []
+
+    def _advance(self, seq: Sequence, token_ids: list[int], logprobs: list) -> SequenceDelta:
+        """Append sampled tokens to `seq` (stops, length, grammar) until it finishes; say what it gained."""
+        appended = []
+        for token_id, logprob in zip(token_ids, logprobs):
+            if logprob is not None:
+                seq.logprobs.append(logprob)
+            self._append_token(seq, token_id)
+            appended.append(token_id)
+            if seq.is_finished:
+                break
+        logprobs = logprobs[: len(appended)]
         return SequenceDelta(
             index=seq.index,
-            token_ids=[token_id],
+            token_ids=appended,
             text=seq.detokenizer.release(final=seq.is_finished),
-            logprobs=None if logprob is None else [logprob],
+            logprobs=None if logprobs[0] is None else logprobs,
             finish_reason=seq.finish_reason,
             matched_stop=seq.matched_stop,
             num_output_tokens=seq.num_output_tokens,
@@ -343,4 +366,5 @@ class LLMEngine:
             "prefix_cache_hit_tokens": bm.hit_tokens,
             "prefix_cache_queried_tokens": bm.queried_tokens,
             "lora_adapters_loaded": [n for n in self.adapter_slots.names if n] if self.adapter_slots else [],
+            **(self.speculator.stats() if self.speculator is not None else {}),
         }

@@ -95,15 +95,28 @@ class BlockManager:
 
         Blocks that become full are registered in the prefix cache now: within
         the step, every layer stores all new K/V before any attention reads it,
-        so a sequence admitted in the same step may already share them.
+        so a sequence admitted in the same step may already share them. Draft
+        tokens past the sequence's own are covered but never registered.
         """
         while len(seq.block_table) < self.blocks_for(num_tokens):
             seq.block_table.append(self._take_free())
-        for i in range(seq.num_committed_blocks, num_tokens // self.block_size):
+        full = min(num_tokens, seq.num_tokens) // self.block_size
+        for i in range(seq.num_committed_blocks, full):
             self._commit(seq, i)
-        seq.num_committed_blocks = max(seq.num_committed_blocks, num_tokens // self.block_size)
+        seq.num_committed_blocks = max(seq.num_committed_blocks, full)
         if self.sliding_window is not None:
             self._free_before_window(seq)
+
+    def shrink(self, seq: Sequence, num_tokens: int) -> None:
+        """Release the blocks past `seq`'s first `num_tokens` tokens (slots of rejected draft tokens). They were
+        never registered, so they go to the front of the free list, to be reused first."""
+        while len(seq.block_table) > self.blocks_for(num_tokens):
+            block_id = seq.block_table.pop()
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free[block_id] = None
+                self._free.move_to_end(block_id, last=False)
 
     def free(self, seq: Sequence) -> None:
         """Release `seq`'s blocks, tail first so that shared heads are evicted last."""

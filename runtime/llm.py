@@ -17,6 +17,10 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
+    def stats(self) -> dict:
+        """The engine's counters: blocks, preemptions, prefix-cache hits and, with speculation, its figures."""
+        return self.engine.stats()
+
     def shutdown(self) -> None:
         """Release tensor-parallel workers (nothing to do at TP=1)."""
         self.engine.shutdown()

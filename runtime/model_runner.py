@@ -22,14 +22,17 @@ from runtime.outputs import TokenLogprob
 from runtime.sampler import Sampler, token_logprob
 from runtime.scheduler import ScheduledBatch
 from runtime.sequence import Request, Sequence
+from runtime.speculative.verifier import GeneratorRewind, split_rows
 
 _CPU_KV_BYTES = 2 << 30
 
 
 @dataclass
 class StepResult:
-    token_ids: list[int]  # one per sampled sequence, in `batch.sampled` order (-1 where its request failed)
-    logprobs: list[TokenLogprob | None]
+    # per sampled sequence, in `batch.sampled` order: the tokens it gains (one, or its accepted draft tokens and
+    # one more) and their logprobs; [-1] where its request failed
+    token_ids: list[list[int]]
+    logprobs: list[list[TokenLogprob | None]]
     prompt_logprobs: dict[Request, list[TokenLogprob]]  # logprobs of prompt tokens computed this step
     failed: dict[Request, str]  # requests whose sampling or prompt logprobs raised: why
     pooled: dict[Sequence, torch.Tensor] = field(default_factory=dict)  # embedding requests' sums of pooled rows
@@ -171,7 +174,10 @@ class ModelRunner:
             broadcast_from_rank0(inputs)
         logits, prompt_logits, pooled = self.execute(inputs)
         failed: dict[Request, str] = {}
-        token_ids, logprobs = self._sample(logits, batch.sampled, failed)
+        seqs = batch.sampled
+        rewind = GeneratorRewind(seqs, self.sampler.seeded_generator)
+        rows = [s for s in seqs for _ in range(1 + len(s.draft_token_ids))]  # a verified draft adds a row
+        token_ids, logprobs = split_rows(seqs, *self._sample(logits, rows, failed), rewind, logits.shape[-1])
         prompt_logprobs = {}
         for (seq, start), chunk in zip(prompt_seqs, prompt_logits):
             targets = seq.token_ids[start + 1 : start + 1 + chunk.shape[0]]
@@ -215,7 +221,8 @@ class ModelRunner:
         offset = 0
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             start = seq.num_computed_tokens
-            inputs.input_ids.extend(seq.token_ids[start : start + n])
+            drafts = seq.draft_token_ids
+            inputs.input_ids.extend((seq.token_ids[start : start + n] + drafts)[:n])  # drafts follow its last token
             inputs.positions.extend(range(start, start + n))
             inputs.query_lens.append(n)
             inputs.context_lens.append(start + n)
@@ -230,8 +237,8 @@ class ModelRunner:
                 elif start + n == seq.num_tokens:
                     inputs.pool_spans.append((offset + n - 1, 1))
                     pool_seqs.append(seq)
-            elif start + n == seq.num_tokens:
-                inputs.logit_rows.append(offset + n - 1)
+            elif start + n == seq.num_tokens + len(drafts):
+                inputs.logit_rows.extend(range(offset + n - 1 - len(drafts), offset + n))
             if seq.params.prompt_logprobs is not None and seq.index == 0 and start < seq.num_prompt_tokens - 1:
                 last = min(start + n, seq.num_prompt_tokens - 1)  # the position predicting the last prompt token
                 inputs.prompt_spans.append((offset, last - start))

@@ -109,12 +109,15 @@ class Sampler:
         for i, s in enumerate(seqs):
             if s.params.seed is not None and not s.params.greedy:
                 if s.generator is None:
-                    # any int64 seed plus the completion's index, wrapped into the generator's 64 bits
-                    s.generator = torch.Generator(self.device).manual_seed((s.params.seed + s.index) % 2**64)
+                    s.generator = self.seeded_generator(s)
                 q[i].exponential_(generator=s.generator)
         sampled = (probs / q).argmax(dim=-1)
         is_greedy = torch.tensor([s.params.greedy for s in seqs], device=logits.device)
         return torch.where(is_greedy, greedy, sampled)
+
+    def seeded_generator(self, seq: Sequence) -> torch.Generator:
+        """A seeded sequence's generator: any int64 seed plus the completion's index, wrapped into 64 bits."""
+        return torch.Generator(self.device).manual_seed((seq.params.seed + seq.index) % 2**64)
 
     def _column(self, seqs: list[Sequence], field) -> torch.Tensor:
         return torch.tensor([field(s.params) for s in seqs], dtype=torch.float32, device=self.device)[:, None]

@@ -33,7 +33,7 @@ class ScheduledBatch:
     def sampled(self) -> list[Sequence]:
         """Generating sequences whose chunk reaches their last token, so a new token is sampled."""
         return [s for s, n in zip(self.seqs, self.num_new_tokens)
-                if s.num_computed_tokens + n == s.num_tokens and s.request.pooling is None]
+                if s.num_computed_tokens + n == s.num_tokens + len(s.draft_token_ids) and s.request.pooling is None]
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -144,8 +144,12 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            n = self._fit_drafts(seq, budget)
             while not self.blocks.can_grow(seq, seq.num_computed_tokens + n):
+                if seq.draft_token_ids:  # short of blocks: verify nothing rather than preempt anyone
+                    n -= len(seq.draft_token_ids)
+                    seq.draft_token_ids = []
+                    continue
                 victim = max((s for s in self.running if s not in scheduled), key=Sequence.sort_key)
                 self._preempt(victim)
                 preempted = True
@@ -163,6 +167,12 @@ class Scheduler:
             batch.num_new_tokens.append(n)
             batch.num_decodes += n == 1
         return batch
+
+    def _fit_drafts(self, seq: Sequence, budget: int) -> int:
+        """The tokens `seq` runs within `budget` (> 0): those pending, then the draft tokens that fit."""
+        pending = seq.num_tokens - seq.num_computed_tokens
+        del seq.draft_token_ids[max(0, budget - pending):]
+        return min(pending + len(seq.draft_token_ids), budget)
 
     def _free_a_seat(self) -> None:
         """Every seat taken while an owner under its cap waits: the newest sequence of the owner running the
@@ -219,6 +229,8 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self._stop_running(seq)
+        seq.draft_token_ids = []
+        seq.speculation = None  # a draft model's keys and values went with the blocks
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         self.waiting.push_preempted(seq)

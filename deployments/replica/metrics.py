@@ -60,8 +60,19 @@ class _Timing:
     cached: int = 0
 
 
+# speculative decoding's figures, from the engine's stats when it speculates: gauge name -> (stat, description)
+_SPECULATION = {
+    "spec_decode_num_drafts": ("spec_num_drafts", "Verifications of draft tokens, since the engine started"),
+    "spec_decode_num_draft_tokens": ("spec_num_draft_tokens", "Draft tokens proposed, since the engine started"),
+    "spec_decode_num_accepted_tokens": ("spec_num_accepted_tokens", "Draft tokens accepted, since the engine started"),
+    "spec_decode_acceptance_rate": ("spec_acceptance_rate", "Draft tokens accepted / proposed"),
+    "spec_decode_mean_accepted_length": ("spec_mean_accepted_length", "Tokens a verification yields, on average"),
+}
+
+
 class EngineGauges:
-    """Running and waiting sequences, KV-cache usage and prefix-cache hit rate, from the engine's stats."""
+    """Running and waiting sequences, KV-cache usage, prefix-cache hit rate and speculative decoding's figures,
+    from the engine's stats."""
 
     def __init__(self, model_id: str):
         self.tags = {"model": model_id}
@@ -69,12 +80,15 @@ class EngineGauges:
             ("running_requests", "Sequences running"), ("waiting_requests", "Sequences waiting"),
             ("kv_cache_usage", "Fraction of KV-cache blocks in use"),
             ("prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / looked up"),
+            *((name, text) for name, (_, text) in _SPECULATION.items()),
         ]}
 
     def update(self, stats: dict) -> None:
         used = 1 - stats["num_free_blocks"] / stats["num_blocks"]
         queried = stats["prefix_cache_queried_tokens"]
-        for name, value in (("running_requests", stats["num_running"]), ("waiting_requests", stats["num_waiting"]),
-                            ("kv_cache_usage", used),
-                            ("prefix_cache_hit_rate", stats["prefix_cache_hit_tokens"] / queried if queried else 0)):
+        values = [("running_requests", stats["num_running"]), ("waiting_requests", stats["num_waiting"]),
+                  ("kv_cache_usage", used),
+                  ("prefix_cache_hit_rate", stats["prefix_cache_hit_tokens"] / queried if queried else 0)]
+        values += [(name, stats[key]) for name, (key, _) in _SPECULATION.items() if key in stats]
+        for name, value in values:
             self._gauges[name].set(value, tags=self.tags)
