@@ -113,14 +113,17 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, hidden, residual, cos_sin, meta):
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden, residual = normed_input(self.input_layernorm, hidden, residual)
         hidden = self.self_attn(hidden, cos_sin, meta)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
+
+
+def normed_input(norm: nn.Module, hidden: torch.Tensor, residual: torch.Tensor | None):
+    """A layer's input norm and the residual stream it adds to (the first layer starts the stream)."""
+    if residual is None:
+        return norm(hidden), hidden
+    return norm(hidden, residual)
 
 
 class DecoderModel(nn.Module):

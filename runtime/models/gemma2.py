@@ -9,7 +9,7 @@ from transformers import PretrainedConfig
 
 from kernels import gelu_tanh_and_mul
 from runtime.errors import InvalidInputError
-from runtime.models.decoder import MLP, Attention, CausalLM, DecoderModel
+from runtime.models.decoder import MLP, Attention, CausalLM, DecoderModel, normed_input
 from runtime.models.layers import GemmaRMSNorm
 
 
@@ -27,11 +27,7 @@ class GemmaDecoderLayer(nn.Module):
         self.post_feedforward_layernorm = GemmaRMSNorm(size, eps)
 
     def forward(self, hidden, residual, cos_sin, meta):
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden, residual = normed_input(self.input_layernorm, hidden, residual)
         hidden = self.post_attention_layernorm(self.self_attn(hidden, cos_sin, meta))
         hidden, residual = self.pre_feedforward_layernorm(hidden, residual)
         return self.post_feedforward_layernorm(self.mlp(hidden)), residual
