@@ -177,7 +177,8 @@ class ModelRunner:
         seqs = batch.sampled
         rewind = GeneratorRewind(seqs, self.sampler.seeded_generator)
         rows = [s for s in seqs for _ in range(1 + len(s.draft_token_ids))]  # a verified draft adds a row
-        token_ids, logprobs = split_rows(seqs, *self._sample(logits, rows, failed), rewind, logits.shape[-1])
+        vocab = 0 if logits is None else logits.shape[-1]  # no logits: a step of embedding requests only
+        token_ids, logprobs = split_rows(seqs, *self._sample(logits, rows, failed), rewind, vocab)
         prompt_logprobs = {}
         for (seq, start), chunk in zip(prompt_seqs, prompt_logits):
             targets = seq.token_ids[start + 1 : start + 1 + chunk.shape[0]]
