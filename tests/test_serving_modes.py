@@ -12,6 +12,7 @@ from pathlib import Path
 
 import anthropic
 import openai
+import psutil
 import pytest
 import requests
 import yaml
@@ -88,3 +89,13 @@ def test_each_mode_starts_and_streams_a_chat_and_a_message(mode, qwen2_model, tm
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
         log.close()
+        _stop_orphaned_haproxy(started=psutil.Process(os.getpid()).create_time())
+
+
+def _stop_orphaned_haproxy(started: float) -> None:
+    """Serve's HAProxy can outlive `serve run` (re-parented, in its own session) and hold its stats ports, which
+    the next mode's HAProxy binds: stop this interpreter's HAProxy processes started since this test session."""
+    for proc in psutil.process_iter(["exe", "create_time"]):
+        if (proc.info["exe"] or "").startswith(sys.prefix) and proc.info["exe"].endswith("/haproxy") \
+                and proc.info["create_time"] >= started:
+            proc.kill()
