@@ -42,11 +42,14 @@ def _spread_over_nodes(options: dict, actor_options: dict) -> int | None:
     wanted = options.get("autoscaling_config", {}).get("max_replicas") or options.get("num_replicas", 1)
     if not isinstance(wanted, int):  # Serve's num_replicas: "auto"
         return None
-    needs = actor_options.get("resources", {})
-    nodes = sum(1 for node in ray.nodes()
-                if node["Alive"] and all(node["Resources"].get(name, 0) >= need for name, need in needs.items()))
-    per_node = math.ceil(wanted / max(nodes, 1))
+    per_node = math.ceil(wanted / max(_live_nodes(actor_options.get("resources", {})), 1))
     return per_node if per_node < wanted else None
+
+
+def _live_nodes(needs: dict | None = None) -> int:
+    """The cluster's live nodes that have the custom resources `needs` asks for."""
+    return sum(1 for node in ray.nodes() if node["Alive"]
+               and all(node["Resources"].get(name, 0) >= need for name, need in (needs or {}).items()))
 
 
 def _check_storage_is_shared(config: AppConfig) -> None:
@@ -54,7 +57,7 @@ def _check_storage_is_shared(config: AppConfig) -> None:
     are read and written by actors on any node."""
     if not config.storage_uri.startswith("file://") or config.shared_storage or not ray.is_initialized():
         return
-    nodes = sum(1 for node in ray.nodes() if node["Alive"])
+    nodes = _live_nodes()
     if nodes > 1:
         raise ValueError(f"storage_uri {config.storage_uri} is a local directory, but the cluster has {nodes} nodes: "
                          "use an s3:// storage_uri, or set shared_storage: true if every node mounts it")
