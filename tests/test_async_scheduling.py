@@ -2,15 +2,18 @@
 greedy and seeded sampling, logprobs, stops, min_tokens, chunked prefill, prefix caching, preemption and
 aborts give what the engine gives without it, and every block comes back."""
 
+import asyncio
 import json
 import random
+from contextlib import aclosing
 
 import pytest
 
-from runtime import LLM, SamplingParams
+from runtime import LLM, AsyncLLMEngine, SamplingParams
 from runtime.engine import LLMEngine
 from runtime.errors import InvalidInputError
 from runtime.grammar import Constraint
+from tests.helpers import wait_until
 from tests.model_factory import build_model_dir, kv_cache_bytes
 
 OPTIONS = dict(dtype="float32", max_model_len=256, max_num_batched_tokens=48, max_num_seqs=12)
@@ -159,3 +162,33 @@ def test_the_engine_refuses_what_needs_each_tokens_before_the_next_step(model):
                                speculative_config={"method": "ngram", "num_speculative_tokens": 2})
     with pytest.raises(InvalidInputError, match="async_scheduling"):
         LLMEngine.from_options(str(model), async_scheduling=True, tensor_parallel_size=2)
+
+
+def test_streams_through_the_async_engine_equal_offline_and_leaving_early_frees_blocks(model, engines):
+    plain, _ = engines
+    served = AsyncLLMEngine.from_options(str(model), async_scheduling=True, **OPTIONS)
+    ids = prompts(6, seed=7)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+    async def stream(prompt, leave_after=None):
+        tokens, text = [], ""
+        async with aclosing(served.generate(served.validate(prompt, params))) as deltas:
+            async for delta in deltas:
+                tokens += delta.seqs[0].token_ids
+                text += delta.seqs[0].text
+                if len(tokens) == leave_after:
+                    break
+        return tokens, text
+
+    async def main():
+        return await asyncio.gather(*(stream(p, 3 if i == 2 else None) for i, p in enumerate(ids)))
+
+    try:
+        got = asyncio.run(main())
+        want = [(o.outputs[0].token_ids, o.outputs[0].text) for o in plain.generate(ids, params)]
+        assert [g for i, g in enumerate(got) if i != 2] == [w for i, w in enumerate(want) if i != 2]
+        assert got[2][0] == want[2][0][:3]
+        stats = wait_until(lambda: (s := served.stats())["num_requests"] == 0 and s)  # the abort applied
+        assert stats["num_free_blocks"] == stats["num_blocks"]
+    finally:
+        served.shutdown()
