@@ -14,6 +14,7 @@ from kernels.backends import choose_attention_backend
 from kernels.linear import linear, pack_weight
 from kernels.norm import rms_norm
 from kernels.rotary import apply_rotary
+from kernels.transfer import tensor_on, to_device
 
 __all__ = [
     "AttentionBackend",
@@ -26,4 +27,6 @@ __all__ = [
     "clamped_swiglu",
     "gelu_tanh_and_mul",
     "silu_and_mul",
+    "tensor_on",
+    "to_device",
 ]

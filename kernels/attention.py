@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.attention_backend import AttentionBackend, AttentionMetadata, new_tokens
+from kernels.transfer import to_device
 
 
 @dataclass
@@ -70,7 +71,7 @@ class TorchBackend(AttentionBackend):
         positions = torch.arange(max(context_lens))
         # every sequence's slots for positions [0, max_ctx); rows are valid up to their context length
         all_slots = tokens.tables[:, positions // block_size] * block_size + positions % block_size
-        return TorchMetadata(self, tokens.slots.to(device), num_decodes, query_lens, context_lens, block_tables,
+        return TorchMetadata(self, to_device(tokens.slots, device), num_decodes, query_lens, context_lens, block_tables,
                              all_slots, block_size, device)
 
     def store_kv(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
@@ -243,8 +244,8 @@ def _decode_group(rows: list[int], starts: list[int], meta: TorchMetadata, share
     prefix = starts[0] if shared else 0
     device = meta.device
     return DecodeGroup(
-        rows=index.to(device),
-        prefix_slots=meta.all_slots[rows[0], :prefix].to(device),
-        suffix_slots=meta.all_slots[index[:, None], columns].to(device),
-        suffix_mask=(torch.arange(longest)[None, :] < lens[:, None])[:, None, None, :].to(device),
+        rows=to_device(index, device),
+        prefix_slots=to_device(meta.all_slots[rows[0], :prefix], device),
+        suffix_slots=to_device(meta.all_slots[index[:, None], columns], device),
+        suffix_mask=to_device((torch.arange(longest)[None, :] < lens[:, None])[:, None, None, :], device),
     )

@@ -52,6 +52,8 @@ class EngineConfig:
     # unset keys from the checkpoint's sentence-transformers files, else last-token pooling, normalised
     speculative_config: SpeculativeConfig | dict | None = None  # {method: ngram | draft_model,
     # num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, model (the draft), disable_by_batch_size}
+    async_scheduling: bool = False  # launch each step before the previous one's tokens reach the host, so on a GPU
+    # the host's scheduling and post-processing overlap the device's work (runtime.engine.LLMEngine.step)
     attention_backend: str = "auto"  # torch | cpu | triton | flash; auto: flash, else triton on GPU; cpu (the C++
     # kernel) on CPU where it applies, else torch
 
@@ -68,6 +70,9 @@ class EngineConfig:
         require(self.speculative_config is None or self.speculative_config.method == "ngram"
                 or self.tensor_parallel_size == 1, "speculative_config.method",
                 "a draft model runs only with tensor_parallel_size 1; ngram works at any size")
+        require(not self.async_scheduling or (self.speculative_config is None and self.tensor_parallel_size == 1),
+                "async_scheduling", "runs without speculative_config and with tensor_parallel_size 1: both need each "
+                "step's tokens on the host before the next step is scheduled")
         require(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "must be at least 2")
         require(self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be at least 1")
         require(self.max_num_seqs >= 1, "max_num_seqs", "must be at least 1")

@@ -65,9 +65,10 @@ class DecodeGraphs:
         return num_seqs == num_decodes and 0 < num_seqs <= self.buckets[-1] and max_blocks <= self.max_blocks \
             and not needs_prompt_logits
 
-    def run(self, input_ids: list[int], positions: list[int], context_lens: list[int], block_tables: list[list[int]],
-            block_size: int) -> torch.Tensor:
-        """Logits [len(input_ids), vocab] of one decode step; valid until the next `run`."""
+    def run(self, input_ids: torch.Tensor, positions: list[int], context_lens: list[int],
+            block_tables: list[list[int]], block_size: int) -> torch.Tensor:
+        """Logits [len(input_ids), vocab] of one decode step (`input_ids` on the device); valid until the next
+        `run`. Its copies come from pinned memory, so the host does not wait for the device's queued work."""
         n = len(input_ids)
         batch = next(b for b in self.buckets if b >= n)
         tables = np.zeros((batch, self.max_blocks), dtype=np.int32)
@@ -78,10 +79,9 @@ class DecodeGraphs:
         slots[:n] = tables[np.arange(n), pos // block_size].astype(np.int64) * block_size + pos % block_size
         lens = np.ones(batch, dtype=np.int32)
         lens[:n] = context_lens
-        self.input_ids[:n].copy_(torch.tensor(input_ids), non_blocking=True)
-        self.positions[:n].copy_(torch.from_numpy(pos), non_blocking=True)
-        self.slot_mapping[:batch].copy_(torch.from_numpy(slots), non_blocking=True)
-        self.block_tables[:batch].copy_(torch.from_numpy(tables), non_blocking=True)
-        self.context_lens[:batch].copy_(torch.from_numpy(lens), non_blocking=True)
+        self.input_ids[:n].copy_(input_ids)
+        for buffer, values in ((self.positions[:n], pos), (self.slot_mapping[:batch], slots),
+                               (self.block_tables[:batch], tables), (self.context_lens[:batch], lens)):
+            buffer.copy_(torch.from_numpy(values).pin_memory(), non_blocking=True)
         self.graphs[batch].replay()
         return self.logits[batch][:n]

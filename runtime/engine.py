@@ -22,13 +22,13 @@ from runtime.errors import InvalidInputError, describe, require
 from runtime.grammar import Constraint, Grammar, GrammarCompiler
 from runtime.kv_cache import BlockManager
 from runtime.lora import AdapterSlots, LoRAAdapter, LoRARequest, load_adapter
-from runtime.model_runner import ModelRunner
+from runtime.model_runner import LaunchedStep, ModelRunner
 from runtime.model_spec import ModelSpec
 from runtime.models.sliding_window import kv_window
 from runtime.outputs import RequestDelta, SequenceDelta
 from runtime.pooling import PoolerConfig
 from runtime.sampling_params import SamplingParams
-from runtime.scheduler import Scheduler
+from runtime.scheduler import ScheduledBatch, Scheduler
 from runtime.sequence import Request, Sequence
 from runtime.speculative.build import build_speculator
 from runtime.tokenizer import TokenCountBound, encode, eos_token_ids, load_tokenizer
@@ -80,6 +80,7 @@ class LLMEngine:
         self.speculator = build_speculator(config, self.spec, self.tokenizer, self.eos_token_ids,
                                            self.runner.num_blocks)
         self.requests: dict[str, Request] = {}
+        self._launched: LaunchedStep | None = None  # async scheduling: the batch whose tokens are still in flight
         self._grammars: GrammarCompiler | None = None
         self._grammars_lock = threading.Lock()
         self._adapters: OrderedDict[tuple[str, str], LoRAAdapter] = OrderedDict()  # read adapters, LRU
@@ -230,27 +231,53 @@ class LLMEngine:
     # --- stepping -----------------------------------------------------------
 
     def step(self) -> list[RequestDelta]:
+        """Schedule and run one batch; the deltas of the batch whose tokens came back.
+
+        With `async_scheduling`, the batch is launched before the previous one's tokens are read (on a GPU, the
+        host schedules, prepares and post-processes while the device computes): its sequences' newest tokens
+        are read on the device, and the deltas returned are the previous batch's. A batch whose sequences need
+        those tokens on the host first (a grammar, penalties) waits for them: the step runs as without.
+        """
+        previous, self._launched = self._launched, None
+        deltas = []
+        if previous is not None and any(s.matcher is not None or s.params.uses_penalties for s in previous.sampled):
+            deltas, previous = self._complete(previous), None
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running)
         batch = self.scheduler.schedule()
-        if not batch:
-            return []
-        sampled = batch.sampled
+        launched = self._launch(batch, previous) if batch else None
+        if previous is not None:
+            deltas = self._complete(previous)
+        if launched is not None and not self.config.async_scheduling:
+            return self._complete(launched)
+        self._launched = launched
+        return deltas
+
+    def _launch(self, batch: ScheduledBatch, previous: LaunchedStep | None) -> LaunchedStep:
         if self.speculator is not None:
             self.speculator.scheduled(batch.seqs)
-        result = self.runner.run(batch)
-        for seq, total in result.pooled.items():  # a sum restarts with the prompt (after a preemption, say)
+        launched = self.runner.launch(batch, previous)
+        for seq, total in launched.pooled.items():  # a sum restarts with the prompt (after a preemption, say)
             seq.pooled = total if seq.pooled is None or seq.num_computed_tokens == 0 else seq.pooled + total
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n - len(seq.draft_token_ids)  # accepted draft tokens count below
+        for seq in launched.sampled:
+            seq.num_in_flight += 1
+        return launched
+
+    def _complete(self, launched: LaunchedStep) -> list[RequestDelta]:
+        """Read a launched batch's tokens and turn them into deltas. Its sequences that finished meanwhile (the
+        batch before ended them, or an abort) are passed over."""
+        result = self.runner.collect(launched)
         failed = result.failed
         for request, logprobs in result.prompt_logprobs.items():
             request.prompt_logprobs.extend(logprobs)
         deltas: dict[str, RequestDelta] = {}
-        for seq, token_ids, logprobs in zip(sampled, result.token_ids, result.logprobs):
+        for seq, token_ids, logprobs in zip(launched.sampled, result.token_ids, result.logprobs):
+            seq.num_in_flight -= 1
             if seq.draft_token_ids:
                 self._verified(seq, len(token_ids) - 1, seq.request in failed)
-            if seq.request in failed:
+            if seq.request in failed or seq.is_finished:
                 continue
             try:
                 seq_delta = self._advance(seq, token_ids, logprobs)
@@ -262,10 +289,11 @@ class LLMEngine:
                 delta = deltas[seq.request.request_id] = self._request_delta(seq.request)
             delta.seqs.append(seq_delta)
         for seq in result.pooled:
-            if seq.num_computed_tokens == seq.num_tokens:
+            if seq.num_computed_tokens == seq.num_tokens and not seq.is_finished:
                 deltas[seq.request.request_id] = self._embedded(seq)
         for request, error in failed.items():
-            deltas[request.request_id] = self._fail(request, error)
+            if not request.finished:
+                deltas[request.request_id] = self._fail(request, error)
         for request_id, delta in deltas.items():
             request = self.requests[request_id]
             delta.finished = request.finished

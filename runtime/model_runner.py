@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels import AttentionMetadata, choose_attention_backend
+from kernels import AttentionMetadata, choose_attention_backend, tensor_on
 from runtime.config import EngineConfig
 from runtime.distributed import all_reduce_min, broadcast_from_rank0, destroy_tp_group, init_tp_group
 from runtime.errors import InvalidInputError, describe
@@ -39,6 +39,29 @@ class StepResult:
 
 
 @dataclass
+class LaunchedStep:
+    """A step whose forward pass and sampling are queued on the device (`ModelRunner.launch`); its tokens stay
+    there, where the next step can read them, until `ModelRunner.collect` brings them to the host."""
+
+    sampled: list[Sequence]  # `batch.sampled`: the sequences it samples for
+    rows: list[Sequence]  # the sequence of each sampled row (a verified draft adds a row)
+    tokens: torch.Tensor | None  # each row's token, on the device (-1 where sampling failed); None: no rows
+    raw_logprobs: torch.Tensor | list | None  # what `Sampler.logprobs` reads, per row
+    rewind: GeneratorRewind
+    vocab: int
+    prompt_logits: list[tuple[Sequence, int, torch.Tensor]]  # (sequence, first position, logits) of prompt spans
+    pooled: dict[Sequence, torch.Tensor]
+    failed: dict[Request, str]
+
+    def row_of(self) -> dict[Sequence, int]:
+        """Each sampled sequence's (first) row."""
+        rows = {}
+        for i, seq in enumerate(self.rows):
+            rows.setdefault(seq, i)
+        return rows
+
+
+@dataclass
 class StepInputs:
     """Everything every rank needs to run one forward pass (plain lists: cheap to broadcast)."""
 
@@ -53,6 +76,8 @@ class StepInputs:
     lora_slots: list[int] = field(default_factory=list)  # each sequence's adapter slot (-1: none), with LoRA
     lora_loads: list[tuple[int, LoRAAdapter]] = field(default_factory=list)  # applied before the forward
     pool_spans: list[tuple[int, int]] = field(default_factory=list)  # (first row, count) of hidden states pooled
+    # (row, row of the previous step's tokens) of input tokens still on the device (async scheduling; rank 0 only)
+    in_flight: list[tuple[int, int]] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -141,7 +166,8 @@ class ModelRunner:
         before = torch.cuda.memory_allocated(self.device)
         tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(len(lens))]
         inputs = StepInputs([0] * tokens, [p for n in lens for p in range(n)], lens, lens, tables, 0, [], [])
-        hidden = self.model(*self._tensors(inputs), self.attention_metadata(inputs))
+        positions = tensor_on(inputs.positions, torch.long, self.device)
+        hidden = self.model(self._input_ids(inputs, None), positions, self.attention_metadata(inputs))
         workspace = []
         if self.model.lm_head is not None:  # a base (embedding) model samples nothing
             logits = self.model.compute_logits(hidden[: min(cfg.max_num_seqs, tokens)]).float()
@@ -162,25 +188,45 @@ class ModelRunner:
         """One KV-cache block of one layer: (block_size, this rank's KV heads, head size)."""
         return self.config.block_size, self.model.model.layers[0].self_attn.num_kv_heads, self.spec.head_dim
 
-    def _tensors(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = torch.tensor(inputs.input_ids, dtype=torch.long, device=self.device)
-        return ids, torch.tensor(inputs.positions, dtype=torch.long, device=self.device)
+    def _input_ids(self, inputs: StepInputs, previous_tokens: torch.Tensor | None) -> torch.Tensor:
+        """The step's input tokens on the device, those in flight copied from the previous step's tokens there
+        (a row whose sampling failed, -1, reads token 0: its request has failed, its output is dropped)."""
+        ids = tensor_on(inputs.input_ids, torch.long, self.device)
+        if inputs.in_flight:
+            rows, sources = zip(*inputs.in_flight)
+            ids[tensor_on(rows, torch.long, self.device)] = \
+                previous_tokens[tensor_on(sources, torch.long, self.device)].clamp(min=0)
+        return ids
 
     # --- rank 0 --------------------------------------------------------------
 
     def run(self, batch: ScheduledBatch) -> StepResult:
-        inputs, prompt_seqs, pool_seqs = self.prepare(batch)
+        return self.collect(self.launch(batch))
+
+    def launch(self, batch: ScheduledBatch, previous: LaunchedStep | None = None) -> LaunchedStep:
+        """Queue the step's forward pass and sampling; on a GPU, without waiting for them (or for `previous`,
+        whose tokens still in flight this step's inputs read on the device)."""
+        inputs, prompt_seqs, pool_seqs = self.prepare(batch, previous)
         if self.config.tensor_parallel_size > 1:
             broadcast_from_rank0(inputs)
-        logits, prompt_logits, pooled = self.execute(inputs)
+        logits, prompt_logits, pooled = self.execute(inputs, None if previous is None else previous.tokens)
         failed: dict[Request, str] = {}
         seqs = batch.sampled
         rewind = GeneratorRewind(seqs, self.sampler.seeded_generator)
         rows = [s for s in seqs for _ in range(1 + len(s.draft_token_ids))]  # a verified draft adds a row
         vocab = 0 if logits is None else logits.shape[-1]  # no logits: a step of embedding requests only
-        token_ids, logprobs = split_rows(seqs, *self._sample(logits, rows, failed), rewind, vocab)
-        prompt_logprobs = {}
-        for (seq, start), chunk in zip(prompt_seqs, prompt_logits):
+        tokens, raw_logprobs = self._sample(logits, rows, failed)
+        return LaunchedStep(seqs, rows, tokens, raw_logprobs, rewind, vocab,
+                            [(seq, start, chunk) for (seq, start), chunk in zip(prompt_seqs, prompt_logits)],
+                            dict(zip(pool_seqs, pooled)), failed)
+
+    def collect(self, step: LaunchedStep) -> StepResult:
+        """Wait for a launched step; its tokens, logprobs and prompt logprobs on the host."""
+        token_list = [] if step.tokens is None else step.tokens.tolist()
+        logprobs = self.sampler.logprobs(token_list, step.raw_logprobs, step.rows)
+        token_ids, logprobs = split_rows(step.sampled, token_list, logprobs, step.rewind, step.vocab)
+        failed, prompt_logprobs = step.failed, {}
+        for seq, start, chunk in step.prompt_logits:
             targets = seq.token_ids[start + 1 : start + 1 + chunk.shape[0]]
             try:
                 rows = torch.log_softmax(chunk.float(), dim=-1)
@@ -188,42 +234,51 @@ class ModelRunner:
                 prompt_logprobs[seq.request] = [token_logprob(rows[i], t, k) for i, t in enumerate(targets)]
             except Exception as e:
                 failed[seq.request] = describe(e)
-        return StepResult(token_ids, logprobs, prompt_logprobs, failed, dict(zip(pool_seqs, pooled)))
+        return StepResult(token_ids, logprobs, prompt_logprobs, failed, step.pooled)
 
     def _sample(self, logits: torch.Tensor | None, seqs: list[Sequence], failed: dict[Request, str]):
-        """The batch's tokens in one pass; if that raises, row by row, so only the rows that raise fail.
+        """The batch's tokens (on the device) in one pass; if that raises, row by row, so only the rows that
+        raise fail (token -1).
 
         Seeded generators are rewound first, so every other row draws exactly what the batched pass would.
         """
         if not seqs:  # a step of embedding requests only
-            return [], []
+            return None, None
         states = [(s, s.generator.get_state()) for s in seqs if s.generator is not None]
         try:
-            return self.sampler(logits, seqs)
+            return self.sampler.sample(logits, seqs)
         except Exception:
             for s, state in states:
                 s.generator.set_state(state)
-        token_ids, logprobs = [], []
+        tokens, raw_logprobs = [], []
         for i, seq in enumerate(seqs):
             try:
-                (token,), (logprob,) = self.sampler(logits[i : i + 1], [seq])
+                token, raw = self.sampler.sample(logits[i : i + 1], [seq])
+                raw = None if raw is None else raw[0]
             except Exception as e:
                 failed[seq.request] = describe(e)
-                token, logprob = -1, None
-            token_ids.append(token)
-            logprobs.append(logprob)
-        return token_ids, logprobs
+                token, raw = torch.full((1,), -1, dtype=torch.long, device=logits.device), None
+            tokens.append(token)
+            raw_logprobs.append(raw)
+        return torch.cat(tokens), raw_logprobs
 
-    def prepare(self, batch: ScheduledBatch) -> tuple[StepInputs, list[tuple[Sequence, int]], list[Sequence]]:
+    def prepare(self, batch: ScheduledBatch, previous: LaunchedStep | None = None
+                ) -> tuple[StepInputs, list[tuple[Sequence, int]], list[Sequence]]:
         """The step's inputs, the sequences (with their first position) whose prompt logprobs it computes, and
-        the embedding requests' sequences it pools rows of."""
+        the embedding requests' sequences it pools rows of. A sequence's newest token may still be in flight:
+        `previous` sampled it, and the forward pass reads it from there."""
         inputs = StepInputs([], [], [], [], [], batch.num_decodes, [], [], lora_loads=batch.lora_loads)
         prompt_seqs, pool_seqs = [], []
+        previous_rows = {} if previous is None else previous.row_of()
         offset = 0
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             start = seq.num_computed_tokens
             drafts = seq.draft_token_ids
-            inputs.input_ids.extend((seq.token_ids[start : start + n] + drafts)[:n])  # drafts follow its last token
+            ids = seq.token_ids[start : start + n]
+            if start + n > seq.num_tokens + len(drafts):  # its newest token is the previous step's, in flight
+                inputs.in_flight.append((offset + n - 1, previous_rows[seq]))
+                ids.append(0)
+            inputs.input_ids.extend((ids + drafts)[:n])  # drafts follow its last token
             inputs.positions.extend(range(start, start + n))
             inputs.query_lens.append(n)
             inputs.context_lens.append(start + n)
@@ -238,7 +293,7 @@ class ModelRunner:
                 elif start + n == seq.num_tokens:
                     inputs.pool_spans.append((offset + n - 1, 1))
                     pool_seqs.append(seq)
-            elif start + n == seq.num_tokens + len(drafts):
+            elif n == seq.num_pending_tokens + len(drafts):
                 inputs.logit_rows.extend(range(offset + n - 1 - len(drafts), offset + n))
             if seq.params.prompt_logprobs is not None and seq.index == 0 and start < seq.num_prompt_tokens - 1:
                 last = min(start + n, seq.num_prompt_tokens - 1)  # the position predicting the last prompt token
@@ -260,10 +315,11 @@ class ModelRunner:
     # --- every rank ------------------------------------------------------------
 
     @torch.inference_mode()
-    def execute(self, inputs: StepInputs) -> tuple[torch.Tensor | None, list[torch.Tensor], list[torch.Tensor]]:
+    def execute(self, inputs: StepInputs, previous_tokens: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor | None, list[torch.Tensor], list[torch.Tensor]]:
         """The forward pass, the logits rank 0 needs (the LM head is a collective, so all ranks run it; None when
         nothing is sampled) and the sums of the pooled hidden states (after the all-reduce, every rank holds them
-        whole)."""
+        whole). `previous_tokens`: the previous step's sampled tokens, which `inputs.in_flight` reads."""
         if self.lora_batch is not None:
             for slot, adapter in inputs.lora_loads:
                 load_into_slot(self.model, slot, adapter)
@@ -271,9 +327,10 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.fits(len(inputs.query_lens), inputs.num_decodes,
                                                         max(map(len, inputs.block_tables)),
                                                         bool(inputs.prompt_spans or inputs.pool_spans)):
-            return self.graphs.run(inputs.input_ids, inputs.positions, inputs.context_lens, inputs.block_tables,
-                                   self.config.block_size), [], []
-        hidden = self.model(*self._tensors(inputs), self.attention_metadata(inputs))
+            return self.graphs.run(self._input_ids(inputs, previous_tokens), inputs.positions, inputs.context_lens,
+                                   inputs.block_tables, self.config.block_size), [], []
+        positions = tensor_on(inputs.positions, torch.long, self.device)
+        hidden = self.model(self._input_ids(inputs, previous_tokens), positions, self.attention_metadata(inputs))
         logits = self.model.compute_logits(hidden[inputs.logit_rows]) if inputs.logit_rows else None
         prompt_logits = [self.model.compute_logits(hidden[first : first + count])
                          for first, count in inputs.prompt_spans]

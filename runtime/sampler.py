@@ -11,6 +11,7 @@ distribution (before any processing), as OpenAI reports them.
 
 import torch
 
+from kernels import tensor_on
 from runtime.grammar import allocate_bitmask, apply_bitmask
 from runtime.outputs import TokenLogprob
 from runtime.sequence import Sequence
@@ -25,26 +26,36 @@ class Sampler:
     def __call__(
         self, logits: torch.Tensor, seqs: list[Sequence]
     ) -> tuple[list[int], list[TokenLogprob | None]]:
+        """The batch's tokens and logprobs, on the host."""
+        tokens, raw_logprobs = self.sample(logits, seqs)
+        token_list = tokens.tolist()
+        return token_list, self.logprobs(token_list, raw_logprobs, seqs)
+
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The batch's tokens, left on the device, and the raw log-probabilities that `logprobs` reads (None
+        when no row reports logprobs). Queues the work without waiting for the device, unless a row has
+        penalties, a logit bias, an unmet min_tokens or a grammar (their masks are built on the host)."""
         if all(s.params.greedy and s.params.logprobs is None and not self._processes(s) for s in seqs):
-            return logits.argmax(dim=-1).tolist(), [None] * len(seqs)  # argmax is exact in the model's dtype
+            return logits.argmax(dim=-1), None  # argmax is exact in the model's dtype
         logits = logits.float()
         raw_logprobs = None
         if any(s.params.logprobs is not None for s in seqs):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
-        logits = self._process(logits.clone(), seqs)
-        tokens = self._choose(logits, seqs)
-        token_list = tokens.tolist()
-        logprobs: list[TokenLogprob | None] = [None] * len(seqs)
-        if raw_logprobs is not None:
-            for i, s in enumerate(seqs):
-                if s.params.logprobs is not None:
-                    logprobs[i] = token_logprob(raw_logprobs[i], token_list[i], s.params.logprobs)
-        return token_list, logprobs
+        return self._choose(self._process(logits.clone(), seqs), seqs), raw_logprobs
+
+    def logprobs(self, tokens: list[int], raw_logprobs: torch.Tensor | None,
+                 seqs: list[Sequence]) -> list[TokenLogprob | None]:
+        """Each row's logprob entry (None where the request asked for none). `raw_logprobs`: `sample`'s, or a
+        list of rows (None where a row failed)."""
+        if raw_logprobs is None:
+            return [None] * len(seqs)
+        return [None if s.params.logprobs is None or raw_logprobs[i] is None
+                else token_logprob(raw_logprobs[i], tokens[i], s.params.logprobs) for i, s in enumerate(seqs)]
 
     def _processes(self, s: Sequence) -> bool:
         """Whether `_process` changes this sequence's logits."""
         p = s.params
-        return p.uses_penalties or bool(p.logit_bias) or s.num_output_tokens < p.min_tokens or s.matcher is not None
+        return p.uses_penalties or bool(p.logit_bias) or _below_min_tokens(s) or s.matcher is not None
 
     def _process(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         if any(s.params.uses_penalties for s in seqs):
@@ -54,7 +65,7 @@ class Sampler:
                 ids = torch.tensor(list(s.params.logit_bias), device=logits.device)
                 bias = torch.tensor(list(s.params.logit_bias.values()), device=logits.device)
                 logits[i].index_add_(0, ids, bias)
-            if s.num_output_tokens < s.params.min_tokens:
+            if _below_min_tokens(s):
                 banned = set(s.params.stop_token_ids)
                 if not s.params.ignore_eos:
                     banned |= self.eos_token_ids
@@ -102,8 +113,8 @@ class Sampler:
         if any(k > 0 for k in top_ks) or any(p < 1 for p in top_ps):
             logits = _top_k_top_p(logits, top_ks, top_ps)
         probs = torch.softmax(logits, dim=-1)
-        min_ps = self._column(seqs, lambda p: p.min_p)
-        if (min_ps > 0).any():
+        if any(s.params.min_p > 0 for s in seqs):
+            min_ps = self._column(seqs, lambda p: p.min_p)
             probs = probs.masked_fill(probs < min_ps * probs.max(dim=-1, keepdim=True).values, 0.0)
         q = torch.empty_like(probs).exponential_()
         for i, s in enumerate(seqs):
@@ -112,7 +123,7 @@ class Sampler:
                     s.generator = self.seeded_generator(s)
                 q[i].exponential_(generator=s.generator)
         sampled = (probs / q).argmax(dim=-1)
-        is_greedy = torch.tensor([s.params.greedy for s in seqs], device=logits.device)
+        is_greedy = tensor_on([s.params.greedy for s in seqs], torch.bool, logits.device)
         return torch.where(is_greedy, greedy, sampled)
 
     def seeded_generator(self, seq: Sequence) -> torch.Generator:
@@ -120,7 +131,7 @@ class Sampler:
         return torch.Generator(self.device).manual_seed((seq.params.seed + seq.index) % 2**64)
 
     def _column(self, seqs: list[Sequence], field) -> torch.Tensor:
-        return torch.tensor([field(s.params) for s in seqs], dtype=torch.float32, device=self.device)[:, None]
+        return tensor_on([field(s.params) for s in seqs], torch.float32, self.device)[:, None]
 
 
 def _top_k_top_p(logits: torch.Tensor, top_ks: list[int], top_ps: list[float]) -> torch.Tensor:
@@ -128,14 +139,19 @@ def _top_k_top_p(logits: torch.Tensor, top_ks: list[int], top_ps: list[float]) -
     vocab = logits.shape[1]
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     ranks = torch.arange(vocab, device=logits.device)[None, :]
-    ks = torch.tensor([min(k, vocab) if k > 0 else vocab for k in top_ks], device=logits.device)[:, None]
+    ks = tensor_on([min(k, vocab) if k > 0 else vocab for k in top_ks], torch.long, logits.device)[:, None]
     drop = ranks >= ks
-    ps = torch.tensor(top_ps, device=logits.device)[:, None]
+    ps = tensor_on(top_ps, torch.float32, logits.device)[:, None]
     probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs  # keep a token while the mass before it is < p
     drop |= mass_before >= ps
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def _below_min_tokens(seq: Sequence) -> bool:
+    """Whether the token sampled now is still inside `min_tokens` (counting the tokens still in flight)."""
+    return seq.num_output_tokens + seq.num_in_flight < seq.params.min_tokens
 
 
 def token_logprob(logprobs: torch.Tensor, token_id: int, num_top: int) -> TokenLogprob:

@@ -33,7 +33,7 @@ class ScheduledBatch:
     def sampled(self) -> list[Sequence]:
         """Generating sequences whose chunk reaches their last token, so a new token is sampled."""
         return [s for s, n in zip(self.seqs, self.num_new_tokens)
-                if s.num_computed_tokens + n == s.num_tokens + len(s.draft_token_ids) and s.request.pooling is None]
+                if n == s.num_pending_tokens + len(s.draft_token_ids) and s.request.pooling is None]
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -138,12 +138,12 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: dict[Sequence, int] = {}
         preempted = False
-        order = sorted(self.running, key=lambda s: (s.num_tokens - s.num_computed_tokens > 1, s.sort_key()))
+        order = sorted(self.running, key=lambda s: (s.num_pending_tokens > 1, s.sort_key()))
         for seq in order:
             if budget == 0:
                 break
-            if seq.status is not SequenceStatus.RUNNING:
-                continue  # preempted earlier in this loop
+            if seq.status is not SequenceStatus.RUNNING or seq.last_token_in_flight:
+                continue  # preempted earlier in this loop, or ends when its token in flight comes back
             n = self._fit_drafts(seq, budget)
             while not self.blocks.can_grow(seq, seq.num_computed_tokens + n):
                 if seq.draft_token_ids:  # short of blocks: verify nothing rather than preempt anyone
@@ -170,7 +170,7 @@ class Scheduler:
 
     def _fit_drafts(self, seq: Sequence, budget: int) -> int:
         """The tokens `seq` runs within `budget` (> 0): those pending, then the draft tokens that fit."""
-        pending = seq.num_tokens - seq.num_computed_tokens
+        pending = seq.num_pending_tokens
         del seq.draft_token_ids[max(0, budget - pending):]
         return min(pending + len(seq.draft_token_ids), budget)
 

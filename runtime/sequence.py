@@ -80,6 +80,7 @@ class Sequence:
         self.num_prompt_tokens = len(self.token_ids)
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
+        self.num_in_flight = 0  # tokens a launched step samples that are not appended yet (async scheduling)
         self.num_cached_tokens: int | None = None  # prompt tokens hit at first admission
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []
@@ -106,6 +107,16 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Tokens the coming step may compute: those appended but not computed, and those in flight."""
+        return len(self.token_ids) + self.num_in_flight - self.num_computed_tokens
+
+    @property
+    def last_token_in_flight(self) -> bool:
+        """Whether a token in flight is its last (max_tokens): no step needs to follow it."""
+        return self.num_in_flight > 0 and self.num_output_tokens + self.num_in_flight >= self.request.max_tokens
 
     @property
     def num_output_tokens(self) -> int:

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from kernels.attention_backend import AttentionBackend, AttentionMetadata, new_tokens
+from kernels.transfer import tensor_on, to_device
 from kernels.triton.elementwise import store_kv_cache
 
 _NO_WINDOW = 1 << 30  # a window no context reaches: full causal attention
@@ -181,8 +182,9 @@ class TritonBackend(AttentionBackend):
     def build_metadata(self, query_lens, context_lens, block_tables, block_size, num_decodes, device):
         tokens = new_tokens(query_lens, context_lens, block_tables, block_size)
         starts = torch.tensor([0, *query_lens], dtype=torch.int32).cumsum(0, dtype=torch.int32)
-        return self.metadata(tokens.slots.to(device), num_decodes, tokens.tables.to(device=device, dtype=torch.int32),
-                             starts.to(device), torch.tensor(context_lens, dtype=torch.int32, device=device),
+        return self.metadata(to_device(tokens.slots, device), num_decodes,
+                             to_device(tokens.tables.to(torch.int32), device), to_device(starts, device),
+                             tensor_on(context_lens, torch.int32, device),
                              max(query_lens), max(context_lens))
 
     def metadata(self, slot_mapping, num_decodes: int, block_tables, query_start_loc, context_lens,

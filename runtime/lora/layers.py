@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kernels import tensor_on
 from runtime.distributed import tp_rank, tp_size
 from runtime.lora.adapter import LoRAAdapter
 
@@ -54,12 +55,12 @@ class LoRABatch:
             index = [rows + [rows[0]] * (longest - len(rows)) for rows in members.values()]  # pad with a real row
             valid = [g * longest + i for g, rows in enumerate(members.values()) for i in range(len(rows))]
             rows = [row for group in members.values() for row in group]
-            self.stacked = (torch.tensor(distinct, device=device), torch.tensor(index, device=device),
-                            torch.tensor(rows, device=device),
-                            None if used == len(distinct) * longest else torch.tensor(valid, device=device))
+            self.stacked = (tensor_on(distinct, torch.long, device), tensor_on(index, torch.long, device),
+                            tensor_on(rows, torch.long, device),
+                            None if used == len(distinct) * longest else tensor_on(valid, torch.long, device))
             self.groups = []
             return
-        self.groups = [(s, torch.tensor(rows, device=device)) for s, rows in members.items()]
+        self.groups = [(s, tensor_on(rows, torch.long, device)) for s, rows in members.items()]
 
 
 @dataclass(frozen=True)
