@@ -1,14 +1,12 @@
 """gpt-oss's harmony format: prompts rendered and outputs parsed by openai-harmony, on the real o200k_base
 vocabulary rebuilt offline (tests/harmony_vocab.py)."""
 
-import os
-
 import pytest
 
+from deployments.api.choice_parser import HarmonyChoiceParser
 from runtime.harmony_chat import harmony_encoding, render_harmony, stop_token_ids
 from runtime.parsers.harmony import HarmonyParser
 from runtime.parsers.tool_calls import ToolCall
-from tests.harmony_vocab import write_o200k_base
 
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
@@ -20,18 +18,7 @@ THINK_THEN_CALL = ("<|channel|>analysis<|message|>Need the weather.<|end|>"
                    '{"city": "Paris"}<|call|>')
 
 
-@pytest.fixture(scope="module", autouse=True)
-def harmony_vocab(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("tiktoken")
-    write_o200k_base(directory)
-    before = os.environ.get("TIKTOKEN_ENCODINGS_BASE")
-    os.environ["TIKTOKEN_ENCODINGS_BASE"] = str(directory)
-    harmony_encoding.cache_clear()
-    yield directory
-    if before is None:
-        del os.environ["TIKTOKEN_ENCODINGS_BASE"]
-    else:
-        os.environ["TIKTOKEN_ENCODINGS_BASE"] = before
+pytestmark = pytest.mark.usefixtures("harmony_vocab")
 
 
 def ids(text: str) -> list[int]:
@@ -146,3 +133,15 @@ def test_render_plain_conversation_has_no_developer_message():
 def test_a_tool_result_must_answer_a_call():
     with pytest.raises(ValueError, match="tool_call_id 'nope'"):
         render_harmony([{"role": "user", "content": "Hi"}, {"role": "tool", "tool_call_id": "nope", "content": "x"}])
+
+
+@pytest.mark.parametrize("separate, expected", [(True, ("Need the weather.", "")), (False, ("", "Need the weather."))])
+def test_the_choice_parser_keeps_or_joins_reasoning(separate, expected):
+    parser = HarmonyChoiceParser(separate)
+    token_ids = ids(THINK_THEN_CALL)
+    deltas = [parser.feed("ignored", token_ids[:5], False), parser.feed("ignored", token_ids[5:], True)]
+    assert ("".join(d.reasoning for d in deltas), "".join(d.content for d in deltas)) == expected
+    assert [(c.name, c.arguments) for d in deltas for c in d.tool_calls] == [("get_weather", '{"city": "Paris"}')]
+    assert parser.made_tool_calls
+    assert parser.reasoning_tokens == (len(ids("<|channel|>analysis<|message|>Need the weather.<|end|>"))
+                                       if separate else 0)
