@@ -36,7 +36,7 @@ def harmony_encoding() -> HarmonyEncoding:
 
 def stop_token_ids() -> list[int]:
     """`<|return|>` and `<|call|>`: the assistant's turn ends with an answer or a tool call."""
-    return harmony_encoding().stop_tokens_for_assistant_actions()
+    return sorted(harmony_encoding().stop_tokens_for_assistant_actions())  # harmony's order varies
 
 
 def render_harmony(messages: list[dict], tools: list[dict] | None = None, reasoning_effort: str | None = None,
