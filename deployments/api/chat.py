@@ -46,20 +46,27 @@ class ChatHandler:
 
     def _render_harmony(self, req: ChatCompletionRequest) -> list[int]:
         """gpt-oss's prompt token ids. A grammar (a forced tool choice, a structured output) would constrain the
-        channels and headers too, and harmony cannot continue a message: those are refused."""
+        channels and headers too: refused."""
         constraint = req.tool_constraint() or req.constraint()
         if constraint is not None:
             raise OpenAIError(400, f"{constraint.param}: model {self.model_id} (harmony) takes no grammar on its "
                               "output", constraint.param)
-        if req.reasoning_effort not in (None, *REASONING_EFFORTS):
+        tools = req.tools if req.uses_tools else None
+        return self.harmony_prompt(req, tools, req.reasoning_effort)
+
+    def harmony_prompt(self, req, tools, reasoning_effort: str | None = None) -> list[int]:
+        """gpt-oss's prompt token ids for `req`'s conversation (a chat request's or /tokenize's): the reasoning
+        effort is `reasoning_effort`, else `chat_template_kwargs`' (where gpt-oss's own chat template reads it)."""
+        effort = reasoning_effort or (req.chat_template_kwargs or {}).get("reasoning_effort")
+        if effort not in (None, *REASONING_EFFORTS):
             raise OpenAIError(400, f"reasoning_effort: model {self.model_id} (harmony) takes "
                               f"{', '.join(REASONING_EFFORTS)}", "reasoning_effort")
         if req.continue_final_message:
             raise OpenAIError(400, f"continue_final_message: model {self.model_id} (harmony) cannot continue a "
                               "message", "continue_final_message")
-        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.uses_tools else None
         try:
-            return render_harmony([m.template_dict() for m in req.messages], tools, req.reasoning_effort,
+            return render_harmony([m.template_dict() for m in req.messages],
+                                  [t.model_dump(exclude_none=True) for t in tools] if tools else None, effort,
                                   req.add_generation_prompt)
         except (ValueError, KeyError, TypeError) as e:  # a tool result with no call, a malformed tool call
             raise OpenAIError(400, f"messages: harmony could not render them: {e!r}", "messages") from e
