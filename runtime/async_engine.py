@@ -28,6 +28,7 @@ from typing import Protocol
 
 from runtime.engine import LLMEngine, ValidRequest
 from runtime.errors import InvalidInputError, RequestFailedError
+from runtime.harmony_chat import uses_harmony
 from runtime.lora import LoRARequest
 from runtime.outputs import RequestDelta
 from runtime.pooling import PoolerConfig
@@ -93,6 +94,11 @@ class AsyncLLMEngine:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.engine.encode(text, add_special_tokens)
+
+    @property
+    def harmony(self) -> bool:
+        """The model chats in gpt-oss's harmony format rather than through its chat template."""
+        return uses_harmony(self.engine.spec.hf_config)
 
     @property
     def max_model_len(self) -> int:

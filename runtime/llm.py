@@ -1,8 +1,10 @@
 """The offline API for scripts and benchmarks: `LLM(model).generate(prompts, params)`, `LLM(model).embed(prompts)`."""
 
 import itertools
+from dataclasses import replace
 
 from runtime.engine import LLMEngine
+from runtime.harmony_chat import render_harmony, stop_token_ids, uses_harmony
 from runtime.lora import LoRARequest
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
@@ -87,8 +89,16 @@ class LLM:
         tools: list[dict] | None = None,
         lora_request: LoRARequest | list[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Generate replies to one conversation or a list of them, through the chat template."""
+        """Generate replies to one conversation or a list of them, through the chat template; gpt-oss's through
+        harmony (`chat_template_kwargs` may name its `reasoning_effort`), stopping at `<|return|>` or `<|call|>`."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        texts = [render_chat(self.tokenizer, c, tools, chat_template_kwargs) for c in conversations]
-        prompts = [self.engine.encode(text, add_special_tokens=False) for text in texts]
+        if uses_harmony(self.engine.spec.hf_config):
+            effort = (chat_template_kwargs or {}).get("reasoning_effort")
+            prompts = [render_harmony(c, tools, effort) for c in conversations]
+            stops = stop_token_ids()
+            params = [replace(p, stop_token_ids=[*p.stop_token_ids, *stops])
+                      for p in (params if isinstance(params, list) else [params or SamplingParams()] * len(prompts))]
+        else:
+            texts = [render_chat(self.tokenizer, c, tools, chat_template_kwargs) for c in conversations]
+            prompts = [self.engine.encode(text, add_special_tokens=False) for text in texts]
         return self.generate(prompts, params, lora_request)

@@ -1,6 +1,7 @@
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +24,21 @@ SHAPES = {
 def any_model(request, tmp_path_factory):
     """Each architecture's tiny checkpoint in turn."""
     return build_model_dir(tmp_path_factory.mktemp(request.param), request.param, **SHAPES[request.param])
+
+
+@pytest.fixture(scope="session")
+def harmony_vocab(tmp_path_factory) -> Path:
+    """A directory holding o200k_base.tiktoken, named by TIKTOKEN_ENCODINGS_BASE for this process's harmony."""
+    from runtime.harmony_chat import harmony_encoding
+    from tests.harmony_vocab import write_o200k_base
+
+    directory = tmp_path_factory.mktemp("tiktoken")
+    write_o200k_base(directory)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TIKTOKEN_ENCODINGS_BASE", str(directory))
+        harmony_encoding.cache_clear()
+        yield directory
+    harmony_encoding.cache_clear()
 
 
 @pytest.fixture(scope="session")

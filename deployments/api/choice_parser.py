@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 
 from runtime.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, ToolCall
+from runtime.parsers.harmony import HarmonyParser
 from runtime.parsers.reasoning import END
 
 
@@ -65,6 +66,31 @@ class ChoiceParser:
     @property
     def made_tool_calls(self) -> bool:
         return bool(self.tools and self.tools.calls)
+
+
+class HarmonyChoiceParser:
+    """gpt-oss: harmony's parser reads the token ids (the text is not used); reasoning joins the content when the
+    request does not keep it separate. Tool calls are surfaced whenever the model makes one."""
+
+    def __init__(self, separate_reasoning: bool):
+        self.harmony = HarmonyParser()
+        self.separate_reasoning = separate_reasoning
+
+    def feed(self, text: str, token_ids: list[int], final: bool) -> ChoiceDelta:
+        reasoning, content, calls = self.harmony.feed(token_ids)
+        if final:
+            content += self.harmony.finish()
+        if not self.separate_reasoning:
+            reasoning, content = "", reasoning + content
+        return ChoiceDelta(reasoning, content, calls)
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return self.harmony.reasoning_tokens if self.separate_reasoning else 0
+
+    @property
+    def made_tool_calls(self) -> bool:
+        return bool(self.harmony.calls)
 
 
 def tool_call_json(index: int, call: ToolCall) -> dict:

@@ -257,6 +257,8 @@ class ChatCompletionRequest(_SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     separate_reasoning: bool = True
+    # OpenAI's values; gpt-oss (harmony) takes low, medium and high, other models ignore it
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice = "auto"
     parallel_tool_calls: bool = True

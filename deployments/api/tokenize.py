@@ -1,5 +1,5 @@
 """vLLM's /tokenize and /detokenize on one replica: a prompt, or a conversation through the model's chat
-template, as the model's token ids; and token ids back to text."""
+template (gpt-oss's through harmony), as the model's token ids; and token ids back to text."""
 
 from typing import Any
 
@@ -48,8 +48,11 @@ class TokenizeHandler:
 
     def _tokenize(self, req: TokenizeRequest) -> dict:
         special = req.add_special_tokens if req.add_special_tokens is not None else req.messages is None
-        text = req.prompt if req.messages is None else self.chat.render(req)
-        ids = self.engine.encode(text, add_special_tokens=special)
+        if req.messages is not None and self.chat.harmony:  # gpt-oss: the ids its chat completions are given
+            ids = self.chat.harmony_prompt(req, req.tools)
+        else:
+            text = req.prompt if req.messages is None else self.chat.render(req)
+            ids = self.engine.encode(text, add_special_tokens=special)
         strs = self.engine.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
         return {"count": len(ids), "max_model_len": self.engine.max_model_len, "tokens": ids, "token_strs": strs}
 
