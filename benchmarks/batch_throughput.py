@@ -8,7 +8,9 @@ batch; its lines/s is LINES over the time from `batches.create` to
 `completed` (validation and finalization included). The offline engine
 (`runtime.LLM`, same engine options) runs the same conversations at once,
 before and after the server (a shared 2-core machine drifts within a run);
-the ratio uses their mean.
+the ratio uses their mean. While it runs, the replica's engine is asked for its
+running and waiting sequences every 0.1 s: their means say how many of the
+engine's seats the batch kept busy (the offline run fills all of them).
 
 It also measures the batch manager's process: CPU seconds per line (its
 per-line work: reading, parsing, validating, the handle call, serialising)
@@ -18,11 +20,12 @@ is read back and every custom_id must be there once. While the big batch
 runs, online streaming chats' time to first token is measured against the
 same chats on the idle server.
 
-Run: python -m benchmarks.batch_throughput
+Run: python -m benchmarks.batch_throughput [--lines-only]  (the LINES batch and the offline engine only)
 """
 
 import json
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -83,6 +86,33 @@ def ttft_p50_ms(client: openai.Client) -> float:
     return round(1000 * statistics.median(ttfts), 1)
 
 
+@contextmanager
+def engine_seats(figures: dict):
+    """The replica engine's running and waiting sequences, sampled every 0.1 s while the block runs; their means
+    go into `figures`."""
+    from ray import serve
+
+    from deployments.app_config import replica_name
+
+    replica = serve.get_deployment_handle(replica_name(MODEL_ID), app_name="default")
+    samples, stop = [], threading.Event()
+
+    def sample():
+        while not stop.wait(0.1):
+            stats = replica.stats.remote().result()
+            samples.append((stats["num_running"], stats["num_waiting"]))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        sampler.join()
+        figures.update(engine_running_mean=round(statistics.mean(r for r, _ in samples), 1),
+                       engine_waiting_mean=round(statistics.mean(w for _, w in samples), 1))
+
+
 def run_batch(client: openai.Client, count: int, probe_online: bool = False) -> dict:
     """One batch of `count` lines, timed from create to completed; the manager's CPU and peak RSS on it; with
     `probe_online`, online TTFT while it runs and a check that its output has every custom_id once."""
@@ -141,26 +171,36 @@ def serving(path: Path):
         wait_until(lambda: not psutil.Process().children(recursive=True), timeout=60, every=0.5)
 
 
-def served(path: Path) -> dict:
+def served(path: Path, lines_only: bool) -> dict:
     with serving(path) as url:
         client = openai.Client(base_url=url, api_key="none", max_retries=0)
         run_batch(client, WARMUP_LINES)
+        seats = {}
+        with engine_seats(seats):
+            batch = run_batch(client, LINES)
+        batch.update(seats)
+        if lines_only:
+            return {"batch": batch}
         idle_ttft = ttft_p50_ms(client)
-        return {"batch": run_batch(client, LINES), "mid_batch": run_batch(client, MID_LINES),
+        return {"batch": batch, "mid_batch": run_batch(client, MID_LINES),
                 "big_batch": run_batch(client, BIG_LINES, probe_online=True), "online_ttft_p50_ms_idle": idle_ttft}
 
 
 def main() -> None:
+    lines_only = "--lines-only" in sys.argv[1:]
     path = build_model_dir(Path(tempfile.mkdtemp(prefix="batch-bench-")), "qwen2")
     before = offline_lines_s(path)
-    ours = served(path)
+    ours = served(path, lines_only)
     after = offline_lines_s(path)
     engine = (before + after) / 2
+    ratio = {"lines": LINES, "max_tokens": MAX_TOKENS, "served": ours["batch"],
+             "offline_engine_lines_s_before_after": [before, after],
+             "served_over_offline": round(ours["batch"]["lines_s"] / engine, 3)}
+    if lines_only:
+        report("batch_throughput", **ratio)
+        return
     big, mid = ours["big_batch"], ours["mid_batch"]
-    report("batch_throughput", lines=LINES, max_tokens=MAX_TOKENS, served=ours["batch"],
-           offline_engine_lines_s_before_after=[before, after],
-           served_over_offline=round(ours["batch"]["lines_s"] / engine, 3),
-           mid_batch={"lines": MID_LINES, **mid}, big_batch={"lines": BIG_LINES, **big},
+    report("batch_throughput", **ratio, mid_batch={"lines": MID_LINES, **mid}, big_batch={"lines": BIG_LINES, **big},
            manager_peak_rss_big_over_mid=round(big["manager_peak_rss_mib"] / mid["manager_peak_rss_mib"], 3),
            online_ttft_p50_ms_idle=ours["online_ttft_p50_ms_idle"],
            online_ttft_during_big_batch_over_idle=round(big["online_ttft_p50_ms_during"]

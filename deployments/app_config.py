@@ -108,7 +108,9 @@ class AppConfig(StrictModel):
     max_file_bytes: int = Field(512 * 1024 * 1024, gt=0)
     max_file_lines: int = Field(50_000, gt=0)
     max_batch_line_bytes: int = Field(1024 * 1024, gt=0)
-    batch_concurrency: int = Field(64, gt=0)  # a batch's lines in flight per RUNNING replica of its model
+    # batch lines in flight per RUNNING replica of their model; default: its engine's max_num_seqs, every seat
+    # (online requests are still admitted first)
+    batch_concurrency: int | None = Field(None, gt=0)
     # s3:// prefixes a batch's input_file_id may name, besides this app's own storage_uri; nothing else is read
     batch_input_prefixes: list[str] = Field(default_factory=list)
     # Serve options of the OpenAI ingress (num_replicas, autoscaling_config, ray_actor_options, ...). Two
@@ -121,6 +123,11 @@ class AppConfig(StrictModel):
     # The model's replicas serve HTTP themselves, with no ingress hop (one model only; see direct_server.py).
     # Default: Ray Serve LLM's switch, the environment variable RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING=1.
     direct_streaming: bool = Field(default_factory=lambda: os.environ.get(DIRECT_STREAMING_ENV) == "1")
+
+    def batch_seats(self) -> dict[str, int]:
+        """Each model's batch lines in flight per running replica."""
+        return {llm.model_id: self.batch_concurrency
+                or llm.engine_kwargs.get("max_num_seqs", EngineConfig.max_num_seqs) for llm in self.llm_configs}
 
     @field_validator("ingress_deployment_config")
     @classmethod

@@ -35,6 +35,9 @@ class EngineConfig:
     max_num_seqs_per_owner: int | None = None  # running sequences past which an owner (API key) is admitted more
     # only while no other owner under it waits, and gives such a newcomer a seat back, one a step (a lone owner
     # still fills the engine); default: max_num_seqs // 2
+    # running sequences of a lower priority (batch lines) admitted while a higher one (online) runs or waits, and
+    # for scheduler.FOREGROUND_STEPS steps after: short steps for the higher one; default: max_num_seqs // 8
+    max_num_seqs_background: int | None = None
     max_num_batched_tokens: int = 8192
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
@@ -77,6 +80,8 @@ class EngineConfig:
         require(self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be at least 1")
         require(self.max_num_seqs >= 1, "max_num_seqs", "must be at least 1")
         require(self.max_num_seqs_per_owner is None or self.max_num_seqs_per_owner >= 1, "max_num_seqs_per_owner",
+                "must be at least 1")
+        require(self.max_num_seqs_background is None or self.max_num_seqs_background >= 1, "max_num_seqs_background",
                 "must be at least 1")
         require(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be at least 1")
         require(self.block_size >= 1, "block_size", "must be at least 1")

@@ -76,7 +76,7 @@ class LLMEngine:
                                           kv_window(self.spec.hf_config, self.spec.max_model_len))
         self.adapter_slots = AdapterSlots(config.max_loras) if config.enable_lora else None
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   self.adapter_slots, config.max_num_seqs_per_owner)
+                                   self.adapter_slots, config.max_num_seqs_per_owner, config.max_num_seqs_background)
         self.speculator = build_speculator(config, self.spec, self.tokenizer, self.eos_token_ids,
                                            self.runner.num_blocks)
         self.requests: dict[str, Request] = {}

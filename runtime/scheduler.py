@@ -10,7 +10,15 @@ many sequences nor an owner with many requests holds the others back; an
 owner over its cap gives a seat back to a newcomer under it. When blocks run
 out, the lowest-priority, newest running sequence not yet scheduled this step
 is preempted: its blocks are freed (they stay in the prefix cache) and it is
-recomputed later, ahead of sequences not yet started.
+recomputed later, ahead of sequences not yet started; so is one when every
+seat is taken and a sequence of a higher priority waits (one a step).
+
+Lower priorities (batch lines) fill the seats the higher ones leave, except
+beside them: while a sequence of a higher priority runs or waits, and for
+FOREGROUND_STEPS steps after, the lower ones are admitted up to
+`max_num_seqs_background` seats only, so a step stays short for the higher
+ones (their time to first token, their inter-token latency). Those already
+running finish; none is preempted for it.
 """
 
 import heapq
@@ -20,6 +28,8 @@ from dataclasses import dataclass, field
 from runtime.kv_cache import BlockManager
 from runtime.lora import AdapterSlots, LoRAAdapter
 from runtime.sequence import Request, Sequence, SequenceStatus
+
+FOREGROUND_STEPS = 100  # steps a higher priority keeps lower ones at their background seats after it was last seen
 
 
 @dataclass
@@ -82,6 +92,14 @@ class WaitingQueue:
             self._remove_front(priority, owner, request)  # finished while waiting
         return self._preempted[0][1] if self._preempted else None
 
+    def best_priority(self) -> int | None:
+        """The highest priority (lowest value) waiting, or None; a finished preempted sequence may still count."""
+        fresh = min(self._fresh, default=None)
+        if not self._preempted:
+            return fresh
+        preempted = self._preempted[0][0][0]
+        return preempted if fresh is None else min(fresh, preempted)
+
     def pop(self, seq: Sequence) -> None:
         """Take the sequence `peek` returned; its owner and request go to the end of their turns."""
         if self._preempted and self._preempted[0][1] is seq:
@@ -106,9 +124,11 @@ class WaitingQueue:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 adapters: AdapterSlots | None = None, max_num_seqs_per_owner: int | None = None):
+                 adapters: AdapterSlots | None = None, max_num_seqs_per_owner: int | None = None,
+                 max_num_seqs_background: int | None = None):
         self.adapters = adapters  # LoRA slots: a sequence is admitted only once its adapter has one
         self.max_num_seqs = max_num_seqs
+        self.max_num_seqs_background = max_num_seqs_background or max(1, max_num_seqs // 8)
         self.max_num_batched_tokens = max_num_batched_tokens
         # an owner at this many running sequences is admitted more only when no other owner under it waits
         self.max_num_seqs_per_owner = max_num_seqs_per_owner or max(1, max_num_seqs // 2)
@@ -116,6 +136,9 @@ class Scheduler:
         self.waiting = WaitingQueue()
         self.running: list[Sequence] = []
         self.running_per_owner: Counter[str | None] = Counter()
+        self.running_per_priority: Counter[int] = Counter()
+        self._foreground: int | None = None  # the highest priority seen in the last FOREGROUND_STEPS steps
+        self._foreground_steps = 0  # steps left before it lapses
         self.num_waiting = 0  # sequences queued still waiting (those finished while waiting leave lazily)
         self.num_preemptions = 0
 
@@ -134,6 +157,7 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
 
     def schedule(self) -> ScheduledBatch:
+        self._see_foreground()
         self._free_a_seat()
         budget = self.max_num_batched_tokens
         scheduled: dict[Sequence, int] = {}
@@ -178,11 +202,15 @@ class Scheduler:
         """Every seat taken while an owner under its cap waits: the newest sequence of the owner running the
         most, when that is over its cap, gives its seat back (preempted by recompute; its blocks stay in the
         prefix cache), so a newcomer waits a step, not until the sequences that filled the engine end. Never
-        for a newcomer of lower priority; one seat a step."""
+        for a newcomer of lower priority; for one of a higher priority, the newest of the lowest priority gives
+        its seat back whatever its owner runs. One seat a step."""
         cap = self.max_num_seqs_per_owner
         if len(self.running) < self.max_num_seqs:
             return
         seq = self.waiting.peek(self.running_per_owner, cap)
+        if seq is not None and seq.priority < max(self.running_per_priority):
+            self._preempt(max(self.running, key=Sequence.sort_key))
+            return
         if seq is None or self.running_per_owner[seq.request.owner] >= cap:
             return
         owner, count = self.running_per_owner.most_common(1)[0]
@@ -191,10 +219,28 @@ class Scheduler:
             if victim.priority >= seq.priority:
                 self._preempt(victim)
 
+    def _see_foreground(self) -> None:
+        """The highest priority running or waiting now becomes the foreground when it is at least as high as
+        the current one, or that one has lapsed."""
+        now = [p for p in (min(self.running_per_priority, default=None), self.waiting.best_priority())
+               if p is not None]
+        self._foreground_steps -= 1
+        if now and (self._foreground is None or min(now) <= self._foreground or self._foreground_steps <= 0):
+            self._foreground, self._foreground_steps = min(now), FOREGROUND_STEPS
+        elif self._foreground_steps <= 0:
+            self._foreground = None
+
+    def _background_full(self, seq: Sequence) -> bool:
+        """`seq` is of a lower priority than the foreground, whose lower priorities hold their seats already."""
+        if self._foreground is None or seq.priority <= self._foreground:
+            return False
+        background = sum(n for p, n in self.running_per_priority.items() if p > self._foreground)
+        return background >= self.max_num_seqs_background
+
     def _admit(self, scheduled: dict[Sequence, int], budget: int) -> int:
         while budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting.peek(self.running_per_owner, self.max_num_seqs_per_owner)
-            if seq is None:
+            if seq is None or self._background_full(seq):
                 break
             hits = self.blocks.cached_prefix(seq)
             cached = len(hits) * self.blocks.block_size
@@ -210,6 +256,7 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             self.running_per_owner[seq.request.owner] += 1
+            self.running_per_priority[seq.priority] += 1
             scheduled[seq] = n
             budget -= n
         return budget
@@ -245,3 +292,6 @@ class Scheduler:
         self.running_per_owner[owner] -= 1
         if not self.running_per_owner[owner]:
             del self.running_per_owner[owner]
+        self.running_per_priority[seq.priority] -= 1
+        if not self.running_per_priority[seq.priority]:
+            del self.running_per_priority[seq.priority]

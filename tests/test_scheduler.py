@@ -2,7 +2,7 @@
 
 from runtime import LLM, SamplingParams
 from runtime.kv_cache import BlockManager
-from runtime.scheduler import Scheduler
+from runtime.scheduler import FOREGROUND_STEPS, Scheduler
 from runtime.sequence import Request, SequenceStatus
 
 PARAMS = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
@@ -35,9 +35,10 @@ def test_priority_admits_first_and_ties_go_by_arrival(qwen2_model):
 
 # --- the scheduler alone: a synthetic block budget and requests, no model or tokenizer ---------------------
 
-def _scheduler(num_blocks: int, max_num_batched_tokens: int, max_num_seqs: int = 8) -> Scheduler:
+def _scheduler(num_blocks: int, max_num_batched_tokens: int, max_num_seqs: int = 8,
+               max_num_seqs_background: int | None = None) -> Scheduler:
     return Scheduler(BlockManager(num_blocks, block_size=4, enable_prefix_caching=True), max_num_seqs,
-                     max_num_batched_tokens)
+                     max_num_batched_tokens, max_num_seqs_background=max_num_seqs_background)
 
 
 def _add(scheduler: Scheduler, request_id: str, prompt_len: int, priority: int = 0, max_tokens: int = 8,
@@ -86,7 +87,7 @@ def test_higher_priority_is_admitted_first_and_ties_go_by_arrival():
 
 
 def test_out_of_blocks_preempts_the_lowest_priority_newest_sequence():
-    scheduler = _scheduler(num_blocks=6, max_num_batched_tokens=64)
+    scheduler = _scheduler(num_blocks=6, max_num_batched_tokens=64, max_num_seqs_background=8)  # blocks run out
     requests = {request_id: _add(scheduler, request_id, 4, priority, max_tokens=12)  # online arrives last
                 for request_id, priority in [("batch-old", 1), ("batch-new", 1), ("online", 0)]}
     blocks = scheduler.blocks
@@ -103,6 +104,33 @@ def test_out_of_blocks_preempts_the_lowest_priority_newest_sequence():
     while scheduler.num_waiting or scheduler.running:
         _step(scheduler)
     assert blocks.num_free_blocks == blocks.num_blocks  # everyone finished, nothing leaked
+
+
+def test_beside_online_requests_batch_lines_keep_to_their_background_seats_until_the_online_ones_lapse():
+    """Batch lines fill an idle engine; an online request takes a seat at once (the newest batch line gives
+    its seat back), and while it runs, and FOREGROUND_STEPS steps after, batch lines are admitted up to their
+    background seats only (not starved: they hold those); then they fill the engine again."""
+    scheduler = _scheduler(num_blocks=1024, max_num_batched_tokens=256, max_num_seqs=8, max_num_seqs_background=2)
+    batch = [_add(scheduler, f"batch-{i}", 4, priority=1, max_tokens=3) for i in range(100)]
+    _step(scheduler)
+    assert scheduler.running_per_priority == {1: 8}  # alone, batch lines take every seat
+    online = _add(scheduler, "online", 4, priority=0, max_tokens=20)
+    assert ("online", 4) in _step(scheduler) and scheduler.num_preemptions == 1
+    _step(scheduler)  # the seven batch lines still running end; from here on, two at most beside the online one
+    assert scheduler.running_per_priority == {0: 1}
+    while not online.seqs[0].is_finished:
+        _step(scheduler)
+        assert scheduler.running_per_priority[1] <= 2
+    assert sum(s.is_finished for r in batch for s in r.seqs) > 7 + 2  # not starved: others started and ended
+    for _ in range(FOREGROUND_STEPS - 1):
+        _step(scheduler)
+        assert scheduler.running_per_priority[1] <= 2
+    _step(scheduler)
+    assert scheduler.running_per_priority[1] == 8  # the online request lapsed: the batch fills the engine
+    while scheduler.num_waiting or scheduler.running:
+        _step(scheduler)
+    assert all(s.num_output_tokens == 3 for r in batch for s in r.seqs) and online.seqs[0].num_output_tokens == 20
+    assert scheduler.blocks.num_free_blocks == scheduler.blocks.num_blocks
 
 
 # --- fair admission: owners in turn, each owner's requests in turn ------------------------------------------

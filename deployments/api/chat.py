@@ -90,7 +90,7 @@ class ChatHandler:
 
     async def complete(self, req: ChatCompletionRequest, request_id: str, priority: int = 0,
                        owner: str | None = None) -> dict:
-        valid = await off_loop(self._prepare, req)
+        valid = await off_loop(self._prepare, req, priority=priority)
         prompt = valid.prompt_token_ids
         result = RequestOutput.empty(request_id, prompt, valid.params.n)
         async for delta in self.engine.generate(valid, request_id, priority, owner):

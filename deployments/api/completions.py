@@ -29,7 +29,7 @@ class CompletionHandler:
 
     async def complete(self, req: CompletionRequest, request_id: str, priority: int = 0,
                        owner: str | None = None) -> dict:
-        params, valid = await off_loop(self._prepare, req)
+        params, valid = await off_loop(self._prepare, req, priority=priority)
         prompts = [v.prompt_token_ids for v in valid]
         results = [RequestOutput.empty(f"{request_id}-{i}", ids, params.n) for i, ids in enumerate(prompts)]
         async for i, delta in merge(self._streams(valid, request_id, priority, owner)):

@@ -51,7 +51,7 @@ class EmbeddingHandler:
                 for p in req.inputs()]
 
     async def embed(self, req: EmbeddingRequest, request_id: str, priority: int = 0, owner: str | None = None) -> dict:
-        valid = await off_loop(self._prepare, req)
+        valid = await off_loop(self._prepare, req, priority=priority)
         deltas = await asyncio.gather(*(self.engine.embed(v, f"{request_id}-{i}", priority, owner)
                                         for i, v in enumerate(valid)))
         tokens = sum(len(v.prompt_token_ids) for v in valid)

@@ -41,15 +41,21 @@ _AHEAD_WINDOWS = 8  # uncommitted lines a batch may hold: this many windows, or 
 
 
 class BatchLimits:
-    """`concurrency` is per replica: a model's batch lines in flight are it times its running replicas."""
+    """`concurrency` is per replica: a model's batch lines in flight are it (or the model's own figure in
+    `seats`) times its running replicas."""
 
     def __init__(self, concurrency: int = 64, max_line_bytes: int = 1 << 20, max_lines: int = 50_000,
-                 request_retries: int = 3):
+                 request_retries: int = 3, seats: dict[str, int] | None = None):
         self.concurrency = concurrency
+        self.seats = seats or {}
         self.window = 2 * concurrency
         self.max_line_bytes = max_line_bytes
         self.max_lines = max_lines
         self.request_retries = request_retries
+
+    def per_replica(self, model: str) -> int:
+        """The model's batch lines in flight per running replica."""
+        return self.seats.get(model, self.concurrency)
 
 
 class InputGone(Exception):
@@ -73,7 +79,7 @@ class BatchJob:
         self.send = send
         self.limits = limits
         own: dict[str, Capacity] = {}
-        self.slots = slots or (lambda model: own.setdefault(model, Capacity(limits.concurrency)))
+        self.slots = slots or (lambda model: own.setdefault(model, Capacity(limits.per_replica(model))))
         counts = state.batch.request_counts
         self._committed = (counts.completed, counts.failed)  # those of the saved windows
         self._uncommitted = 0

@@ -5,7 +5,7 @@ one hop each. Each line still gets its own (status, body) as soon as its group's
 import asyncio
 from collections.abc import Awaitable, Callable
 
-MAX_LINES = 16  # per call: a model's batch capacity (64 a replica) spreads over several calls and replicas
+MAX_LINES = 16  # per call: a model's batch capacity (its engine's seats, a replica) spans several calls
 
 Line = tuple[object, str]  # (request body, request id)
 Answer = Callable[[list[Line]], Awaitable[list[tuple[int, dict]]]]

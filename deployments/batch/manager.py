@@ -53,7 +53,7 @@ class BatchManager:
         self.tasks: dict[str, asyncio.Task] = {}
         self._loading: asyncio.Task | None = None
         self._groups: dict[str, LineGroups] = {}
-        self._capacity = {model: Capacity(limits.concurrency) for model in deployments}
+        self._capacity = {model: Capacity(limits.per_replica(model)) for model in deployments}
         self._watching: asyncio.Task | None = None
         # resume at once, on first start and on every restart by Ray, not on the first API call: a batch
         # nobody polls still finishes. The call to itself runs once __init__ returns; it is made from a thread
@@ -111,7 +111,7 @@ class BatchManager:
             try:
                 replicas = await asyncio.to_thread(running_replicas, self.app_name, self.deployments)
                 for model, count in replicas.items():
-                    self._capacity[model].resize(self.limits.concurrency * max(count, 1))
+                    self._capacity[model].resize(self.limits.per_replica(model) * max(count, 1))
             except Exception as e:  # the controller is restarting: keep the last sizes
                 logger.info("batch manager: cannot read the replicas: %r", e)
             await asyncio.sleep(_REPLICAS_EVERY_S)

@@ -35,7 +35,8 @@ class OpenAIFront:
         models = ModelRegistry(config, clients)
         batches = BatchAPI(config.storage_uri, app_name, {model_id: replica_name(model_id) for model_id in clients},
                            FileLimits(config.max_file_bytes, config.max_file_lines),
-                           BatchLimits(config.batch_concurrency, config.max_batch_line_bytes, config.max_file_lines))
+                           BatchLimits(max_line_bytes=config.max_batch_line_bytes, max_lines=config.max_file_lines,
+                                       seats=config.batch_seats()))
         return cls(config, ApiKeys(config.api_keys), models, BodyParser(models, config.max_request_bytes), batches,
                    ResponsesAPI(ResponseStore(open_store(config.storage_uri))))
 
