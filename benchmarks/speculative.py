@@ -6,6 +6,8 @@ greedy continuation of it (TEXT tokens, written by plain decoding beforehand), t
 request decodes OUTPUT greedy tokens with ignore_eos. A model with small random weights (init_std 0.02) has
 strong n-gram habits, so asked to go on from the start again it writes spans it wrote before, which prompt
 lookup finds in the prompt. How often it does is measured, not assumed: the acceptance rate is reported.
+Its habits are mostly runs: text and outputs are largely runs of one token and short cycles (the text after
+the start is not written again), so most drafts are the run the output is in, copied on at its period.
 Requests are fed through the engine keeping `concurrency` in flight; both runs must yield the same tokens.
 On a shared machine, `--rounds N` alternates the two N times and reports each side's fastest run.
 

@@ -2,6 +2,7 @@
 exact block accounting under rejections, and plain decoding for what the verifier cannot reproduce."""
 
 import random
+from types import SimpleNamespace
 
 import pytest
 
@@ -10,6 +11,8 @@ from runtime.errors import InvalidInputError
 from runtime.grammar import Constraint
 from runtime.speculative import speculator
 from runtime.speculative.config import SpeculativeConfig
+from runtime.speculative.ngram import NgramProposer
+from runtime.speculative.speculator import SequenceSpeculation
 from tests.model_factory import build_model_dir, kv_cache_bytes
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
@@ -147,6 +150,16 @@ def test_speculative_config_is_checked_with_vllms_names():
                        ({**NGRAM, "typo": 1}, "speculative_config")]:
         with pytest.raises(InvalidInputError, match=field):
             SpeculativeConfig.parse(bad)
+
+
+
+def test_prompt_lookup_copies_on_past_the_sequences_end_at_the_matchs_distance():
+    proposer = NgramProposer(prompt_lookup_min=1, prompt_lookup_max=3)
+    for tokens, k, want in [([9, 4, 5, 6, 7, 8, 4, 5], 3, [6, 7, 8]),  # room enough: what followed the match
+                            ([9, 7, 7, 7], 4, [7, 7, 7, 7]),  # a run: its latest occurrence is one back
+                            ([9, 3, 4, 3, 4], 5, [3, 4, 3, 4, 3]),  # a cycle of two
+                            ([2, 3, 4, 5], 2, [])]:  # no suffix recurs
+        assert proposer.propose(SimpleNamespace(token_ids=tokens), SequenceSpeculation(), k) == want
 
 
 def _tiny_vocab_model(path, vocab: int = 8):

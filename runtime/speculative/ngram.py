@@ -1,8 +1,10 @@
 """Prompt lookup: propose the tokens that followed the latest earlier occurrence of the sequence's last n tokens.
 
 The longest suffix (from `prompt_lookup_max` down to `prompt_lookup_min` tokens) that occurred before wins.
-Each sequence keeps an index from n-gram to where it last ended, brought up to date with the tokens added
-since its last lookup, so a lookup costs O(new tokens), not O(length).
+A continuation that reaches the sequence's end goes on as an overlapping copy (the text repeats at the
+distance between the two occurrences): in a run of one token, whose latest occurrence is one position back,
+it proposes k more of that token, not one. Each sequence keeps an index from n-gram to where it last ended,
+brought up to date with the tokens added since its last lookup, so a lookup costs O(new tokens), not O(length).
 """
 
 from runtime.sequence import Sequence
@@ -34,8 +36,16 @@ class NgramProposer:
                 continue
             end = index.last_end.get(tuple(tokens[last + 1 - n :]))
             if end is not None:
-                return tokens[end + 1 : end + 1 + k]
+                return _copy(tokens, end + 1, last - end, k)
         return []
 
     def complete(self, seqs: list[Sequence]) -> None:
         """Nothing to do: prompt-lookup proposals are final when made."""
+
+
+def _copy(tokens: list[int], start: int, distance: int, k: int) -> list[int]:
+    """`k` tokens from `start` on, as if `tokens` went on repeating what lies `distance` positions back."""
+    copied = tokens[start : start + k]
+    while len(copied) < k:
+        copied.append(copied[-distance])
+    return copied
