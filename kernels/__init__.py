@@ -1,6 +1,6 @@
 """Pure compute used by the engine's models: attention over the paged KV cache,
 KV-cache writes, projections against packed weights, RMSNorm, rotary embeddings and
-the MLP's activation.
+the MLP's activation, and a mixture-of-experts layer's experts.
 
 Each operation has one interface here; the implementation behind it is chosen
 per device (the torch reference runs everywhere and is the oracle for faster
@@ -12,6 +12,7 @@ from kernels.activation import clamped_swiglu, gelu_tanh_and_mul, silu_and_mul
 from kernels.attention_backend import AttentionBackend, AttentionMetadata
 from kernels.backends import choose_attention_backend
 from kernels.linear import linear, pack_weight
+from kernels.moe import fused_experts
 from kernels.norm import rms_norm
 from kernels.rotary import apply_rotary
 from kernels.transfer import tensor_on, to_device
@@ -20,6 +21,7 @@ __all__ = [
     "AttentionBackend",
     "AttentionMetadata",
     "choose_attention_backend",
+    "fused_experts",
     "linear",
     "pack_weight",
     "rms_norm",

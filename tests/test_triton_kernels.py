@@ -4,13 +4,16 @@ interpreter on CPU (TRITON_INTERPRET=1, set by conftest), at small shapes."""
 import pytest
 import torch
 
+from kernels.activation import silu_and_mul_reference
 from kernels.attention import TorchBackend
 from kernels.attention import paged_attention as reference_attention
 from kernels.attention import store_kv_cache as reference_store
+from kernels.moe import fused_experts_reference
 from kernels.norm import rms_norm_reference as reference_rms_norm
 from kernels.rotary import apply_rotary_reference as reference_rotary
 from kernels.triton import attention as triton_attention
 from kernels.triton import elementwise
+from kernels.triton import moe as triton_moe
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -81,3 +84,19 @@ def test_paged_attention_on_a_mixed_batch(heads, kv_heads, dim, block, dtype, wi
                          softcap=softcap, sinks=None if sink_logits is None else sink_logits.to(DEVICE))
     tol = 2e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.cpu().float(), expected, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_experts(bias):
+    """Top-2 of 5 experts for 13 tokens (one expert unused, row and column counts off the block sizes), with and
+    without biases, against the torch grouped products."""
+    torch.manual_seed(4)
+    tokens, hidden, intermediate, experts = 13, 40, 24, 5
+    x = torch.randn(tokens, hidden)
+    weights, ids = torch.rand(tokens, 2), torch.randint(0, experts - 1, (tokens, 2))
+    gate_up, down = torch.randn(experts, hidden, 2 * intermediate), torch.randn(experts, intermediate, hidden)
+    biases = (torch.randn(experts, 2 * intermediate), torch.randn(experts, hidden)) if bias else (None, None)
+    expected = fused_experts_reference(x, weights, ids, gate_up, down, silu_and_mul_reference, *biases)
+    on_device = [t if t is None else t.to(DEVICE) for t in (x, weights, ids, gate_up, down, *biases)]
+    got = triton_moe.fused_experts(*on_device[:5], silu_and_mul_reference, *on_device[5:])
+    torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)

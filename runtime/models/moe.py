@@ -1,18 +1,16 @@
 """The sparse mixture-of-experts block: a top-k router, stacked expert weights, an optional shared expert.
 
-The step's (token, expert) pairs are sorted by expert, so each expert's rows are one contiguous segment, and
-each projection is one grouped matmul over all experts' segments. Every rank holds a slice of every expert's
-intermediate features (as the dense MLP splits its own); the block's partial sums are all-reduced once.
+The experts run as one grouped product per projection (`kernels.fused_experts`). Every rank holds a slice of
+every expert's intermediate features (as the dense MLP splits its own); the block's partial sums are all-reduced once.
 """
 
 import re
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from kernels import silu_and_mul
+from kernels import fused_experts, silu_and_mul
 from runtime.distributed import all_reduce, tp_rank, tp_size
 from runtime.models.decoder import MLP, CausalLM
 from runtime.models.layers import ReplicatedLinear
@@ -27,20 +25,9 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Te
     return weights, ids
 
 
-def _grouped_matmul(rows: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    """`rows` [N, in] sorted by expert, times each segment's expert `weight` [E, in, out]: [N, out].
-
-    `ends` [E] is where each expert's segment ends. One grouped matmul where torch has one for the device and
-    dtype (any on CPU, bfloat16 on CUDA), else one matmul per segment."""
-    if hasattr(F, "grouped_mm") and (not rows.is_cuda or rows.dtype == torch.bfloat16):
-        return F.grouped_mm(rows, weight, offs=ends.to(torch.int32))
-    starts = [0, *ends.tolist()[:-1]]
-    return torch.cat([rows[s:e] @ w for s, e, w in zip(starts, ends.tolist(), weight)])
-
-
 class FusedExperts(nn.Module):
     """E gated MLPs (SiLU, or another `activation` of [T, 2 I] gate then up) as stacked parameters, stored
-    input-major so each expert's matrix is contiguous as the grouped matmul reads it (a transposed view ran 100x
+    input-major so each expert's matrix is contiguous as the grouped product reads it (a transposed view ran 100x
     slower on a busy 2-core CPU): `gate_up_proj` [E, H, 2 I/tp] (gate then up) and `down_proj` [E, I/tp, H];
     with `bias`, `gate_up_proj_bias` [E, 2 I/tp] and `down_proj_bias` [E, H] (added once, on rank 0)."""
 
@@ -85,23 +72,8 @@ class FusedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """This rank's partial sum of the weighted experts' outputs for tokens `x` [T, H] routed to `ids`."""
-        tokens, top_k = ids.shape
-        flat = ids.flatten()
-        order = flat.argsort(stable=True)
-        counts = torch.zeros(self.num_experts, dtype=torch.long, device=x.device).index_add_(
-            0, flat, torch.ones_like(flat))
-        ends = counts.cumsum(0)
-        rows, row_experts = x[order // top_k], flat[order]
-        gate_up = _grouped_matmul(rows, self.gate_up_proj, ends)
-        if self.gate_up_proj_bias is not None:
-            gate_up = gate_up + self.gate_up_proj_bias[row_experts]
-        out = _grouped_matmul(self.activation(gate_up), self.down_proj, ends)
-        if self.down_proj_bias is not None:
-            out = out + self.down_proj_bias[row_experts]
-        out = out * weights.flatten()[order, None].to(x.dtype)
-        unsorted = torch.empty_like(out)
-        unsorted[order] = out
-        return unsorted.view(tokens, top_k, -1).sum(dim=1)
+        return fused_experts(x, weights, ids, self.gate_up_proj, self.down_proj, self.activation,
+                             self.gate_up_proj_bias, self.down_proj_bias)
 
 
 class SparseMoeBlock(nn.Module):
