@@ -166,8 +166,7 @@ class ModelRunner:
         before = torch.cuda.memory_allocated(self.device)
         tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(len(lens))]
         inputs = StepInputs([0] * tokens, [p for n in lens for p in range(n)], lens, lens, tables, 0, [], [])
-        positions = tensor_on(inputs.positions, torch.long, self.device)
-        hidden = self.model(self._input_ids(inputs, None), positions, self.attention_metadata(inputs))
+        hidden = self.model(*self._tensors(inputs), self.attention_metadata(inputs))
         workspace = []
         if self.model.lm_head is not None:  # a base (embedding) model samples nothing
             logits = self.model.compute_logits(hidden[: min(cfg.max_num_seqs, tokens)]).float()
@@ -187,6 +186,11 @@ class ModelRunner:
     def _block_shape(self) -> tuple[int, int, int]:
         """One KV-cache block of one layer: (block_size, this rank's KV heads, head size)."""
         return self.config.block_size, self.model.model.layers[0].self_attn.num_kv_heads, self.spec.head_dim
+
+    def _tensors(self, inputs: StepInputs, previous_tokens: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's input ids and positions on the device."""
+        return self._input_ids(inputs, previous_tokens), tensor_on(inputs.positions, torch.long, self.device)
 
     def _input_ids(self, inputs: StepInputs, previous_tokens: torch.Tensor | None) -> torch.Tensor:
         """The step's input tokens on the device, those in flight copied from the previous step's tokens there
@@ -329,8 +333,7 @@ class ModelRunner:
                                                         bool(inputs.prompt_spans or inputs.pool_spans)):
             return self.graphs.run(self._input_ids(inputs, previous_tokens), inputs.positions, inputs.context_lens,
                                    inputs.block_tables, self.config.block_size), [], []
-        positions = tensor_on(inputs.positions, torch.long, self.device)
-        hidden = self.model(self._input_ids(inputs, previous_tokens), positions, self.attention_metadata(inputs))
+        hidden = self.model(*self._tensors(inputs, previous_tokens), self.attention_metadata(inputs))
         logits = self.model.compute_logits(hidden[inputs.logit_rows]) if inputs.logit_rows else None
         prompt_logits = [self.model.compute_logits(hidden[first : first + count])
                          for first, count in inputs.prompt_spans]
