@@ -98,7 +98,10 @@ def test_object_store_outage_during_a_batch(server, s3_server):
     total = 300
     lines = [chat_line(f"o-{i}", f"q {i}", 16) for i in range(total)]
     s3.put_object(Bucket="outage", Key="in.jsonl", Body=jsonl(lines))
-    args = {**app_args(server.model_dir, "s3://outage/state"), "batch_input_prefixes": ["s3://outage/"]}
+    # a few lines at a time, so the batch is still running when the outage starts (the engine's full seats finish
+    # 300 lines before the first progress read)
+    args = {**app_args(server.model_dir, "s3://outage/state"), "batch_input_prefixes": ["s3://outage/"],
+            "batch_concurrency": 8}
     with another_app(server, "outage", args) as url:
         client = openai.Client(base_url=f"{url}/v1", api_key="None")
         batch = client.batches.create(input_file_id="s3://outage/in.jsonl", endpoint="/v1/chat/completions",
