@@ -255,3 +255,10 @@ def test_a_reused_rid_never_reaches_the_request_in_flight(server):
     for stream in events:
         assert stream[-1]["meta_info"]["id"] == "same" and len(stream[-1]["output_ids"]) == 24
     assert events[0][-1]["output_ids"] == events[1][-1]["output_ids"]
+
+
+def test_the_replica_runs_with_a_short_openmp_spin(server):
+    """builder.py gives replicas GOMP_SPINCOUNT (their idle OpenMP workers would otherwise spin on shared cores)."""
+    pid = server.engine_stats()["pid"]
+    environ = dict(item.split("=", 1) for item in open(f"/proc/{pid}/environ").read().split("\0") if "=" in item)
+    assert environ.get("GOMP_SPINCOUNT") == "10000"
