@@ -89,9 +89,20 @@ class RemoteModel:
                          owner: str | None = None) -> dict:
         return await _reply(lambda: self.handle.embeddings.remote(req, request_id, priority, owner))
 
-    async def answer_lines(self, lines: list[tuple[object, str]], priority: int) -> list[tuple[int, dict]]:
-        """Batch lines, (request body, request id) each, in one call: each one's (HTTP status, body)."""
-        return await _reply(lambda: self.handle.answer_lines.remote(lines, priority))
+    async def answer_lines(self, lines: list[tuple[object, str]], priority: int
+                           ) -> AsyncIterator[list[tuple[int, int, dict]]]:
+        """Batch lines, (request body, request id) each, in one streaming call: (index, HTTP status, body) of
+        the lines done, as they finish. A lost replica raises (the batch retries the lines left)."""
+        responses = self.streaming.answer_lines.remote(lines, priority)
+        finished = False
+        try:
+            with remote_errors():
+                async for answers in responses:
+                    yield answers
+            finished = True
+        finally:
+            if not finished:  # left early (the manager stopping) or lost: the replica's lines stop
+                responses.cancel()
 
     async def tokenize(self, req: TokenizeRequest) -> dict:
         return await _reply(lambda: self.handle.tokenize.remote(req))

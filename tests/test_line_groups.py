@@ -1,5 +1,6 @@
 """The batch manager's line coalescing on its own (deployments/batch/line_groups.py): lines started in one turn
-of the event loop share one call, at most MAX_LINES each, and each line gets its own answer or the call's error."""
+of the event loop share one call, at most MAX_LINES each, and each line gets its own answer as soon as the replica
+streams it, or the call's error."""
 
 import asyncio
 
@@ -20,7 +21,7 @@ class Replica:
         await asyncio.sleep(0)
         if self.fail:
             raise self.fail
-        return [(200, {"echo": request_id}) for _, request_id in lines]
+        yield [(i, 200, {"echo": request_id}) for i, (_, request_id) in enumerate(lines)]
 
 
 def test_lines_started_together_share_calls_of_at_most_max_lines():
@@ -63,3 +64,26 @@ def test_a_line_cancelled_while_its_group_runs_leaves_the_others_answered(cancel
     results = asyncio.run(run())
     assert isinstance(results[cancelled], asyncio.CancelledError)
     assert results[1 - cancelled] == (200, {"echo": f"r{1 - cancelled}"})
+
+
+def test_each_line_is_answered_when_the_replica_streams_it_and_unanswered_lines_fail():
+    async def run():
+        second = asyncio.Event()
+
+        async def answer(lines):  # the second line first, the first once asked, the third never
+            yield [(1, 200, {"echo": lines[1][1]})]
+            await second.wait()
+            yield [(0, 200, {"echo": lines[0][1]})]
+
+        groups = LineGroups(answer)
+        sent = [groups.send({}, f"r{i}") for i in range(3)]
+        answered = await sent[1]
+        early = [f.done() for f in sent]
+        second.set()
+        rest = await asyncio.gather(sent[0], sent[2], return_exceptions=True)
+        return answered, early, rest
+
+    answered, early, (first, third) = asyncio.run(run())
+    assert answered == (200, {"echo": "r1"}) and early == [False, True, False]
+    assert first == (200, {"echo": "r0"})
+    assert isinstance(third, RuntimeError) and "without answering every line" in str(third)

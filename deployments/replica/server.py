@@ -68,19 +68,28 @@ class LLMServer:
         self._serves("pooling")
         return await _reply(self.embedding_handler.embed(req, request_id or new_id("embd-"), priority, owner))
 
-    async def answer_lines(self, lines: list[tuple[object, str]], priority: int) -> list[tuple[int, dict]]:
-        """Batch lines the batch manager coalesced into one call, answered concurrently: each line's (HTTP
-        status, body), an error as its OpenAI error body, as the line's output records it."""
+    async def answer_lines(self, lines: list[tuple[object, str]], priority: int
+                           ) -> AsyncIterator[list[tuple[int, int, dict]]]:
+        """Batch lines the batch manager coalesced into one call, answered concurrently and streamed back as they
+        finish: (index in `lines`, HTTP status, body) of each line done since the last item, an error as its
+        OpenAI error body, as the line's output records it. Leaving early cancels the lines left."""
         calls = {ChatCompletionRequest: self.chat, CompletionRequest: self.completions,
                  EmbeddingRequest: self.embeddings}
 
-        async def answer(body, request_id: str) -> tuple[int, dict]:
+        async def answer(index: int, body, request_id: str) -> tuple[int, int, dict]:
             try:
-                return 200, await calls[type(body)](body, request_id, priority)
+                return index, 200, await calls[type(body)](body, request_id, priority)
             except OpenAIError as e:
-                return e.status, e.body()
+                return index, e.status, e.body()
 
-        return list(await asyncio.gather(*(answer(body, request_id) for body, request_id in lines)))
+        pending = {asyncio.ensure_future(answer(i, body, request_id)) for i, (body, request_id) in enumerate(lines)}
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                yield [task.result() for task in done]
+        finally:
+            for task in pending:
+                task.cancel()
 
     async def tokenize(self, req: TokenizeRequest) -> dict:
         return await _reply(self.tokenize_handler.tokenize(req))
