@@ -3,14 +3,17 @@ router's weights.
 
 The experts are stacked input-major, `gate_up` [E, H, 2 I] (gate then up) and `down` [E, I, H], with optional
 biases [E, 2 I] and [E, H]. The step's (token, expert) pairs are grouped by expert and each projection is one
-grouped product over all experts, never a loop over tokens: torch's grouped matmul over the pairs sorted by expert
-on CPU, the fused Triton kernel (`kernels.triton.moe`) on CUDA.
+grouped product over all experts, never a loop over tokens: on CPU the C++ grouped product
+(`kernels.cpu.grouped_matmul`, reading the tokens in expert order through an index) or else torch's grouped matmul
+over the pairs sorted by expert, the fused Triton kernel (`kernels.triton.moe`) on CUDA.
 """
 
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+from kernels.cpu import grouped_matmul as cpu_grouped
 
 
 def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
@@ -30,10 +33,9 @@ def fused_experts_reference(x, weights, ids, gate_up, down, activation, gate_up_
     tokens, top_k = ids.shape
     flat = ids.flatten()
     order = flat.argsort(stable=True)
-    counts = torch.zeros(gate_up.shape[0], dtype=torch.long, device=x.device).index_add_(0, flat, torch.ones_like(flat))
-    ends = counts.cumsum(0)
-    rows, row_experts = x[order // top_k], flat[order]
-    hidden = _grouped_matmul(rows, gate_up, ends)
+    ends = torch.bincount(flat, minlength=gate_up.shape[0]).cumsum(0)
+    row_experts = flat[order]
+    hidden = _grouped_matmul(x, gate_up, ends, order // top_k)
     if gate_up_bias is not None:
         hidden = hidden + gate_up_bias[row_experts]
     out = _grouped_matmul(activation(hidden), down, ends)
@@ -45,12 +47,18 @@ def fused_experts_reference(x, weights, ids, gate_up, down, activation, gate_up_
     return unsorted.view(tokens, top_k, -1).sum(dim=1)
 
 
-def _grouped_matmul(rows: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    """`rows` [N, in] sorted by expert, times each segment's expert `weight` [E, in, out]: [N, out].
+def _grouped_matmul(rows: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor,
+                    index: torch.Tensor | None = None) -> torch.Tensor:
+    """`rows[index]` (or `rows`) [N, in] sorted by expert, times each segment's expert `weight` [E, in, out]:
+    [N, out].
 
-    `ends` [E] is where each expert's segment ends. One grouped matmul where torch has one (2.8 and later; on a
-    quiet 2-core machine it beat one bmm over groups padded to the largest by 1.4x on the MoE benchmark), else
-    one matmul per segment."""
+    `ends` [E] is where each expert's segment ends. On CPU the C++ kernel where it applies; else one grouped matmul
+    where torch has one (2.8 and later; on a quiet 2-core machine it beat one bmm over groups padded to the largest
+    by 1.4x on the MoE benchmark), else one matmul per segment."""
+    if cpu_grouped.applies(rows, weight):
+        return cpu_grouped.grouped_matmul(rows, weight, ends, index)
+    if index is not None:
+        rows = rows[index]
     if hasattr(F, "grouped_mm"):
         return F.grouped_mm(rows, weight, offs=ends.to(torch.int32))
     starts = [0, *ends.tolist()[:-1]]

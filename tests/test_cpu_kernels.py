@@ -10,7 +10,8 @@ import torch
 from kernels import apply_rotary, choose_attention_backend, rms_norm, silu_and_mul
 from kernels.activation import silu_and_mul_reference
 from kernels.cpu import attention as cpu_attention
-from kernels.cpu import build, elementwise
+from kernels.cpu import build, elementwise, grouped_matmul
+from kernels.moe import fused_experts_reference
 from kernels.norm import rms_norm_reference
 from kernels.rotary import apply_rotary_reference
 
@@ -49,6 +50,33 @@ def test_silu_and_mul_over_the_whole_range(tokens):
     gate_up = torch.randn(tokens, 2 * 1536) * 30  # far into both tails, where e^-x would overflow
     gate_up[0, :4] = torch.tensor([0.0, -0.0, 88.0, -80.0])
     torch.testing.assert_close(silu_and_mul(gate_up), silu_and_mul_reference(gate_up), atol=1e-30, rtol=1e-6)
+
+
+@pytest.mark.parametrize("out_dim", [32, 96])
+def test_grouped_matmul_equals_a_matmul_per_expert(out_dim):
+    """Segments of 0 to 13 rows (blocks of 6 and every remainder), gathered through an index or read in place."""
+    torch.manual_seed(0)
+    counts, inner = [13, 0, 1, 6, 2, 0, 5, 3, 4], 40
+    ends = torch.tensor(counts).cumsum(0)
+    x, weight = torch.randn(50, inner), torch.randn(len(counts), inner, out_dim)
+    index = torch.randint(0, 50, (sum(counts),))
+    assert grouped_matmul.applies(x, weight)
+    starts = [0, *ends.tolist()[:-1]]
+    for rows, idx in ((x[index], None), (x, index)):
+        expected = torch.cat([x[index][s:e] @ w for s, e, w in zip(starts, ends.tolist(), weight)])
+        torch.testing.assert_close(grouped_matmul.grouped_matmul(rows, weight, ends, idx), expected)
+    assert not grouped_matmul.applies(x, weight[..., :24])  # widths off the tile: torch's grouped_mm
+
+
+def test_fused_experts_with_and_without_the_cpu_kernel(monkeypatch):
+    torch.manual_seed(0)
+    x, weights, ids = torch.randn(9, 64), torch.rand(9, 2), torch.randint(0, 4, (9, 2))
+    gate_up, down = torch.randn(4, 64, 64) * 0.1, torch.randn(4, 32, 64) * 0.1
+    biases = (torch.randn(4, 64), torch.randn(4, 64))
+    got = fused_experts_reference(x, weights, ids, gate_up, down, silu_and_mul, *biases)
+    monkeypatch.setattr(grouped_matmul, "applies", lambda *_: False)
+    expected = fused_experts_reference(x, weights, ids, gate_up, down, silu_and_mul, *biases)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_arguments_the_kernels_do_not_take_go_to_the_reference():

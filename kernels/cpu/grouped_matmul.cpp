@@ -1,0 +1,89 @@
+// A mixture-of-experts layer's grouped product on CPU, float32: rows sorted by expert, each segment times its
+// expert's [in, out] matrix (stored input-major, as the experts are), every expert in one parallel region.
+//
+// torch's grouped_mm on CPU runs one matmul per expert, each waking the threads and re-tuning for its shape;
+// with a decode step's few rows per expert that overhead, and the experts that get one or two rows, cost more
+// than the arithmetic. Here one task is (expert, tile of kTile output columns): the tile's columns of the
+// expert's matrix (in * kTile floats, L1-sized for the hidden sizes we serve) stay in cache while the
+// segment's rows go past them kRows at a time, each block's kRows x kTile sums held in registers over the
+// whole input dimension. Rows may be gathered through an index, so the tokens need not be copied into
+// expert order first. Written with GCC vector extensions at the CPU's own vector width.
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+#elif defined(__AVX__)
+constexpr int kLanes = 8;
+#else
+constexpr int kLanes = 4;
+#endif
+typedef float vf __attribute__((vector_size(kLanes * sizeof(float))));
+
+constexpr int kVectors = 2;  // output vectors per row in a block: kRows * kVectors sums + kVectors weights
+constexpr int kRows = 6;     // + 1 broadcast fit AVX2's 16 registers
+constexpr int kTile = kVectors * kLanes;
+
+inline vf load(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
+
+// out rows[0..R) (each `out_dim` apart) at columns of `w` = the tile's first column of the expert's matrix.
+template <int R>
+inline void block(const float* const* rows, const float* w, int in, int out_dim, float* out) {
+  vf acc[R][kVectors] = {};
+  for (int k = 0; k < in; ++k) {
+    vf b[kVectors];
+    for (int v = 0; v < kVectors; ++v) b[v] = load(w + static_cast<long>(k) * out_dim + v * kLanes);
+    for (int i = 0; i < R; ++i) {
+      const float a = rows[i][k];
+      for (int v = 0; v < kVectors; ++v) acc[i][v] += a * b[v];
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int v = 0; v < kVectors; ++v) store(out + static_cast<long>(i) * out_dim + v * kLanes, acc[i][v]);
+}
+
+}  // namespace
+
+// out[r] = x[index ? index[r] : r] @ weight[e] for the rows r in expert e's segment, ends[e - 1] <= r < ends[e]
+// (ends[-1] = 0). x: [*, in]; weight: [num_experts, in, out_dim]; out: [ends[num_experts - 1], out_dim].
+// Returns 0, or -1 when out_dim is not a multiple of the tile (grouped_matmul.py's TILE_MULTIPLE says which).
+extern "C" int grouped_matmul_f32(const float* x, const long* index, const float* weight, const long* ends,
+                                  int num_experts, int in, int out_dim, float* out, int num_threads) {
+  if (out_dim % kTile != 0) return -1;
+  const int tiles = out_dim / kTile;
+  std::vector<int> experts;  // those with rows, so no task is empty
+  for (int e = 0; e < num_experts; ++e)
+    if (ends[e] > (e ? ends[e - 1] : 0)) experts.push_back(e);
+  const long tasks = static_cast<long>(experts.size()) * tiles;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
+  for (long task = 0; task < tasks; ++task) {
+    const int e = experts[task / tiles];
+    const int column = static_cast<int>(task % tiles) * kTile;
+    const float* w = weight + static_cast<long>(e) * in * out_dim + column;
+    for (long r = e ? ends[e - 1] : 0; r < ends[e]; r += kRows) {
+      const float* rows[kRows];
+      const int count = static_cast<int>(std::min<long>(kRows, ends[e] - r));
+      for (int i = 0; i < count; ++i) rows[i] = x + (index ? index[r + i] : r + i) * in;
+      float* o = out + r * out_dim + column;
+      switch (count) {
+        case 6: block<6>(rows, w, in, out_dim, o); break;
+        case 5: block<5>(rows, w, in, out_dim, o); break;
+        case 4: block<4>(rows, w, in, out_dim, o); break;
+        case 3: block<3>(rows, w, in, out_dim, o); break;
+        case 2: block<2>(rows, w, in, out_dim, o); break;
+        default: block<1>(rows, w, in, out_dim, o);
+      }
+    }
+  }
+  return 0;
+}
