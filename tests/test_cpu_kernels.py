@@ -60,21 +60,22 @@ def test_grouped_matmul_equals_a_matmul_per_expert(out_dim):
     ends = torch.tensor(counts).cumsum(0)
     x, weight = torch.randn(50, inner), torch.randn(len(counts), inner, out_dim)
     index = torch.randint(0, 50, (sum(counts),))
-    assert grouped_matmul.applies(x, weight)
+    packed = grouped_matmul.pack(weight)
     starts = [0, *ends.tolist()[:-1]]
-    for rows, idx in ((x[index], None), (x, index)):
-        expected = torch.cat([x[index][s:e] @ w for s, e, w in zip(starts, ends.tolist(), weight)])
-        torch.testing.assert_close(grouped_matmul.grouped_matmul(rows, weight, ends, idx), expected)
-    assert not grouped_matmul.applies(x, weight[..., :24])  # widths off the tile: torch's grouped_mm
+    expected = torch.cat([x[index][s:e] @ w for s, e, w in zip(starts, ends.tolist(), weight)])
+    torch.testing.assert_close(grouped_matmul.grouped_matmul(x[index], packed, ends), expected)
+    torch.testing.assert_close(grouped_matmul.grouped_matmul(x, packed, ends, index), expected)
+    assert grouped_matmul.pack(weight[..., :24]) is None  # a width off the tile: torch's grouped_mm
+    assert grouped_matmul.pack(weight.double()) is None
 
 
-def test_fused_experts_with_and_without_the_cpu_kernel(monkeypatch):
+def test_fused_experts_with_and_without_packed_weights():
     torch.manual_seed(0)
     x, weights, ids = torch.randn(9, 64), torch.rand(9, 2), torch.randint(0, 4, (9, 2))
     gate_up, down = torch.randn(4, 64, 64) * 0.1, torch.randn(4, 32, 64) * 0.1
     biases = (torch.randn(4, 64), torch.randn(4, 64))
-    got = fused_experts_reference(x, weights, ids, gate_up, down, silu_and_mul, *biases)
-    monkeypatch.setattr(grouped_matmul, "applies", lambda *_: False)
+    packed = grouped_matmul.pack(gate_up), grouped_matmul.pack(down)
+    got = fused_experts_reference(x, weights, ids, None, None, silu_and_mul, *biases, packed=packed)
     expected = fused_experts_reference(x, weights, ids, gate_up, down, silu_and_mul, *biases)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
