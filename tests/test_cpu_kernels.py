@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import apply_rotary, choose_attention_backend, rms_norm, silu_and_mul
+from kernels import apply_rotary, choose_attention_backend, linear, pack_weight, rms_norm, silu_and_mul
 from kernels.activation import silu_and_mul_reference
 from kernels.cpu import attention as cpu_attention
 from kernels.cpu import build, elementwise, grouped_matmul
@@ -67,6 +67,18 @@ def test_grouped_matmul_equals_a_matmul_per_expert(out_dim):
     torch.testing.assert_close(grouped_matmul.grouped_matmul(x, packed, ends, index), expected)
     assert grouped_matmul.pack(weight[..., :24]) is None  # a width off the tile: torch's grouped_mm
     assert grouped_matmul.pack(weight.double()) is None
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64])
+def test_linear_through_packed_tiles_and_onednn(rows):
+    """A width the tiles serve goes through them (4-d packed), one they do not through oneDNN (2-d)."""
+    torch.manual_seed(0)
+    x = torch.randn(rows, 40)
+    for out_features, dims in ((96, 4), (24, 2)):
+        weight, bias = torch.randn(out_features, 40), torch.randn(out_features)
+        packed = pack_weight(weight)
+        assert packed.dim() == dims
+        torch.testing.assert_close(linear(x, None, bias, packed), torch.nn.functional.linear(x, weight, bias))
 
 
 def test_fused_experts_with_and_without_packed_weights():
