@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import apply_rotary, choose_attention_backend, linear, pack_weight, rms_norm, silu_and_mul
+from kernels import apply_rotary, argmax, choose_attention_backend, linear, pack_weight, rms_norm, silu_and_mul
 from kernels.activation import silu_and_mul_reference
 from kernels.cpu import attention as cpu_attention
 from kernels.cpu import build, elementwise, grouped_matmul
@@ -90,6 +90,18 @@ def test_fused_experts_with_and_without_packed_weights():
     got = fused_experts_reference(x, weights, ids, None, None, silu_and_mul, *biases, packed=packed)
     expected = fused_experts_reference(x, weights, ids, gate_up, down, silu_and_mul, *biases)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [5, 64])  # one thread, and spread over threads
+def test_argmax_as_torch_with_ties_infinities_and_nans(rows):
+    torch.manual_seed(0)
+    logits = torch.randn(rows, 8192)
+    logits[0, [7, 4000]] = 9.0  # a tie: the first
+    logits[1] = float("-inf")
+    logits[2, [10, 20]] = torch.tensor([float("inf"), float("nan")])  # NaN beats inf
+    logits[3, [100, 50]] = float("nan")  # the first NaN
+    logits[4, -1] = 50.0
+    assert torch.equal(argmax(logits), logits.argmax(dim=-1))
 
 
 def test_arguments_the_kernels_do_not_take_go_to_the_reference():
