@@ -27,24 +27,38 @@ def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gat
         from kernels.triton.moe import fused_experts as triton_fused_experts
 
         return triton_fused_experts(x, weights, ids, gate_up, down, activation, gate_up_bias, down_bias)
-    return fused_experts_reference(x, weights, ids, gate_up, down, activation, gate_up_bias, down_bias, packed)
+    if packed is not None:
+        return _fused_experts_packed(x, weights, ids, *packed, activation, gate_up_bias, down_bias)
+    return fused_experts_reference(x, weights, ids, gate_up, down, activation, gate_up_bias, down_bias)
 
 
-def fused_experts_reference(x, weights, ids, gate_up, down, activation, gate_up_bias=None, down_bias=None,
-                            packed=None):
-    """The torch version of `fused_experts` (with the C++ grouped product given `packed` weights): the CPU path,
-    and the oracle for the Triton kernel."""
+def _fused_experts_packed(x, weights, ids, gate_up, down, activation, gate_up_bias, down_bias):
+    """`fused_experts` through the C++ grouped product over packed `gate_up` and `down`: the tokens read in expert
+    order through an index, and the biases, the router's weights and the return to token order done as each
+    product's rows are written."""
     tokens, top_k = ids.shape
     flat = ids.flatten()
     order = flat.argsort(stable=True)
-    packed_gate_up, packed_down = packed or (None, None)
-    num_experts = gate_up.shape[0] if packed is None else packed_gate_up.shape[0]
-    ends = torch.bincount(flat, minlength=num_experts).cumsum(0)
-    row_experts = flat[order]
-    hidden = _grouped_matmul(x, gate_up, ends, order // top_k, packed_gate_up)
+    ends = torch.bincount(flat, minlength=gate_up.shape[0]).cumsum(0)
+    hidden = cpu_grouped.grouped_matmul(x, gate_up, ends, order // top_k, gate_up_bias)
+    out = cpu_grouped.grouped_matmul(activation(hidden), down, ends, bias=down_bias, scale=weights.flatten()[order],
+                                     to=order)
+    return out.view(tokens, top_k, -1).sum(dim=1)
+
+
+def fused_experts_reference(x, weights, ids, gate_up, down, activation, gate_up_bias=None, down_bias=None):
+    """The torch version of `fused_experts`: the CPU path without packed weights, and the oracle for the Triton
+    kernel and the C++ grouped product."""
+    tokens, top_k = ids.shape
+    flat = ids.flatten()
+    order = flat.argsort(stable=True)
+    counts = torch.zeros(gate_up.shape[0], dtype=torch.long, device=x.device).index_add_(0, flat, torch.ones_like(flat))
+    ends = counts.cumsum(0)
+    rows, row_experts = x[order // top_k], flat[order]
+    hidden = _grouped_matmul(rows, gate_up, ends)
     if gate_up_bias is not None:
         hidden = hidden + gate_up_bias[row_experts]
-    out = _grouped_matmul(activation(hidden), down, ends, packed=packed_down)
+    out = _grouped_matmul(activation(hidden), down, ends)
     if down_bias is not None:
         out = out + down_bias[row_experts]
     out = out * weights.flatten()[order, None].to(x.dtype)
@@ -53,18 +67,12 @@ def fused_experts_reference(x, weights, ids, gate_up, down, activation, gate_up_
     return unsorted.view(tokens, top_k, -1).sum(dim=1)
 
 
-def _grouped_matmul(rows: torch.Tensor, weight: torch.Tensor | None, ends: torch.Tensor,
-                    index: torch.Tensor | None = None, packed: torch.Tensor | None = None) -> torch.Tensor:
-    """`rows[index]` (or `rows`) [N, in] sorted by expert, times each segment's expert `weight` [E, in, out]:
-    [N, out].
+def _grouped_matmul(rows: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """`rows` [N, in] sorted by expert, times each segment's expert `weight` [E, in, out]: [N, out].
 
-    `ends` [E] is where each expert's segment ends. The C++ kernel over the `packed` weight when there is one;
-    else one grouped matmul where torch has one (2.8 and later; on a quiet 2-core machine it beat one bmm over
-    groups padded to the largest by 1.4x on the MoE benchmark), else one matmul per segment."""
-    if packed is not None:
-        return cpu_grouped.grouped_matmul(rows, packed, ends, index)
-    if index is not None:
-        rows = rows[index]
+    `ends` [E] is where each expert's segment ends. One grouped matmul where torch has one (2.8 and later; on a
+    quiet 2-core machine it beat one bmm over groups padded to the largest by 1.4x on the MoE benchmark), else
+    one matmul per segment."""
     if hasattr(F, "grouped_mm"):
         return F.grouped_mm(rows, weight, offs=ends.to(torch.int32))
     starts = [0, *ends.tolist()[:-1]]

@@ -11,7 +11,7 @@ from kernels import apply_rotary, argmax, choose_attention_backend, linear, pack
 from kernels.activation import silu_and_mul_reference
 from kernels.cpu import attention as cpu_attention
 from kernels.cpu import build, elementwise, grouped_matmul
-from kernels.moe import fused_experts_reference
+from kernels.moe import fused_experts, fused_experts_reference
 from kernels.norm import rms_norm_reference
 from kernels.rotary import apply_rotary_reference
 
@@ -65,6 +65,11 @@ def test_grouped_matmul_equals_a_matmul_per_expert(out_dim):
     expected = torch.cat([x[index][s:e] @ w for s, e, w in zip(starts, ends.tolist(), weight)])
     torch.testing.assert_close(grouped_matmul.grouped_matmul(x[index], packed, ends), expected)
     torch.testing.assert_close(grouped_matmul.grouped_matmul(x, packed, ends, index), expected)
+    bias, scale, to = torch.randn(len(counts), out_dim), torch.rand(sum(counts)), torch.randperm(sum(counts))
+    row_experts = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+    moved = torch.empty_like(expected)
+    moved[to] = (expected + bias[row_experts]) * scale[:, None]
+    torch.testing.assert_close(grouped_matmul.grouped_matmul(x, packed, ends, index, bias, scale, to), moved)
     assert grouped_matmul.pack(weight[..., :24]) is None  # a width off the tile: torch's grouped_mm
     assert grouped_matmul.pack(weight.double()) is None
 
@@ -81,13 +86,14 @@ def test_linear_through_packed_tiles_and_onednn(rows):
         torch.testing.assert_close(linear(x, None, bias, packed), torch.nn.functional.linear(x, weight, bias))
 
 
-def test_fused_experts_with_and_without_packed_weights():
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_experts_over_packed_weights_equal_the_reference(bias):
     torch.manual_seed(0)
-    x, weights, ids = torch.randn(9, 64), torch.rand(9, 2), torch.randint(0, 4, (9, 2))
+    x, weights, ids = torch.randn(9, 64), torch.rand(9, 3), torch.randint(0, 4, (9, 3))
     gate_up, down = torch.randn(4, 64, 64) * 0.1, torch.randn(4, 32, 64) * 0.1
-    biases = (torch.randn(4, 64), torch.randn(4, 64))
+    biases = (torch.randn(4, 64), torch.randn(4, 64)) if bias else (None, None)
     packed = grouped_matmul.pack(gate_up), grouped_matmul.pack(down)
-    got = fused_experts_reference(x, weights, ids, None, None, silu_and_mul, *biases, packed=packed)
+    got = fused_experts(x, weights, ids, None, None, silu_and_mul, *biases, packed=packed)
     expected = fused_experts_reference(x, weights, ids, gate_up, down, silu_and_mul, *biases)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 

@@ -16,7 +16,7 @@ def _library():
         return None
     pointer, integer = ctypes.c_void_p, ctypes.c_int
     library.grouped_matmul_f32.argtypes = [pointer, pointer, pointer, pointer, integer, integer, integer, pointer,
-                                           integer]
+                                           pointer, pointer, pointer, integer]
     library.grouped_matmul_f32.restype = None
     library.grouped_matmul_tile.restype = integer
     return library
@@ -34,16 +34,21 @@ def pack(weight: torch.Tensor) -> torch.Tensor | None:
     return weight.detach().reshape(experts, inner, outer // tile, tile).transpose(1, 2).contiguous()
 
 
-def grouped_matmul(x: torch.Tensor, packed: torch.Tensor, ends: torch.Tensor,
-                   index: torch.Tensor | None = None) -> torch.Tensor:
+def grouped_matmul(x: torch.Tensor, packed: torch.Tensor, ends: torch.Tensor, index: torch.Tensor | None = None,
+                   bias: torch.Tensor | None = None, scale: torch.Tensor | None = None,
+                   to: torch.Tensor | None = None) -> torch.Tensor:
     """Rows `x[index]` (or `x`) [N, in], sorted by expert, times each segment's expert matrix, `pack`ed in
-    `packed`: [N, out]. `ends` [E] is where each expert's segment ends."""
-    x, ends = x.contiguous(), ends.to(torch.long).contiguous()
-    if index is not None:
-        index = index.to(torch.long).contiguous()
+    `packed`, plus the expert's `bias` [E, out] and times the row's `scale` [N] where given: [N, out], row r
+    of the product at row `to[r]` (a permutation of the rows) where given. `ends` [E] is where each expert's
+    segment ends."""
     experts, tiles, inner, tile = packed.shape
-    out = torch.empty(x.shape[0] if index is None else index.shape[0], tiles * tile, dtype=torch.float32)
-    _library().grouped_matmul_f32(x.data_ptr(), None if index is None else index.data_ptr(), packed.data_ptr(),
-                                  ends.data_ptr(), experts, inner, tiles * tile, out.data_ptr(),
+    rows = x.shape[0] if index is None else index.shape[0]
+    out = torch.empty(rows, tiles * tile, dtype=torch.float32)
+    x, ends = x.contiguous(), ends.to(torch.long).contiguous()
+    index, to = (None if t is None else t.to(torch.long).contiguous() for t in (index, to))
+    bias, scale = (None if t is None else t.float().contiguous() for t in (bias, scale))
+    _library().grouped_matmul_f32(*(None if t is None else t.data_ptr() for t in (x, index, packed, ends)), experts,
+                                  inner, tiles * tile,
+                                  *(None if t is None else t.data_ptr() for t in (bias, scale, to, out)),
                                   torch.get_num_threads())
     return out
