@@ -1,16 +1,17 @@
 // A mixture-of-experts layer's grouped product on CPU, float32: rows sorted by expert, each segment times its
 // expert's [in, out] matrix (stored input-major, as the experts are), every expert in one parallel region.
+// kernels/linear.py also runs the CPU projections through it, as a single expert.
 //
-// torch's grouped_mm on CPU runs one matmul per expert, each waking the threads and re-tuning for its shape;
-// with a decode step's few rows per expert that overhead, and the experts that get one or two rows, cost more
-// than the arithmetic. Here one task is (expert, tile of kTile output columns): the tile's columns of the
-// expert's matrix (in * kTile floats, L1-sized for the hidden sizes we serve) stay in cache while the
-// segment's rows go past them kRows at a time, each block's kRows x kTile sums held in registers over the
-// whole input dimension. The weights are packed once so that each tile is contiguous, [E, out / kTile, in,
-// kTile] (reading the tile's columns out of [in, out] rows a page apart ran about 20% slower). Rows may be
-// gathered through an index, so the tokens need not be copied into expert order first, and each result row
-// may get its expert's bias, be scaled (the router's weight) and go to a row of its own (back in token order).
-// Written with GCC vector extensions at the CPU's own vector width.
+// torch's grouped_mm on CPU runs one matmul per expert (a profile shows an aten::mm per expert), each a parallel
+// region of its own; with a decode step's few rows per expert that overhead, and the experts that get one or two
+// rows, cost more than the arithmetic. Here one task is (expert, tile of kTile output columns): the tile's
+// columns of the expert's matrix (in * kTile floats: 16 KB for 256 inputs at AVX2's 16-column tiles) stay in
+// cache while the segment's rows go past them kRows at a time, each block's kRows x kTile sums held in
+// registers over the whole input dimension. The weights are packed once so that each tile is contiguous,
+// [E, out / kTile, in, kTile] (reading the tile's columns out of [in, out] rows a page apart ran about 20%
+// slower). Rows may be gathered through an index, so the tokens need not be copied into expert order first,
+// and each result row may get its expert's bias, be scaled (the router's weight) and go to a row of its own
+// (back in token order). Written with GCC vector extensions at the CPU's own vector width.
 
 #include <algorithm>
 #include <cstring>
