@@ -4,7 +4,7 @@ On CPU the float32 weight is packed once, after loading: into the tiles of our
 C++ grouped product (`kernels.cpu.grouped_matmul`, as a single expert) where it
 serves the shape, else into oneDNN's blocked layout. oneDNN's packed sgemm runs
 about 2.3x the MKL path behind `F.linear` on the AMD machines we measure on;
-on a 2-core AVX2 EPYC the tiles ran 1.1x to 2x oneDNN at 7, 64 and 512 rows
+on a 2-core AVX2 EPYC the tiles ran 1.0x to 2x oneDNN at 7, 64 and 512 rows
 for every projection shape measured (256 to 4864 inputs, 256 to 8192 outputs,
 one and two threads). `python -m benchmarks.offline_throughput` reports all
 three. Elsewhere the plain weight goes to `F.linear`.
