@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from kernels import linear, pack_weight
+from kernels.linear import pack_onednn
 from tests.model_factory import build_model_dir
 
 # DESIGN.md's CPU benchmark model: Qwen2-shaped, about 28M parameters, float32
@@ -28,11 +29,13 @@ def shared_prefix_prompts(num: int, prefix_len: int, question_len: int, vocab: i
 
 
 def matmul_flops_per_second(n: int = 1024, repeats: int = 20) -> dict[str, float]:
-    """FLOP/s of an n x n x n fp32 matmul through each CPU GEMM torch offers: MKL (`torch.mm`, what
-    `F.linear` uses) and oneDNN with a packed weight (what our engine uses). The roofline takes the best."""
+    """FLOP/s of an n x n x n fp32 matmul through each CPU GEMM we have: MKL (`torch.mm`, what `F.linear`
+    uses), oneDNN with a packed weight, and our packed tiles (`kernels.cpu.grouped_matmul`, what our engine
+    uses where they apply). The roofline takes the best."""
     a, b = torch.randn(n, n), torch.randn(n, n)
-    packed = pack_weight(b)
-    gemms = {"mkl": lambda: torch.mm(a, b), "onednn_packed": lambda: linear(a, None, packed=packed)}
+    onednn, tiles = pack_onednn(b), pack_weight(b)
+    gemms = {"mkl": lambda: torch.mm(a, b), "onednn_packed": lambda: linear(a, None, packed=onednn),
+             "tiled": lambda: linear(a, None, packed=tiles)}
     rates = {}
     for name, gemm in gemms.items():
         gemm()

@@ -1,6 +1,6 @@
 """Pure compute used by the engine's models: attention over the paged KV cache,
 KV-cache writes, projections against packed weights, RMSNorm, rotary embeddings and
-the MLP's activation, and a mixture-of-experts layer's experts.
+the MLP's activation, a mixture-of-experts layer's experts, and the sampler's argmax.
 
 Each operation has one interface here; the implementation behind it is chosen
 per device (the torch reference runs everywhere and is the oracle for faster
@@ -14,12 +14,14 @@ from kernels.backends import choose_attention_backend
 from kernels.linear import linear, pack_weight
 from kernels.moe import fused_experts
 from kernels.norm import rms_norm
+from kernels.reduce import argmax
 from kernels.rotary import apply_rotary
 from kernels.transfer import tensor_on, to_device
 
 __all__ = [
     "AttentionBackend",
     "AttentionMetadata",
+    "argmax",
     "choose_attention_backend",
     "fused_experts",
     "linear",

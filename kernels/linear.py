@@ -1,20 +1,33 @@
 """Matmul against a fixed weight, `y = x @ weight.T + bias`.
 
-On CPU the weight is packed once, after loading, into oneDNN's blocked layout.
-oneDNN's packed sgemm uses the full AVX-512 width on the AMD machines we
-measure on and runs about 2.3x the MKL path behind `F.linear` there
-(`python -m benchmarks.offline_throughput` reports both). Elsewhere the plain
-weight goes to `F.linear`.
+On CPU the float32 weight is packed once, after loading: into the tiles of our
+C++ grouped product (`kernels.cpu.grouped_matmul`, as a single expert) where it
+serves the shape, else into oneDNN's blocked layout. oneDNN's packed sgemm runs
+about 2.3x the MKL path behind `F.linear` on the AMD machines we measure on;
+on a 2-core AVX2 EPYC the tiles ran 1.0x to 2x oneDNN at 7, 64 and 512 rows
+for every projection shape measured (256 to 4864 inputs, 256 to 8192 outputs,
+one and two threads). `python -m benchmarks.offline_throughput` reports all
+three. Elsewhere the plain weight goes to `F.linear`.
 """
 
 import torch
 import torch.nn.functional as F
+
+from kernels.cpu import grouped_matmul as cpu_grouped
 
 _PACKED_DTYPES = (torch.float32,)
 _BATCH_HINT = 64  # rows oneDNN tunes its blocking for; measured insensitive from 16 to 2048
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """A packed copy of an `[out, in]` weight (the C++ tiles, else oneDNN's), or None where packing does not apply."""
+    if weight.device.type != "cpu" or weight.dtype not in _PACKED_DTYPES:
+        return None
+    tiles = cpu_grouped.pack(weight.detach().T.unsqueeze(0))
+    return tiles if tiles is not None else pack_onednn(weight)
+
+
+def pack_onednn(weight: torch.Tensor) -> torch.Tensor | None:
     """A oneDNN-packed copy of an `[out, in]` weight, or None where packing does not apply."""
     if weight.device.type != "cpu" or weight.dtype not in _PACKED_DTYPES or not torch.backends.mkldnn.is_available():
         return None
@@ -29,6 +42,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | No
     """`F.linear`, through the packed weight when there is one (then `weight` may be None, and `x` is 2-d)."""
     if packed is None:
         return F.linear(x, weight, bias)
+    if packed.dim() == 4:  # the grouped product's tiles, [1, out / tile, in, tile]
+        out = cpu_grouped.grouped_matmul(x, packed, torch.tensor([x.shape[0]]))
+        return out if bias is None else out.add_(bias)
     rows = x.shape[0]
     padded = _padded_rows(rows)
     if padded != rows:

@@ -3,8 +3,9 @@ router's weights.
 
 The experts are stacked input-major, `gate_up` [E, H, 2 I] (gate then up) and `down` [E, I, H], with optional
 biases [E, 2 I] and [E, H]. The step's (token, expert) pairs are grouped by expert and each projection is one
-grouped product over all experts, never a loop over tokens: torch's grouped matmul over the pairs sorted by expert
-on CPU, the fused Triton kernel (`kernels.triton.moe`) on CUDA.
+grouped product over all experts, never a loop over tokens: on CPU the C++ grouped product over weights packed
+for it (`kernels.cpu.grouped_matmul`, reading the tokens in expert order through an index) or else torch's grouped
+matmul over the pairs sorted by expert, the fused Triton kernel (`kernels.triton.moe`) on CUDA.
 """
 
 from collections.abc import Callable
@@ -12,21 +13,42 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu import grouped_matmul as cpu_grouped
 
-def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
-                  down: torch.Tensor, activation: Callable[[torch.Tensor], torch.Tensor],
-                  gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None) -> torch.Tensor:
+
+def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor | None,
+                  down: torch.Tensor | None, activation: Callable[[torch.Tensor], torch.Tensor],
+                  gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None,
+                  packed: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The weighted sum of the experts' outputs for tokens `x` [T, H] routed to `ids` [T, k] with `weights`
-    [T, k]; `activation` maps [rows, 2 I] to [rows, I]."""
+    [T, k]; `activation` maps [rows, 2 I] to [rows, I]. `packed`: gate_up and down as
+    `kernels.cpu.grouped_matmul.pack` lays them out, for float32 on CPU; then `gate_up` and `down` may be None."""
     if x.is_cuda:
         from kernels.triton.moe import fused_experts as triton_fused_experts
 
         return triton_fused_experts(x, weights, ids, gate_up, down, activation, gate_up_bias, down_bias)
+    if packed is not None:
+        return _fused_experts_packed(x, weights, ids, *packed, activation, gate_up_bias, down_bias)
     return fused_experts_reference(x, weights, ids, gate_up, down, activation, gate_up_bias, down_bias)
 
 
+def _fused_experts_packed(x, weights, ids, gate_up, down, activation, gate_up_bias, down_bias):
+    """`fused_experts` through the C++ grouped product over packed `gate_up` and `down`: the tokens read in expert
+    order through an index, and the biases, the router's weights and the return to token order done as each
+    product's rows are written."""
+    tokens, top_k = ids.shape
+    flat = ids.flatten()
+    order = flat.argsort(stable=True)
+    ends = torch.bincount(flat, minlength=gate_up.shape[0]).cumsum(0)
+    hidden = cpu_grouped.grouped_matmul(x, gate_up, ends, order // top_k, gate_up_bias)
+    out = cpu_grouped.grouped_matmul(activation(hidden), down, ends, bias=down_bias, scale=weights.flatten()[order],
+                                     to=order)
+    return out.view(tokens, top_k, -1).sum(dim=1)
+
+
 def fused_experts_reference(x, weights, ids, gate_up, down, activation, gate_up_bias=None, down_bias=None):
-    """The torch version of `fused_experts`: the CPU path, and the oracle for the Triton kernel."""
+    """The torch version of `fused_experts`: the CPU path without packed weights, and the oracle for the Triton
+    kernel and the C++ grouped product."""
     tokens, top_k = ids.shape
     flat = ids.flatten()
     order = flat.argsort(stable=True)

@@ -11,7 +11,7 @@ distribution (before any processing), as OpenAI reports them.
 
 import torch
 
-from kernels import tensor_on
+from kernels import argmax, tensor_on
 from runtime.grammar import allocate_bitmask, apply_bitmask
 from runtime.outputs import TokenLogprob
 from runtime.sequence import Sequence
@@ -36,7 +36,7 @@ class Sampler:
         when no row reports logprobs). Queues the work without waiting for the device, unless a row has
         penalties, a logit bias, an unmet min_tokens or a grammar (their masks are built on the host)."""
         if all(s.params.greedy and s.params.logprobs is None and not self._processes(s) for s in seqs):
-            return logits.argmax(dim=-1), None  # argmax is exact in the model's dtype
+            return argmax(logits), None  # argmax is exact in the model's dtype
         logits = logits.float()
         raw_logprobs = None
         if any(s.params.logprobs is not None for s in seqs):
@@ -103,7 +103,7 @@ class Sampler:
         logits -= freq * counts + pres * (counts > 0)
 
     def _choose(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        greedy = logits.argmax(dim=-1)
+        greedy = argmax(logits)
         if all(s.params.greedy for s in seqs):
             return greedy
         temps = self._column(seqs, lambda p: p.temperature if p.temperature > 0 else 1.0)

@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import apply_rotary, choose_attention_backend, rms_norm, silu_and_mul
+from kernels import apply_rotary, argmax, choose_attention_backend, linear, pack_weight, rms_norm, silu_and_mul
 from kernels.activation import silu_and_mul_reference
 from kernels.cpu import attention as cpu_attention
-from kernels.cpu import build, elementwise
+from kernels.cpu import build, elementwise, grouped_matmul
+from kernels.moe import fused_experts, fused_experts_reference
 from kernels.norm import rms_norm_reference
 from kernels.rotary import apply_rotary_reference
 
@@ -49,6 +50,64 @@ def test_silu_and_mul_over_the_whole_range(tokens):
     gate_up = torch.randn(tokens, 2 * 1536) * 30  # far into both tails, where e^-x would overflow
     gate_up[0, :4] = torch.tensor([0.0, -0.0, 88.0, -80.0])
     torch.testing.assert_close(silu_and_mul(gate_up), silu_and_mul_reference(gate_up), atol=1e-30, rtol=1e-6)
+
+
+@pytest.mark.parametrize("out_dim", [32, 96])
+def test_grouped_matmul_equals_a_matmul_per_expert(out_dim):
+    """Segments of 0 to 13 rows (blocks of 6 and every remainder), gathered through an index or read in place."""
+    torch.manual_seed(0)
+    counts, inner = [13, 0, 1, 6, 2, 0, 5, 3, 4], 40
+    ends = torch.tensor(counts).cumsum(0)
+    x, weight = torch.randn(50, inner), torch.randn(len(counts), inner, out_dim)
+    index = torch.randint(0, 50, (sum(counts),))
+    packed = grouped_matmul.pack(weight)
+    starts = [0, *ends.tolist()[:-1]]
+    expected = torch.cat([x[index][s:e] @ w for s, e, w in zip(starts, ends.tolist(), weight)])
+    torch.testing.assert_close(grouped_matmul.grouped_matmul(x[index], packed, ends), expected)
+    torch.testing.assert_close(grouped_matmul.grouped_matmul(x, packed, ends, index), expected)
+    bias, scale, to = torch.randn(len(counts), out_dim), torch.rand(sum(counts)), torch.randperm(sum(counts))
+    row_experts = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+    moved = torch.empty_like(expected)
+    moved[to] = (expected + bias[row_experts]) * scale[:, None]
+    torch.testing.assert_close(grouped_matmul.grouped_matmul(x, packed, ends, index, bias, scale, to), moved)
+    assert grouped_matmul.pack(weight[..., :24]) is None  # a width off the tile: torch's grouped_mm
+    assert grouped_matmul.pack(weight.double()) is None
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64])
+def test_linear_through_packed_tiles_and_onednn(rows):
+    """A width the tiles serve goes through them (4-d packed), one they do not through oneDNN (2-d)."""
+    torch.manual_seed(0)
+    x = torch.randn(rows, 40)
+    for out_features, dims in ((96, 4), (24, 2)):
+        weight, bias = torch.randn(out_features, 40), torch.randn(out_features)
+        packed = pack_weight(weight)
+        assert packed.dim() == dims
+        torch.testing.assert_close(linear(x, None, bias, packed), torch.nn.functional.linear(x, weight, bias))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_experts_over_packed_weights_equal_the_reference(bias):
+    torch.manual_seed(0)
+    x, weights, ids = torch.randn(9, 64), torch.rand(9, 3), torch.randint(0, 4, (9, 3))
+    gate_up, down = torch.randn(4, 64, 64) * 0.1, torch.randn(4, 32, 64) * 0.1
+    biases = (torch.randn(4, 64), torch.randn(4, 64)) if bias else (None, None)
+    packed = grouped_matmul.pack(gate_up), grouped_matmul.pack(down)
+    got = fused_experts(x, weights, ids, None, None, silu_and_mul, *biases, packed=packed)
+    expected = fused_experts_reference(x, weights, ids, gate_up, down, silu_and_mul, *biases)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [5, 64])  # one thread, and spread over threads
+def test_argmax_as_torch_with_ties_infinities_and_nans(rows):
+    torch.manual_seed(0)
+    logits = torch.randn(rows, 8192)
+    logits[0, [7, 4000]] = 9.0  # a tie: the first
+    logits[1] = float("-inf")
+    logits[2, [10, 20]] = torch.tensor([float("inf"), float("nan")])  # NaN beats inf
+    logits[3, [100, 50]] = float("nan")  # the first NaN
+    logits[4, -1] = 50.0
+    assert torch.equal(argmax(logits), logits.argmax(dim=-1))
 
 
 def test_arguments_the_kernels_do_not_take_go_to_the_reference():

@@ -1,6 +1,6 @@
 """The wheel ships what the CPU kernels compile from: built from this tree, installed into a fresh venv
-(torch and the rest from the system's site-packages), and the installed package builds and runs both C++
-libraries (attention.cpp and elementwise.cpp, each including vector_math.h)."""
+(torch and the rest from the system's site-packages), and the installed package builds and runs its C++
+libraries (attention.cpp and elementwise.cpp, each including vector_math.h, and grouped_matmul.cpp)."""
 
 import json
 import os
@@ -11,13 +11,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Runs in the venv, from a directory with no sources in it: the installed package compiles both kernels into an
+# Runs in the venv, from a directory with no sources in it: the installed package compiles the kernels into an
 # empty cache and each agrees with its torch reference.
 CHECK = """
 import json, sys, torch
 import kernels
 from kernels.attention import TorchBackend
-from kernels.cpu import attention, elementwise
+from kernels.cpu import attention, elementwise, grouped_matmul
 from kernels.norm import rms_norm_reference
 
 x, w = torch.randn(5, 64), torch.randn(64)
@@ -32,6 +32,11 @@ if report["attention"] and report["elementwise"]:
     report["attention_matches"] = torch.allclose(*outs, atol=1e-5)
     report["rms_norm_matches"] = torch.allclose(elementwise.rms_norm(x, w, 1e-6), rms_norm_reference(x, w, 1e-6),
                                                 atol=1e-5)
+weight = torch.randn(2, 64, 32)
+packed = grouped_matmul.pack(weight)
+report["grouped_matmul_matches"] = packed is not None and torch.allclose(
+    grouped_matmul.grouped_matmul(x, packed, torch.tensor([2, 5])), torch.cat([x[:2] @ weight[0], x[2:] @ weight[1]]),
+    atol=1e-4)
 print(json.dumps(report))
 """
 
@@ -69,6 +74,6 @@ def test_the_installed_wheel_compiles_and_runs_the_cpu_kernels(tmp_path):
     report = json.loads(result.stdout.splitlines()[-1])
     assert Path(report["kernels"]).is_relative_to(venv), f"imported {report['kernels']}, not the installed wheel"
     assert report["attention"] and report["elementwise"], f"a kernel did not build when installed:\n{result.stderr}"
-    assert report["attention_matches"] and report["rms_norm_matches"]
+    assert report["attention_matches"] and report["rms_norm_matches"] and report["grouped_matmul_matches"]
     built = sorted(p.name.split("-")[0] for p in (tmp_path / "cache").glob("*.so"))
-    assert built == ["attention", "elementwise"]
+    assert built == ["attention", "elementwise", "grouped_matmul"]

@@ -4,11 +4,12 @@
 // context; a prefill row: the positions up to its own), or under a sliding window (`window` > 0) to the
 // last `window` of them. Scores may be soft-capped (cap * tanh(s / cap)) and each query head's softmax
 // may count a sink: a virtual key of that logit with a zero value. One task is one (row, KV head). For each
-// query head under that KV head: the scores of 16 cached tokens at a time (16 vector dot products,
-// summed across lanes together) and one softmax; then the V-weighted sums of all those heads, 16
-// tokens at a time. OpenMP spreads tasks over the threads torch uses. Written with GCC vector
-// extensions: 16-float vectors become AVX-512 registers where the CPU has them and pairs of narrower
-// ones elsewhere.
+// query head under that KV head: the scores of kLanes cached tokens at a time (kLanes vector dot products,
+// summed across lanes together) and one softmax; then each head's V-weighted sum, up to 8 vectors of
+// output columns at a time held in registers over all the tokens. OpenMP spreads tasks over the threads
+// torch uses. Written with GCC vector extensions at the CPU's own vector width (kLanes floats: 16 with
+// AVX-512, 8 with AVX, else 4): wider vectors than the CPU has are split by GCC into slow generic code,
+// which made this kernel several times slower on AVX2 machines.
 
 #include <algorithm>
 #include <cmath>
@@ -19,7 +20,13 @@
 
 namespace {
 
+#if defined(__AVX512F__)
 constexpr int kLanes = 16;
+#elif defined(__AVX__)
+constexpr int kLanes = 8;
+#else
+constexpr int kLanes = 4;
+#endif
 typedef float vf __attribute__((vector_size(kLanes * sizeof(float))));
 typedef int vi __attribute__((vector_size(kLanes * sizeof(int))));
 
@@ -45,13 +52,12 @@ inline vf fold(vf a, vf b) {
   return __builtin_shuffle(a, b, first) + __builtin_shuffle(a, b, second);
 }
 
-// The lane sums of v[0..15], in order, as one vector.
-inline vf sum_lanes(vf v[kLanes]) {
-  vf w[8], x[4], y[2];
-  for (int i = 0; i < 8; ++i) w[i] = fold<16>(v[i], v[i + 8]);  // lanes: v[i] x8 | v[i+8] x8
-  for (int i = 0; i < 4; ++i) x[i] = fold<8>(w[i], w[i + 4]);   // v[i], v[i+4], v[i+8], v[i+12] x4
-  for (int i = 0; i < 2; ++i) y[i] = fold<4>(x[i], x[i + 2]);   // v[i], v[i+2], ..., v[i+14] x2
-  return fold<2>(y[0], y[1]);                                     // v[0], v[1], ..., v[15]
+// Leaves in v[0] the lane sums of v[0..width), in order. Each level folds pairs of vectors, halving both
+// their number and the lanes each sum spans: log2(kLanes) levels of kLanes - 1 folds in all.
+template <int width = kLanes>
+inline void sum_lanes(vf* v) {
+  for (int i = 0; i < width / 2; ++i) v[i] = fold<width>(v[i], v[i + width / 2]);
+  if constexpr (width > 2) sum_lanes<width / 2>(v);
 }
 
 struct Cache {
@@ -74,8 +80,36 @@ void softmax(float* row, int len, float sink) {
   for (int i = 0; i < len; ++i) row[i] *= inv;
 }
 
+// Adds to o[col..col + C * kLanes) the sum over tokens t < `padded` of p[t] times columns col.. of V row t.
+// The C output vectors stay in registers across all the tokens; with fewer than 8 of them, T tokens are
+// in flight, each with its own accumulators, so about 8 independent FMA chains hide the FMA latency.
+template <int C>
+inline void weighted_sum(const float* p, const float* v, const long* offsets, int padded, int col, float* o) {
+  constexpr int T = C >= 8 ? 1 : 8 / C;
+  static_assert(kLanes % T == 0, "token steps must divide the padding");
+  vf acc[T][C] = {};
+  for (int t = 0; t < padded; t += T)
+    for (int w = 0; w < T; ++w) {
+      const float* row = v + offsets[t + w] + col;
+      for (int j = 0; j < C; ++j) acc[w][j] += p[t + w] * load(row + j * kLanes);
+    }
+  for (int j = 0; j < C; ++j) {
+    vf total = acc[0][j];
+    for (int w = 1; w < T; ++w) total += acc[w][j];
+    store(o + col + j * kLanes, total);
+  }
+}
+
+// weighted_sum over `chunks` vectors of columns from `col` on, 8 vectors (what the registers hold) at a time.
+template <int chunks>
+inline void weighted_sums(const float* p, const float* v, const long* offsets, int padded, int col, float* o) {
+  constexpr int C = std::min(chunks, 8);
+  weighted_sum<C>(p, v, offsets, padded, col, o);
+  if constexpr (chunks > C) weighted_sums<chunks - C>(p, v, offsets, padded, col + C * kLanes, o);
+}
+
 // Query heads q[0..group) (consecutive, `dim` apart) over `len` cached tokens, the k-th at
-// `c.k + offsets[k]` (and `c.v + offsets[k]`); `offsets` holds `len` rounded up to 16 entries,
+// `c.k + offsets[k]` (and `c.v + offsets[k]`); `offsets` holds `len` rounded up to kLanes entries,
 // `scores` room for `group` rows of that many; `sinks` (or null) the heads' sink logits.
 template <int dim>
 void attend(const float* q, int group, const Cache& c, const long* offsets, int len, float scale, float softcap,
@@ -94,34 +128,18 @@ void attend(const float* q, int group, const Cache& c, const long* offsets, int 
         for (int j = 1; j < chunks; ++j) acc += qv[j] * load(k + j * kLanes);
         partial[t] = acc;
       }
-      store(row + start, sum_lanes(partial));
+      sum_lanes(partial);
+      store(row + start, partial[0]);
     }
     if (softcap > 0.0f)
       for (int i = 0; i < len; ++i) row[i] = softcap * std::tanh(row[i] / softcap);
     softmax(row, len, sinks ? sinks[g] : -INFINITY);
-    std::fill(row + len, row + padded, 0.0f);
-  }
-  // 16 tokens at a time for every head, so each V row is read from memory once per task; four tokens
-  // in flight, each with its own accumulators, so the adds do not wait on each other
-  std::fill(out, out + group * dim, 0.0f);
-  for (int start = 0; start < len; start += kLanes) {
-    for (int g = 0; g < group; ++g) {
-      const float* p = scores + g * padded + start;
-      vf acc[4][chunks] = {};
-      for (int t = 0; t < kLanes; t += 4) {
-        for (int w = 0; w < 4; ++w) {
-          const float* v = c.v + offsets[start + t + w];
-          for (int j = 0; j < chunks; ++j) acc[w][j] += p[t + w] * load(v + j * kLanes);
-        }
-      }
-      float* o = out + g * dim;
-      for (int j = 0; j < chunks; ++j)
-        store(o + j * kLanes, load(o + j * kLanes) + (acc[0][j] + acc[1][j]) + (acc[2][j] + acc[3][j]));
-    }
+    std::fill(row + len, row + padded, 0.0f);  // the padding tokens' weights
+    weighted_sums<chunks>(row, c.v, offsets, padded, 0, out + g * dim);
   }
 }
 
-// Where KV head `h` of tokens start..end-1 lives, padded to a multiple of 16 by repeating the last token
+// Where KV head `h` of tokens start..end-1 lives, padded to a multiple of kLanes by repeating the last token
 // (whose scores past the end are discarded). Blocks before `start` are never read.
 void token_offsets(const int* table, int start, int end, int h, int dim, const Cache& c,
                    std::vector<long>& offsets) {

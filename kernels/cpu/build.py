@@ -25,7 +25,10 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+# -fno-trapping-math: without it GCC keeps the clamp in exp_nonpositive (vector_math.h) as a branch, since
+# running both sides could raise FP exceptions nobody reads, and the loops calling it (SiLU, softmax) stayed
+# scalar, about 5x slower. It changes no result.
+FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 _COMPILE_TIMEOUT_S = 300
 
 

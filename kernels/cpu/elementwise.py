@@ -1,4 +1,5 @@
-"""elementwise.cpp for float32 CPU tensors: RMSNorm with its residual add, rotary embedding, SiLU-and-mul."""
+"""elementwise.cpp for float32 CPU tensors: RMSNorm with its residual add, rotary embedding, SiLU-and-mul,
+row-wise argmax."""
 
 import ctypes
 import functools
@@ -18,7 +19,8 @@ def _library():
     library.rotary_f32.argtypes = [pointer, ctypes.c_long, pointer, pointer, pointer, integer, integer, integer,
                                    integer]
     library.silu_and_mul_f32.argtypes = [pointer, pointer, integer, integer, integer]
-    for kernel in (library.rms_norm_f32, library.rotary_f32, library.silu_and_mul_f32):
+    library.argmax_f32.argtypes = [pointer, pointer, integer, integer, integer]
+    for kernel in (library.rms_norm_f32, library.rotary_f32, library.silu_and_mul_f32, library.argmax_f32):
         kernel.restype = None
     return library
 
@@ -66,4 +68,12 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     tokens, size = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty(tokens, size, dtype=gate_up.dtype)
     _library().silu_and_mul_f32(gate_up.data_ptr(), out.data_ptr(), tokens, size, torch.get_num_threads())
+    return out
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax of a 2-d tensor, int64, as `x.argmax(dim=-1)`."""
+    x = x.contiguous()
+    out = torch.empty(x.shape[0], dtype=torch.long)
+    _library().argmax_f32(x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], torch.get_num_threads())
     return out

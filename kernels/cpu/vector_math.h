@@ -8,7 +8,8 @@ namespace kernels {
 
 // e^x for x <= 0: e^x = 2^n * e^f with n the integer nearest x / ln 2 (put into the exponent bits) and
 // f = x - n ln 2 (|f| <= ln 2 / 2, with ln 2 split in two so the subtraction stays exact) from a degree-7
-// polynomial. Relative error about 1e-7 over [-87, 0]; below -87 it returns e^-87. Unlike expf it vectorises.
+// polynomial. Relative error about 1e-7 over [-87, 0]; below -87 it returns e^-87. Unlike expf it vectorises
+// (given build.py's -fno-trapping-math, without which GCC keeps the clamp as a branch).
 inline float exp_nonpositive(float x) {
   x = std::max(x, -87.0f);
   const float n = __builtin_nearbyintf(x * 1.44269504088896341f);

@@ -24,7 +24,8 @@ def _shard(loaded: torch.Tensor, dim: int, size: int, rank: int) -> torch.Tensor
 
 
 def pack_linear_weights(model: nn.Module) -> None:
-    """After loading: give every projection the device's packed weight layout, where it has one.
+    """After loading: give every projection, and every MoE layer's experts (modules with a `pack` method), the
+    device's packed weight layout, where it has one.
 
     The packed copy replaces the plain weight (a tied embedding keeps its own reference).
     """
@@ -33,6 +34,8 @@ def pack_linear_weights(model: nn.Module) -> None:
             module.packed = pack_weight(module.weight)
             if module.packed is not None:
                 module.weight = None
+        elif callable(getattr(module, "pack", None)):
+            module.pack()
 
 
 class _Projection:

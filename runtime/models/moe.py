@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from kernels import fused_experts, silu_and_mul
+from kernels.cpu import grouped_matmul as cpu_grouped
 from runtime.distributed import all_reduce, tp_rank, tp_size
 from runtime.models.decoder import MLP, CausalLM
 from runtime.models.layers import ReplicatedLinear
@@ -29,7 +30,10 @@ class FusedExperts(nn.Module):
     """E gated MLPs (SiLU, or another `activation` of [T, 2 I] gate then up) as stacked parameters, stored
     input-major so each expert's matrix is contiguous as the grouped product reads it (a transposed view ran 100x
     slower on a busy 2-core CPU): `gate_up_proj` [E, H, 2 I/tp] (gate then up) and `down_proj` [E, I/tp, H];
-    with `bias`, `gate_up_proj_bias` [E, 2 I/tp] and `down_proj_bias` [E, H] (added once, on rank 0)."""
+    with `bias`, `gate_up_proj_bias` [E, 2 I/tp] and `down_proj_bias` [E, H] (added once, on rank 0). After
+    loading, `pack` may replace both matrices with the CPU kernel's packed copies."""
+
+    packed: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, bias: bool = False,
                  activation: Callable[[torch.Tensor], torch.Tensor] = silu_and_mul):
@@ -70,10 +74,18 @@ class FusedExperts(nn.Module):
             param.data[expert, :, half * self.shard : (half + 1) * self.shard].copy_(
                 loaded[start : start + self.shard].T)
 
+    def pack(self) -> None:
+        """Give both matrices the layout of the CPU grouped product (`kernels.cpu.grouped_matmul`) where it serves
+        them, dropping the plain copies."""
+        packed = cpu_grouped.pack(self.gate_up_proj), cpu_grouped.pack(self.down_proj)
+        if None not in packed:
+            self.packed = packed
+            self.gate_up_proj = self.down_proj = None
+
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """This rank's partial sum of the weighted experts' outputs for tokens `x` [T, H] routed to `ids`."""
         return fused_experts(x, weights, ids, self.gate_up_proj, self.down_proj, self.activation,
-                             self.gate_up_proj_bias, self.down_proj_bias)
+                             self.gate_up_proj_bias, self.down_proj_bias, self.packed)
 
 
 class SparseMoeBlock(nn.Module):
