@@ -128,7 +128,7 @@ class Scheduler:
                  max_num_seqs_background: int | None = None):
         self.adapters = adapters  # LoRA slots: a sequence is admitted only once its adapter has one
         self.max_num_seqs = max_num_seqs
-        self.max_num_seqs_background = max_num_seqs_background or max(1, max_num_seqs // 8)
+        self.max_num_seqs_background = max_num_seqs_background or max(1, max_num_seqs // 16)
         self.max_num_batched_tokens = max_num_batched_tokens
         # an owner at this many running sequences is admitted more only when no other owner under it waits
         self.max_num_seqs_per_owner = max_num_seqs_per_owner or max(1, max_num_seqs // 2)
