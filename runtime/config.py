@@ -36,8 +36,8 @@ class EngineConfig:
     # only while no other owner under it waits, and gives such a newcomer a seat back, one a step (a lone owner
     # still fills the engine); default: max_num_seqs // 2
     # running sequences of a lower priority (batch lines) admitted while a higher one (online) runs or waits, and
-    # for scheduler.FOREGROUND_STEPS steps after: short steps for the higher one; default: max_num_seqs // 16 (on a 2-core CPU, online TTFT during a batch was
-    # 1.36-1.44x idle at 16 of 256 seats, 1.64-1.69x at 32)
+    # for scheduler.FOREGROUND_STEPS steps after: short steps for the higher one; default: max_num_seqs // 16 (on
+    # a 2-core CPU, online TTFT during a batch was 1.36-1.44x idle at 16 of 256 seats, 1.64-1.69x at 32)
     max_num_seqs_background: int | None = None
     max_num_batched_tokens: int = 8192
     block_size: int = 16
