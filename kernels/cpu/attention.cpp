@@ -20,23 +20,12 @@
 
 namespace {
 
-#if defined(__AVX512F__)
-constexpr int kLanes = 16;
-#elif defined(__AVX__)
-constexpr int kLanes = 8;
-#else
-constexpr int kLanes = 4;
-#endif
-typedef float vf __attribute__((vector_size(kLanes * sizeof(float))));
+using kernels::kLanes;
+using kernels::load;
+using kernels::store;
+using kernels::vf;
+
 typedef int vi __attribute__((vector_size(kLanes * sizeof(int))));
-
-inline vf load(const float* p) {
-  vf v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
 
 // Combine two vectors that each hold `width`-lane partial sums of several dot products into one
 // holding half as many partials of twice as many: pairs of lanes are added, interleaving a and b.

@@ -17,28 +17,18 @@
 #include <cstring>
 #include <vector>
 
+#include "vector_math.h"
+
 namespace {
 
-#if defined(__AVX512F__)
-constexpr int kLanes = 16;
-#elif defined(__AVX__)
-constexpr int kLanes = 8;
-#else
-constexpr int kLanes = 4;
-#endif
-typedef float vf __attribute__((vector_size(kLanes * sizeof(float))));
+using kernels::kLanes;
+using kernels::load;
+using kernels::store;
+using kernels::vf;
 
 constexpr int kVectors = 2;  // output vectors per row in a block: kRows * kVectors sums + kVectors weights
 constexpr int kRows = 6;     // + 1 broadcast fit AVX2's 16 registers
 constexpr int kTile = kVectors * kLanes;
-
-inline vf load(const float* p) {
-  vf v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
 
 // Where a block's results go: row i to outs[i], plus `bias` (or none), times scales[i].
 struct Epilogue {

@@ -6,6 +6,25 @@
 
 namespace kernels {
 
+// The CPU's own vector width in floats (GCC vector extensions compile wider vectors to slow generic code), and
+// unaligned loads and stores of one vector.
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+#elif defined(__AVX__)
+constexpr int kLanes = 8;
+#else
+constexpr int kLanes = 4;
+#endif
+typedef float vf __attribute__((vector_size(kLanes * sizeof(float))));
+
+inline vf load(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
+
 // e^x for x <= 0: e^x = 2^n * e^f with n the integer nearest x / ln 2 (put into the exponent bits) and
 // f = x - n ln 2 (|f| <= ln 2 / 2, with ln 2 split in two so the subtraction stays exact) from a degree-7
 // polynomial. Relative error about 1e-7 over [-87, 0]; below -87 it returns e^-87. Unlike expf it vectorises
