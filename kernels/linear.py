@@ -43,8 +43,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | No
     if packed is None:
         return F.linear(x, weight, bias)
     if packed.dim() == 4:  # the grouped product's tiles, [1, out / tile, in, tile]
-        out = cpu_grouped.grouped_matmul(x, packed, torch.tensor([x.shape[0]]))
-        return out if bias is None else out.add_(bias)
+        return cpu_grouped.grouped_matmul(x, packed, torch.tensor([x.shape[0]]),
+                                          bias=None if bias is None else bias.unsqueeze(0))
     rows = x.shape[0]
     padded = _padded_rows(rows)
     if padded != rows:

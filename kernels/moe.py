@@ -32,14 +32,21 @@ def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gat
     return fused_experts_reference(x, weights, ids, gate_up, down, activation, gate_up_bias, down_bias)
 
 
+def sort_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The step's (token, k) pairs by expert: the flat expert ids, the pair indices in expert order (stable) and
+    each expert's pair count (an index_add, not a bincount, which syncs on CUDA)."""
+    flat = ids.flatten()
+    counts = torch.zeros(num_experts, dtype=flat.dtype, device=flat.device).index_add_(0, flat, torch.ones_like(flat))
+    return flat, flat.argsort(stable=True), counts
+
+
 def _fused_experts_packed(x, weights, ids, gate_up, down, activation, gate_up_bias, down_bias):
     """`fused_experts` through the C++ grouped product over packed `gate_up` and `down`: the tokens read in expert
     order through an index, and the biases, the router's weights and the return to token order done as each
     product's rows are written."""
     tokens, top_k = ids.shape
-    flat = ids.flatten()
-    order = flat.argsort(stable=True)
-    ends = torch.bincount(flat, minlength=gate_up.shape[0]).cumsum(0)
+    _, order, counts = sort_by_expert(ids, gate_up.shape[0])
+    ends = counts.cumsum(0)
     hidden = cpu_grouped.grouped_matmul(x, gate_up, ends, order // top_k, gate_up_bias)
     out = cpu_grouped.grouped_matmul(activation(hidden), down, ends, bias=down_bias, scale=weights.flatten()[order],
                                      to=order)
@@ -50,9 +57,7 @@ def fused_experts_reference(x, weights, ids, gate_up, down, activation, gate_up_
     """The torch version of `fused_experts`: the CPU path without packed weights, and the oracle for the Triton
     kernel and the C++ grouped product."""
     tokens, top_k = ids.shape
-    flat = ids.flatten()
-    order = flat.argsort(stable=True)
-    counts = torch.zeros(gate_up.shape[0], dtype=torch.long, device=x.device).index_add_(0, flat, torch.ones_like(flat))
+    flat, order, counts = sort_by_expert(ids, gate_up.shape[0])
     ends = counts.cumsum(0)
     rows, row_experts = x[order // top_k], flat[order]
     hidden = _grouped_matmul(rows, gate_up, ends)

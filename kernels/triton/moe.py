@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.moe import sort_by_expert
+
 BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 32  # tl.dot needs at least 16 in each dimension
 
 
@@ -53,10 +55,8 @@ def _grouped_gemm_kernel(a_ptr, w_ptr, bias_ptr, scale_ptr, out_ptr, pair_ptr, e
 def _sort_pairs(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The pair indices (token * top_k + k) sorted by expert, each expert's run padded with `ids.numel()` to a
     multiple of BLOCK_M, and each row block's expert."""
-    flat = ids.flatten()
+    flat, order, counts = sort_by_expert(ids, num_experts)
     num_pairs = flat.numel()
-    order = flat.argsort(stable=True)
-    counts = torch.zeros(num_experts, dtype=flat.dtype, device=flat.device).index_add_(0, flat, torch.ones_like(flat))
     padded_counts = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     padded_ends = padded_counts.cumsum(0)
     shift = (padded_ends - padded_counts) - (counts.cumsum(0) - counts)  # each expert's padded minus packed start

@@ -78,7 +78,7 @@ class FusedExperts(nn.Module):
         """Give both matrices the layout of the CPU grouped product (`kernels.cpu.grouped_matmul`) where it serves
         them, dropping the plain copies."""
         packed = cpu_grouped.pack(self.gate_up_proj), cpu_grouped.pack(self.down_proj)
-        if None not in packed:
+        if all(p is not None for p in packed):
             self.packed = packed
             self.gate_up_proj = self.down_proj = None
 
