@@ -26,13 +26,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from runtime.engine import LLMEngine, ValidRequest
+from runtime.config import EngineConfig
+from runtime.engine import LLMEngine
+from runtime.engine_process import EngineProcess
 from runtime.errors import InvalidInputError, RequestFailedError
 from runtime.harmony_chat import uses_harmony
 from runtime.lora import LoRARequest
 from runtime.outputs import RequestDelta
 from runtime.pooling import PoolerConfig
 from runtime.sampling_params import SamplingParams
+from runtime.validator import ValidRequest
 
 GRAMMAR_TIMEOUT_S = 20.0
 # threads that wait for grammar compile processes (runtime.grammar bounds how many compile at once)
@@ -86,7 +89,10 @@ class AsyncLLMEngine:
     @classmethod
     def from_options(cls, model: str, delivery_interval_s: float = 0.0, observer: StreamObserver | None = None,
                      **engine_kwargs) -> "AsyncLLMEngine":
-        return cls(lambda: LLMEngine.from_options(model, **engine_kwargs), delivery_interval_s, observer)
+        """With the option `engine_process`, the engine steps in a process of its own (runtime.engine_process)."""
+        config = EngineConfig(model=model, **engine_kwargs)
+        build = EngineProcess if config.engine_process else LLMEngine
+        return cls(lambda: build(config), delivery_interval_s, observer)
 
     @property
     def tokenizer(self):

@@ -58,6 +58,9 @@ class EngineConfig:
     # num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, model (the draft), disable_by_batch_size}
     async_scheduling: bool = False  # launch each step before the previous one's tokens reach the host, so on a GPU
     # the host's scheduling and post-processing overlap the device's work (runtime.engine.LLMEngine.step)
+    engine_process: bool = False  # servers (AsyncLLMEngine): step the engine in a process of its own, so the
+    # server's Python does not hold up its steps (runtime.engine_process); on CPU it takes one thread fewer than
+    # the server's, leaving a core to the server. Tensor parallel size 1 only
     attention_backend: str = "auto"  # torch | cpu | triton | flash; auto: flash, else triton on GPU; cpu (the C++
     # kernel) on CPU where it applies, else torch
 
@@ -77,6 +80,8 @@ class EngineConfig:
         require(not self.async_scheduling or (self.speculative_config is None and self.tensor_parallel_size == 1),
                 "async_scheduling", "runs without speculative_config and with tensor_parallel_size 1: both need each "
                 "step's tokens on the host before the next step is scheduled")
+        require(not self.engine_process or self.tensor_parallel_size == 1, "engine_process",
+                "runs with tensor_parallel_size 1 (the workers of a larger one are Ray actors of the server's)")
         require(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "must be at least 2")
         require(self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be at least 1")
         require(self.max_num_seqs >= 1, "max_num_seqs", "must be at least 1")

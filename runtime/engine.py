@@ -9,55 +9,28 @@ handling) finishes that request with an error; the step goes on for the others.
 """
 
 import logging
-import threading
-from collections import OrderedDict
-from dataclasses import dataclass
-
-from transformers import PreTrainedTokenizerBase
 
 from runtime.config import EngineConfig
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.distributed import destroy_tp_group, free_address
-from runtime.errors import InvalidInputError, describe, require
-from runtime.grammar import Constraint, Grammar, GrammarCompiler
+from runtime.errors import InvalidInputError, describe
 from runtime.kv_cache import BlockManager
-from runtime.lora import AdapterSlots, LoRAAdapter, LoRARequest, load_adapter
+from runtime.lora import AdapterSlots, LoRARequest
 from runtime.model_runner import LaunchedStep, ModelRunner
-from runtime.model_spec import ModelSpec
 from runtime.models.sliding_window import kv_window
 from runtime.outputs import RequestDelta, SequenceDelta
-from runtime.pooling import PoolerConfig
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import ScheduledBatch, Scheduler
 from runtime.sequence import Request, Sequence
 from runtime.speculative.build import build_speculator
-from runtime.tokenizer import TokenCountBound, encode, eos_token_ids, load_tokenizer
+from runtime.validator import RequestValidator, ValidRequest
 
 logger = logging.getLogger(__name__)
 
-_EMBEDDING_PARAMS = SamplingParams(max_tokens=None)  # an embedding request samples nothing
 
-
-@dataclass(frozen=True)
-class ValidRequest:
-    """A prompt and its sampling options as `LLMEngine.validate` accepted them."""
-
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    max_tokens: int  # resolved against the context
-    grammar: Grammar | None = None  # the structured-output constraint, when compiled ahead of queueing
-    adapter: LoRAAdapter | None = None  # the LoRA adapter it runs with, read and checked
-    pooling: PoolerConfig | None = None  # an embedding request: how its hidden states are pooled
-
-
-class LLMEngine:
+class LLMEngine(RequestValidator):
     def __init__(self, config: EngineConfig):
-        self.config = config
-        self.spec = ModelSpec.resolve(config)
-        self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(self.spec.tokenizer)
-        self.eos_token_ids = eos_token_ids(self.spec.path, self.tokenizer)
-        self.token_count_bound = TokenCountBound(self.tokenizer)
-        self.pooler = config.pooler_config.resolve(self.spec.path)  # how embedding requests pool
+        super().__init__(config)
         self.workers = None
         address = None
         if config.tensor_parallel_size > 1:
@@ -81,102 +54,12 @@ class LLMEngine:
                                            self.runner.num_blocks)
         self.requests: dict[str, Request] = {}
         self._launched: LaunchedStep | None = None  # async scheduling: the batch whose tokens are still in flight
-        self._grammars: GrammarCompiler | None = None
-        self._grammars_lock = threading.Lock()
-        self._adapters: OrderedDict[tuple[str, str], LoRAAdapter] = OrderedDict()  # read adapters, LRU
-        self._adapters_lock = threading.Lock()  # validate runs on the callers' threads
 
     @classmethod
     def from_options(cls, model: str, **engine_kwargs) -> "LLMEngine":
         return cls(EngineConfig(model=model, **engine_kwargs))
 
     # --- requests -----------------------------------------------------------
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """A prompt's token ids; a text that cannot fit the context by a cheap bound is refused untokenized."""
-        limit = self.spec.max_model_len
-        try:
-            fewest = self.token_count_bound.fewest_tokens(text)
-        except UnicodeEncodeError as e:  # a lone surrogate, which no tokenizer takes
-            raise InvalidInputError("prompt", f"not valid Unicode: {e.reason} at character {e.start}") from None
-        require(fewest < limit, "prompt",
-                f"this model's maximum context length is {limit} tokens, and the prompt has at least {fewest} tokens")
-        return encode(self.tokenizer, text, add_special_tokens)
-
-    def validate(self, prompt_token_ids: list[int], params: SamplingParams,
-                 lora: LoRARequest | None = None) -> ValidRequest:
-        """Check a generation request against the model and context (`validate_embedding` checks embedding
-        requests). A LoRA adapter is read from disk here, off the engine's thread when the caller is."""
-        require(not self.spec.model_class.headless, "model",
-                f"{self.spec.model_class.__name__} has no LM head: it only embeds")
-        adapter = self._adapter(lora)
-        limit = self.spec.max_model_len
-        n = len(prompt_token_ids)
-        require(n < limit, "prompt",
-                f"this model's maximum context length is {limit} tokens, and the prompt has {n} tokens; "
-                "at least one token must be left for the completion")
-        self._check_prompt(prompt_token_ids)
-        vocab = self.spec.vocab_size
-        for field, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids)):
-            bad = next((t for t in ids if not 0 <= t < vocab), None)
-            require(bad is None, field, f"token id {bad} is outside the vocabulary [0, {vocab})")
-        if params.max_tokens is None:  # up to the context's end, which min_tokens must fit in (as vLLM)
-            require(params.min_tokens <= limit - n, "min_tokens",
-                    f"({params.min_tokens}) must not exceed the {limit - n} tokens the context leaves after the "
-                    f"prompt's {n} (this model's maximum context length is {limit})")
-            return ValidRequest(list(prompt_token_ids), params, limit - n, adapter=adapter)
-        require(n + params.max_tokens <= limit, "max_tokens",
-                f"this model's maximum context length is {limit} tokens; the prompt has {n} tokens and "
-                f"max_tokens is {params.max_tokens}, {n + params.max_tokens} in total")
-        return ValidRequest(list(prompt_token_ids), params, params.max_tokens, adapter=adapter)
-
-    def validate_embedding(self, prompt_token_ids: list[int], lora: LoRARequest | None = None) -> ValidRequest:
-        """An embedding request checked against the model: its prompt may fill the whole context."""
-        adapter = self._adapter(lora)
-        limit = self.spec.max_model_len
-        require(len(prompt_token_ids) <= limit, "input",
-                f"this model's maximum context length is {limit} tokens, and the input has {len(prompt_token_ids)}")
-        self._check_prompt(prompt_token_ids, "input")
-        return ValidRequest(list(prompt_token_ids), _EMBEDDING_PARAMS, 0, adapter=adapter, pooling=self.pooler)
-
-    def _check_prompt(self, prompt_token_ids: list[int], param: str = "prompt") -> None:
-        require(len(prompt_token_ids) > 0, param, "must not be empty")
-        vocab = self.spec.vocab_size
-        bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
-        require(bad is None, param, f"token id {bad} is outside the vocabulary [0, {vocab})")
-
-    def _adapter(self, lora: LoRARequest | None) -> LoRAAdapter | None:
-        if lora is None:
-            return None
-        require(self.config.enable_lora, "model", "this engine serves no LoRA adapters (enable_lora)")
-        return self._read_adapter(lora)
-
-    def _read_adapter(self, lora: LoRARequest) -> LoRAAdapter:
-        """An adapter read once and kept while recently used (adapters are immutable by name and path)."""
-        key = (lora.name, lora.path)
-        with self._adapters_lock:
-            adapter = self._adapters.get(key)
-            if adapter is not None:
-                self._adapters.move_to_end(key)
-                return adapter
-        adapter = load_adapter(lora, self.spec.hf_config, self.config.max_lora_rank)
-        with self._adapters_lock:
-            self._adapters[key] = adapter
-            while len(self._adapters) > 4 * self.config.max_loras:
-                self._adapters.popitem(last=False)
-        return adapter
-
-    def compile_grammar(self, constraint: Constraint, timeout_s: float | None = None) -> Grammar:
-        """Compile a structured-output constraint (cached); thread-safe, so callers may do it off-loop. TimeoutError
-        when it did not compile within `timeout_s` (its compile process is killed)."""
-        with self._grammars_lock:
-            if self._grammars is None:
-                self._grammars = GrammarCompiler(self.tokenizer, self.spec.vocab_size, self.eos_token_ids)
-        return self._grammars.compile(constraint, timeout_s)
-
-    def cached_grammar(self, constraint: Constraint) -> Grammar | None:
-        """The constraint's grammar if it is compiled and kept: answered at once, whatever compiles meanwhile."""
-        return None if self._grammars is None else self._grammars.cached(constraint)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     priority: int = 0, lora: LoRARequest | None = None, owner: str | None = None) -> None:
@@ -221,8 +104,7 @@ class LLMEngine:
     def shutdown(self) -> None:
         """Stop the grammar compile processes and the tensor-parallel workers, if any; the engine is unusable
         afterwards."""
-        if self._grammars is not None:
-            self._grammars.close()
+        self.close()
         if self.workers is not None:
             self.runner.shutdown()
             self.workers.shutdown()

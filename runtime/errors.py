@@ -7,6 +7,10 @@ class InvalidInputError(ValueError):
     def __init__(self, param: str, message: str):
         super().__init__(f"{param}: {message}")
         self.param = param
+        self.message = message
+
+    def __reduce__(self):  # it crosses from the engine's process (runtime.engine_process)
+        return type(self), (self.param, self.message)
 
 
 def require(ok: bool, param: str, message: str) -> None:

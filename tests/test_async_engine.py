@@ -11,9 +11,11 @@ from runtime import LLM, AsyncLLMEngine, InvalidInputError, SamplingParams
 from runtime.engine import LLMEngine
 
 
-@pytest.fixture(scope="module")
-def async_engine(qwen2_model):
-    engine = AsyncLLMEngine.from_options(str(qwen2_model), dtype="float32", max_model_len=256)
+@pytest.fixture(scope="module", params=[False, True], ids=["engine_thread", "engine_process"])
+def async_engine(qwen2_model, request):
+    """The engine stepped on the loop thread, and in a process of its own (runtime.engine_process)."""
+    engine = AsyncLLMEngine.from_options(str(qwen2_model), dtype="float32", max_model_len=256,
+                                         engine_process=request.param)
     yield engine
     engine.shutdown()
 

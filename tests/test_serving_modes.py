@@ -33,7 +33,7 @@ def local_config(model_dir, storage: Path, port: int, direct: bool) -> dict:
     args = config["applications"][0]["args"]
     llm = args["llm_configs"][0]
     llm["model_loading_config"]["model_source"] = str(model_dir)
-    llm["engine_kwargs"] = {"max_model_len": 512, "kv_cache_bytes": 64 << 20}
+    llm["engine_kwargs"] = {**llm["engine_kwargs"], "max_model_len": 512, "kv_cache_bytes": 64 << 20}
     llm["deployment_config"]["ray_actor_options"]["num_cpus"] = 1
     args["storage_uri"] = f"file://{storage}"
     args["direct_streaming"] = direct

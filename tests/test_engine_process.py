@@ -1,0 +1,78 @@
+"""The engine in a process of its own (engine_process): what crosses the process boundary, and what happens
+when that process fails or dies. Its deltas equal the in-thread engine's in test_async_engine.py, which runs
+every test on both."""
+
+import asyncio
+import json
+import os
+import signal
+
+import psutil
+import pytest
+
+from runtime import AsyncLLMEngine, EngineDeadError, InvalidInputError, SamplingParams
+from runtime.grammar import Constraint
+
+
+def start(model, **options) -> AsyncLLMEngine:
+    return AsyncLLMEngine.from_options(str(model), dtype="float32", max_model_len=128, engine_process=True, **options)
+
+
+def generate(engine: AsyncLLMEngine, prompt: list[int], params: SamplingParams, request_id: str | None = None):
+    async def run():
+        return [d async for d in engine.generate(engine.validate(prompt, params), request_id)]
+    return asyncio.run(run())
+
+
+def test_the_engine_steps_in_a_child_process_which_ends_with_shutdown(qwen2_model):
+    engine = start(qwen2_model)
+    child = psutil.Process(engine.engine.process.pid)
+    assert child.ppid() == os.getpid() and child.is_running()
+    deltas = generate(engine, [5, 6, 7], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert deltas[-1].finished and deltas[-1].seqs[0].num_output_tokens == 4
+    assert engine.stats()["num_requests"] == 0
+    engine.shutdown()
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_build_that_fails_in_the_child_raises_its_error_in_the_server(qwen2_model):
+    """The KV budget is checked when the child allocates the cache: its InvalidInputError, field and all."""
+    with pytest.raises(InvalidInputError, match="fewer than max_model_len") as e:
+        start(qwen2_model, kv_cache_bytes=1024)
+    assert e.value.param == "kv_cache_bytes"
+
+
+def test_a_structured_output_grammar_is_compiled_by_the_child(qwen2_model):
+    """A compiled grammar stays in the server; the child compiles its own, and the output keeps to it."""
+    engine = start(qwen2_model)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+              "additionalProperties": False}
+    params = SamplingParams(temperature=0, max_tokens=40, structured_output=Constraint("json_schema",
+                                                                                      json.dumps(schema)))
+    try:
+        deltas = generate(engine, [5, 6, 7], params)
+    finally:
+        engine.shutdown()
+    text = "".join(s.text for d in deltas for s in d.seqs)
+    assert deltas[-1].seqs[-1].finish_reason == "stop" and set(json.loads(text)) == {"a"}
+
+
+def test_a_killed_engine_process_fails_the_requests_in_flight_and_marks_the_engine_dead(qwen2_model):
+    engine = start(qwen2_model)
+    params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+
+    async def main():
+        stream = engine.generate(engine.validate([5, 6, 7], params))
+        await anext(stream)
+        os.kill(engine.engine.process.pid, signal.SIGKILL)
+        with pytest.raises(EngineDeadError):
+            async for _ in stream:
+                pass
+
+    try:
+        asyncio.run(main())
+        assert not engine.healthy and not engine.check_health()
+        with pytest.raises(EngineDeadError):
+            generate(engine, [5], SamplingParams(max_tokens=1))
+    finally:
+        engine.shutdown()
