@@ -108,8 +108,9 @@ class AppConfig(StrictModel):
     max_file_bytes: int = Field(512 * 1024 * 1024, gt=0)
     max_file_lines: int = Field(50_000, gt=0)
     max_batch_line_bytes: int = Field(1024 * 1024, gt=0)
-    # batch lines in flight per RUNNING replica of their model; default: its engine's max_num_seqs, every seat
-    # (online requests are still admitted first)
+    # batch lines in flight per RUNNING replica of their model; default: twice its engine's max_num_seqs, every
+    # seat and as many lines again on their way in or out (tokenizing, answering), so the seats stay full (online
+    # requests are still admitted first)
     batch_concurrency: int | None = Field(None, gt=0)
     # s3:// prefixes a batch's input_file_id may name, besides this app's own storage_uri; nothing else is read
     batch_input_prefixes: list[str] = Field(default_factory=list)
@@ -127,7 +128,7 @@ class AppConfig(StrictModel):
     def batch_seats(self) -> dict[str, int]:
         """Each model's batch lines in flight per running replica."""
         return {llm.model_id: self.batch_concurrency
-                or llm.engine_kwargs.get("max_num_seqs", EngineConfig.max_num_seqs) for llm in self.llm_configs}
+                or 2 * llm.engine_kwargs.get("max_num_seqs", EngineConfig.max_num_seqs) for llm in self.llm_configs}
 
     @field_validator("ingress_deployment_config")
     @classmethod

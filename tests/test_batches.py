@@ -349,12 +349,12 @@ def test_batch_capacity_follows_the_running_replicas_serve_reports(server):
     assert running_replicas("no-such-app", models) == {MODEL_ID: 0, "gone": 0}
 
 
-def test_batch_lines_in_flight_default_to_each_models_engine_seats():
-    """Per running replica: every seat of the model's engine; batch_concurrency, when set, is every model's
-    figure."""
+def test_batch_lines_in_flight_default_to_twice_each_models_engine_seats():
+    """Per running replica: every seat of the model's engine, and as many again on their way in or out;
+    batch_concurrency, when set, is every model's figure."""
     from deployments.app_config import parse_app_config
 
     one = {"model_loading_config": {"model_id": "m"}}
     two = {"model_loading_config": {"model_id": "n"}, "engine_kwargs": {"max_num_seqs": 8}}
-    assert parse_app_config({"llm_configs": [one, two]}).batch_seats() == {"m": 256, "n": 8}
+    assert parse_app_config({"llm_configs": [one, two]}).batch_seats() == {"m": 512, "n": 16}
     assert parse_app_config({"llm_configs": [one, two], "batch_concurrency": 3}).batch_seats() == {"m": 3, "n": 3}
