@@ -11,13 +11,10 @@ message. Stats and health are asked on a second pipe, answered between steps.
 
 `EngineProcess` is what `AsyncLLMEngine`'s loop thread steps in place of an `LLMEngine`: `enqueue` and
 `abort` are sent with the next `step`, which returns the deltas of every step the child ran since the last.
-The child exits when the server's end of its pipes closes (the server died), and with the server (Linux's
-parent-death signal).
+The child exits when asked, or when the server's end of its pipes closes: the server died, however it died.
 """
 
-import ctypes
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -125,8 +122,6 @@ class EngineProcess(RequestValidator):
 
 
 def main() -> None:
-    if sys.platform == "linux":  # die with the server, however it dies
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     steps, control = (Connection(int(fd)) for fd in sys.argv[1:3])
     from runtime.engine import LLMEngine
 
