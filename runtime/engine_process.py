@@ -15,6 +15,7 @@ The child exits when asked, or when the server's end of its pipes closes: the se
 """
 
 import os
+import queue
 import subprocess
 import sys
 import threading
@@ -39,6 +40,9 @@ class EngineProcess(RequestValidator):
         self._control_lock = threading.Lock()
         self._pending: list[tuple] = []
         self._unfinished: set[str] = set()
+        # commands go out on a thread of their own, so the loop thread reads steps while a big send waits for the
+        # child to read it: both sides blocked on a full pipe would be a deadlock
+        self._outbox: queue.SimpleQueue[list[tuple] | None] = queue.SimpleQueue()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         if config.device == "cpu":  # leave a core to the server's own Python
             env["OMP_NUM_THREADS"] = str(max(1, torch.get_num_threads() - 1))
@@ -56,6 +60,7 @@ class EngineProcess(RequestValidator):
         if error is not None:
             self.process.wait()
             raise error
+        threading.Thread(target=self._send_commands, name="engine-commands", daemon=True).start()
 
     # --- what AsyncLLMEngine's loop thread calls -------------------------------
 
@@ -77,7 +82,7 @@ class EngineProcess(RequestValidator):
     def step(self) -> list[RequestDelta]:
         """Send the queued commands; the deltas of the steps the child ran since the last call (at least one)."""
         if self._pending:
-            self._steps.send(self._pending)
+            self._outbox.put(self._pending)
             self._pending = []
         deltas = []
         while True:
@@ -92,6 +97,13 @@ class EngineProcess(RequestValidator):
                 self._unfinished.discard(delta.request_id)
         return deltas
 
+    def _send_commands(self) -> None:
+        while (commands := self._outbox.get()) is not None:
+            try:
+                self._steps.send(commands)
+            except OSError:  # the child is gone: the loop thread's next read says so
+                return
+
     # --- any thread -------------------------------------------------------------
 
     def stats(self) -> dict:
@@ -101,6 +113,7 @@ class EngineProcess(RequestValidator):
         return self.process.poll() is None
 
     def shutdown(self) -> None:
+        self._outbox.put(None)
         try:
             self._ask("stop")
         except (OSError, EOFError):
