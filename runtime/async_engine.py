@@ -7,6 +7,10 @@ own team of workers; a second team oversubscribes the cores, which makes libgomp
 put idle workers to sleep at once, and every small op then pays a wake-up (a
 decode step took 1.6x as long when the model was loaded on another thread).
 
+With the engine option `engine_process`, the thread steps an `EngineProcess`
+instead: the same interface, the engine itself in a child process
+(runtime.engine_process), so the server's Python never holds up a step.
+
 Commands (add, abort) are queued to the thread and applied between steps, so
 the engine itself is only ever touched by its thread. Each request's deltas go
 to an asyncio queue on the caller's loop, at most once per
