@@ -29,8 +29,8 @@ logger = logging.getLogger(__name__)
 
 
 class LLMEngine(RequestValidator):
-    def __init__(self, config: EngineConfig):
-        super().__init__(config)
+    def __init__(self, config: EngineConfig, isolate_grammars: bool = True):
+        super().__init__(config, isolate_grammars)
         self.workers = None
         address = None
         if config.tensor_parallel_size > 1:

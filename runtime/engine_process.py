@@ -67,7 +67,8 @@ class EngineProcess(RequestValidator):
     def enqueue(self, request_id: str, valid: ValidRequest, priority: int = 0, owner: str | None = None) -> None:
         if request_id in self._unfinished:
             raise InvalidInputError("request_id", f"{request_id!r} is already in flight")
-        # a compiled grammar stays here (shipping it costs more than compiling it again): the child compiles it
+        # a compiled grammar stays here (shipping it costs more than compiling it again): the child compiles it,
+        # in its own process, as this one's compile processes showed it compiles in time
         self._pending.append(("add", request_id, replace(valid, grammar=None), priority, owner))
         self._unfinished.add(request_id)
 
@@ -139,7 +140,7 @@ def main() -> None:
     from runtime.engine import LLMEngine
 
     try:
-        engine = LLMEngine(control.recv())
+        engine = LLMEngine(control.recv(), isolate_grammars=False)  # the server compiled each within its bound
     except BaseException as e:
         control.send(e if isinstance(e, InvalidInputError) else RuntimeError(f"the engine did not start: {e!r}"))
         return

@@ -92,11 +92,14 @@ class Matcher:
 class GrammarCompiler:
     """Compiles constraints within a deadline (see the module's docstring) and keeps what compiled; thread-safe."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, stop_token_ids: set[int]):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, stop_token_ids: set[int],
+                 isolated: bool = True):
+        """`isolated=False`: no compile processes, for an engine whose server compiled every constraint it sends
+        within its bound already (runtime.engine_process), so each compiles here in bounded time."""
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                                   stop_token_ids=sorted(stop_token_ids))
         self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
-        self._processes = _Processes(info.serialize_json())
+        self._processes = _Processes(info.serialize_json()) if isolated else None
         self._vocab_size = vocab_size
         self._cache: OrderedDict[tuple[str, str], Grammar] = OrderedDict()
         self._cache_bytes = 0
@@ -126,13 +129,16 @@ class GrammarCompiler:
         if grammar is not None:
             return grammar
         _check(constraint)
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with self._processes.lease(deadline) as process:
-            error = process.try_compile(constraint.kind, constraint.value, deadline)
-            if error is not None:
-                raise InvalidInputError(constraint.param, f"invalid {constraint.kind}: {error}")
-            # it compiled there in time, so the same work ends here
+        if self._processes is None:
             compiled = compile_constraint(self._compiler, constraint.kind, constraint.value)
+        else:
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            with self._processes.lease(deadline) as process:
+                error = process.try_compile(constraint.kind, constraint.value, deadline)
+                if error is not None:
+                    raise InvalidInputError(constraint.param, f"invalid {constraint.kind}: {error}")
+                # it compiled there in time, so the same work ends here
+                compiled = compile_constraint(self._compiler, constraint.kind, constraint.value)
         start = xgr.GrammarMatcher(compiled)
         allowed = xgr.allocate_token_bitmask(1, self._vocab_size)
         start.fill_next_token_bitmask(allowed, 0)
@@ -144,7 +150,8 @@ class GrammarCompiler:
 
     def close(self) -> None:
         """Stop the compile processes."""
-        self._processes.close()
+        if self._processes is not None:
+            self._processes.close()
 
     def _keep(self, key: tuple[str, str], grammar: Grammar) -> None:
         with self._lock:

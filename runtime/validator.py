@@ -25,7 +25,7 @@ _EMBEDDING_PARAMS = SamplingParams(max_tokens=None)  # an embedding request samp
 
 @dataclass(frozen=True)
 class ValidRequest:
-    """A prompt and its sampling options as `LLMEngine.validate` accepted them."""
+    """A prompt and its sampling options as `RequestValidator.validate` accepted them."""
 
     prompt_token_ids: list[int]
     params: SamplingParams
@@ -35,10 +35,11 @@ class ValidRequest:
     pooling: PoolerConfig | None = None  # an embedding request: how its hidden states are pooled
 
 
-
 class RequestValidator:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, isolate_grammars: bool = True):
+        """`isolate_grammars=False`: constraints compile without compile processes (see GrammarCompiler)."""
         self.config = config
+        self._isolate_grammars = isolate_grammars
         self.spec = ModelSpec.resolve(config)
         self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(self.spec.tokenizer)
         self.eos_token_ids = eos_token_ids(self.spec.path, self.tokenizer)
@@ -128,7 +129,8 @@ class RequestValidator:
         when it did not compile within `timeout_s` (its compile process is killed)."""
         with self._grammars_lock:
             if self._grammars is None:
-                self._grammars = GrammarCompiler(self.tokenizer, self.spec.vocab_size, self.eos_token_ids)
+                self._grammars = GrammarCompiler(self.tokenizer, self.spec.vocab_size, self.eos_token_ids,
+                                                 self._isolate_grammars)
         return self._grammars.compile(constraint, timeout_s)
 
     def cached_grammar(self, constraint: Constraint) -> Grammar | None:
