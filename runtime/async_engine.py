@@ -12,25 +12,26 @@ instead: the same interface, the engine itself in a child process
 (runtime.engine_process), so the server's Python never holds up a step.
 
 Commands (add, abort) are queued to the thread and applied between steps, so
-the engine itself is only ever touched by its thread. Each request's deltas go
+the engine itself is only ever touched by its thread (an engine process takes
+them at once, on any thread, and its child applies them between its steps). Each request's deltas go
 to an asyncio queue on the caller's loop, at most once per
-`delivery_interval_s` (a request's first and last deltas at once; those held
-back are merged), with one wake-up per loop per step. Leaving the iterator
-early (a client disconnect, a cancelled task) aborts the request and frees its
-blocks.
+`delivery_interval_s` (runtime.delivery; with `engine_process`, the child
+holds them back, so they never cross the pipe), with one wake-up per loop per
+step. Leaving the iterator early (a client disconnect, a cancelled task)
+aborts the request and frees its blocks.
 """
 
 import asyncio
 import concurrent.futures
 import itertools
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from runtime.config import EngineConfig
+from runtime.delivery import DeliverySchedule
 from runtime.engine import LLMEngine
 from runtime.engine_process import EngineProcess
 from runtime.errors import InvalidInputError, RequestFailedError
@@ -52,12 +53,10 @@ class EngineDeadError(RuntimeError):
 
 @dataclass
 class _Stream:
-    """Where a request's deltas go, and what the engine thread holds back for it."""
+    """Where a request's deltas go."""
 
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
-    held: RequestDelta | None = None
-    sent_at: float = float("-inf")
 
 
 class StreamObserver(Protocol):
@@ -75,7 +74,7 @@ class AsyncLLMEngine:
     def __init__(self, build_engine: Callable[[], LLMEngine], delivery_interval_s: float = 0.0,
                  observer: StreamObserver | None = None):
         """Start the engine thread, which calls `build_engine`; raises what building raised."""
-        self.delivery_interval_s = delivery_interval_s
+        self._schedule = DeliverySchedule(delivery_interval_s)
         self.observer = observer
         self._commands: list = []
         self._lock = threading.Lock()
@@ -89,14 +88,19 @@ class AsyncLLMEngine:
                                         daemon=True)
         self._thread.start()
         built.result()  # the thread has set self.engine
+        # an engine process takes commands at once, from any thread: they reach its child while this thread
+        # waits for its next step (an online request does not wait a step for its add to leave)
+        self._commands_at_once = isinstance(self.engine, EngineProcess)
 
     @classmethod
     def from_options(cls, model: str, delivery_interval_s: float = 0.0, observer: StreamObserver | None = None,
                      **engine_kwargs) -> "AsyncLLMEngine":
-        """With the option `engine_process`, the engine steps in a process of its own (runtime.engine_process)."""
+        """With the option `engine_process`, the engine steps in a process of its own (runtime.engine_process),
+        which holds back its deltas itself."""
         config = EngineConfig(model=model, **engine_kwargs)
-        build = EngineProcess if config.engine_process else LLMEngine
-        return cls(lambda: build(config), delivery_interval_s, observer)
+        if config.engine_process:
+            return cls(lambda: EngineProcess(config, delivery_interval_s), 0.0, observer)
+        return cls(lambda: LLMEngine(config), delivery_interval_s, observer)
 
     @property
     def tokenizer(self):
@@ -226,8 +230,11 @@ class AsyncLLMEngine:
     # --- the engine thread ----------------------------------------------------
 
     def _send(self, command: tuple) -> None:
-        with self._lock:
-            self._commands.append(command)
+        if self._commands_at_once:
+            self._apply(command)
+        else:
+            with self._lock:
+                self._commands.append(command)
         self._wake.set()
 
     def _run(self, build_engine: Callable[[], LLMEngine], built: concurrent.futures.Future) -> None:
@@ -254,27 +261,27 @@ class AsyncLLMEngine:
     def _apply_commands(self) -> None:
         with self._lock:
             commands, self._commands = self._commands, []
-        for kind, request_id, *args in commands:
-            if kind == "abort":
-                self.engine.abort(request_id)
-                continue
-            try:
-                self.engine.enqueue(request_id, *args)
-            except Exception as e:
-                self._deliver(request_id, e)
+        for command in commands:
+            self._apply(command)
+
+    def _apply(self, command: tuple) -> None:
+        kind, request_id, *args = command
+        if kind == "abort":
+            self.engine.abort(request_id)
+            self._schedule.forget(request_id)
+            return
+        try:
+            self.engine.enqueue(request_id, *args)
+        except Exception as e:
+            self._deliver(request_id, e)
 
     def _deliver_step(self, deltas: list[RequestDelta]) -> None:
-        """Queue a step's deltas whose request is due (finished, or its interval passed); hold the rest."""
-        now = time.monotonic()
+        """Queue a step's deltas that are due, one wake-up per caller's loop."""
         due: dict[asyncio.AbstractEventLoop, list] = {}
-        for delta in deltas:
+        for delta in self._schedule.due(deltas):
             stream = self._streams.get(delta.request_id)
-            if stream is None:
-                continue
-            stream.held = delta if stream.held is None else stream.held.then(delta)
-            if delta.finished or now - stream.sent_at >= self.delivery_interval_s:
-                due.setdefault(stream.loop, []).append((stream.queue, stream.held))
-                stream.held, stream.sent_at = None, now
+            if stream is not None:
+                due.setdefault(stream.loop, []).append((stream.queue, delta))
         for loop, items in due.items():
             loop.call_soon_threadsafe(_put_all, items)
 

@@ -6,11 +6,13 @@ responses) and the engine's stepping take turns on one interpreter lock, so ever
 With `engine_process`, `AsyncLLMEngine` runs the engine here instead: a fresh interpreter (not a fork of the
 server, whose threads a fork would copy; not multiprocessing's spawn, which reruns the parent's main module,
 a Ray worker's) builds the `LLMEngine` and steps it. The server validates requests with a `RequestValidator`
-of its own (the model's spec and tokenizer, no weights) and sends them; each step's deltas come back as one
-message. Stats and health are asked on a second pipe, answered between steps.
+of its own (the model's spec and tokenizer, no weights) and sends them; each step's deltas that are due come
+back as one message (runtime.delivery holds back the rest): a 16-token answer crosses the pipe in three or
+four deltas, not sixteen. Stats and health are asked on a second pipe, answered between steps.
 
 `EngineProcess` is what `AsyncLLMEngine`'s loop thread steps in place of an `LLMEngine`: `enqueue` and
-`abort` are sent with the next `step`, which returns the deltas of every step the child ran since the last.
+`abort` are sent at once, from whatever thread calls them (the child applies them between its steps), and
+`step` returns the deltas of every step the child ran since the last.
 The child exits when asked, or when the server's end of its pipes closes: the server died, however it died.
 """
 
@@ -25,6 +27,7 @@ from multiprocessing.connection import Connection, Pipe, wait
 import torch
 
 from runtime.config import EngineConfig
+from runtime.delivery import DeliverySchedule
 from runtime.errors import InvalidInputError, describe
 from runtime.outputs import RequestDelta
 from runtime.validator import RequestValidator, ValidRequest
@@ -33,16 +36,15 @@ STARTUP_TIMEOUT_S = 600  # the child loads the weights (and on a GPU, profiles m
 
 
 class EngineProcess(RequestValidator):
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, delivery_interval_s: float = 0.0):
         super().__init__(config)
         self._steps, steps_child = Pipe()
         self._control, control_child = Pipe()
         self._control_lock = threading.Lock()
-        self._pending: list[tuple] = []
         self._unfinished: set[str] = set()
         # commands go out on a thread of their own, so the loop thread reads steps while a big send waits for the
         # child to read it: both sides blocked on a full pipe would be a deadlock
-        self._outbox: queue.SimpleQueue[list[tuple] | None] = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         if config.device == "cpu":  # leave a core to the server's own Python
             env["OMP_NUM_THREADS"] = str(max(1, torch.get_num_threads() - 1))
@@ -52,7 +54,7 @@ class EngineProcess(RequestValidator):
                                         stdin=subprocess.DEVNULL)
         steps_child.close()
         control_child.close()
-        self._control.send(config)
+        self._control.send((config, delivery_interval_s))
         if not self._control.poll(STARTUP_TIMEOUT_S):
             self.process.kill()
             raise RuntimeError("the engine process did not start")
@@ -62,29 +64,26 @@ class EngineProcess(RequestValidator):
             raise error
         threading.Thread(target=self._send_commands, name="engine-commands", daemon=True).start()
 
-    # --- what AsyncLLMEngine's loop thread calls -------------------------------
+    # --- what AsyncLLMEngine calls: enqueue and abort on any thread, the rest on its loop thread ---------
 
     def enqueue(self, request_id: str, valid: ValidRequest, priority: int = 0, owner: str | None = None) -> None:
         if request_id in self._unfinished:
             raise InvalidInputError("request_id", f"{request_id!r} is already in flight")
         # a compiled grammar stays here (shipping it costs more than compiling it again): the child compiles it,
         # in its own process, as this one's compile processes showed it compiles in time
-        self._pending.append(("add", request_id, replace(valid, grammar=None), priority, owner))
         self._unfinished.add(request_id)
+        self._outbox.put(("add", request_id, replace(valid, grammar=None), priority, owner))
 
     def abort(self, request_id: str) -> None:
         if request_id in self._unfinished:
             self._unfinished.discard(request_id)
-            self._pending.append(("abort", request_id))
+            self._outbox.put(("abort", request_id))
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._unfinished)
 
     def step(self) -> list[RequestDelta]:
-        """Send the queued commands; the deltas of the steps the child ran since the last call (at least one)."""
-        if self._pending:
-            self._outbox.put(self._pending)
-            self._pending = []
+        """The deltas of the steps the child ran since the last call (at least one)."""
         deltas = []
         while True:
             kind, payload = self._steps.recv()
@@ -99,7 +98,13 @@ class EngineProcess(RequestValidator):
         return deltas
 
     def _send_commands(self) -> None:
-        while (commands := self._outbox.get()) is not None:
+        """Send the queued commands, all those waiting as one message, until shutdown queues None."""
+        while (command := self._outbox.get()) is not None:
+            commands = [command]
+            while not self._outbox.empty():
+                commands.append(self._outbox.get())
+            if None in commands:  # shutting down: what was queued no longer matters
+                return
             try:
                 self._steps.send(commands)
             except OSError:  # the child is gone: the loop thread's next read says so
@@ -140,20 +145,21 @@ def main() -> None:
     from runtime.engine import LLMEngine
 
     try:
-        engine = LLMEngine(control.recv(), isolate_grammars=False)  # the server compiled each within its bound
+        config, delivery_interval_s = control.recv()
+        engine = LLMEngine(config, isolate_grammars=False)  # the server compiled each within its bound
     except BaseException as e:
         control.send(e if isinstance(e, InvalidInputError) else RuntimeError(f"the engine did not start: {e!r}"))
         return
     control.send(None)
     try:
-        _serve(engine, steps, control)
+        _serve(engine, DeliverySchedule(delivery_interval_s), steps, control)
     except (EOFError, OSError):  # the server is gone
         pass
     finally:
         engine.shutdown()
 
 
-def _serve(engine, steps: Connection, control: Connection) -> None:
+def _serve(engine, schedule: DeliverySchedule, steps: Connection, control: Connection) -> None:
     while True:
         ready = wait([steps, control], timeout=None if not engine.has_unfinished_requests() else 0)
         if control in ready:
@@ -162,24 +168,26 @@ def _serve(engine, steps: Connection, control: Connection) -> None:
                 control.send(None)
                 return
             control.send(engine.stats())
-        if steps in ready:
-            refused = [_apply(engine, command) for command in steps.recv()]
-            if refused := [delta for delta in refused if delta is not None]:
-                steps.send(("step", refused))
+        refused = []
+        while steps.poll():  # every command sent so far, however many messages they took
+            refused += [_apply(engine, schedule, command) for command in steps.recv()]
+        if refused := [delta for delta in refused if delta is not None]:
+            steps.send(("step", refused))
         if engine.has_unfinished_requests():
             try:
                 deltas = engine.step()
             except BaseException as e:
                 steps.send(("dead", f"engine step failed: {e!r}"))
                 raise
-            steps.send(("step", deltas))
+            steps.send(("step", schedule.due(deltas)))  # every step, so the server's reads never wait long
 
 
-def _apply(engine, command: tuple) -> RequestDelta | None:
+def _apply(engine, schedule: DeliverySchedule, command: tuple) -> RequestDelta | None:
     """Apply a command; a request the engine refused gets its final delta, with the error."""
     kind, request_id, *args = command
     if kind == "abort":
         engine.abort(request_id)
+        schedule.forget(request_id)
         return None
     try:
         engine.enqueue(request_id, *args)

@@ -99,11 +99,14 @@ def test_the_engine_is_built_on_its_loop_thread_and_a_failed_build_raises(qwen2_
         AsyncLLMEngine.from_options("/nonexistent/model/dir")
 
 
-def test_held_deltas_arrive_merged_with_the_first_and_last_at_once(qwen2_model):
-    """With an interval longer than the whole generation, a stream is its first step, then the rest as one."""
+@pytest.mark.parametrize("engine_process", [False, True], ids=["engine_thread", "engine_process"])
+def test_held_deltas_arrive_merged_with_the_first_and_last_at_once(qwen2_model, engine_process):
+    """With an interval longer than the whole generation, a stream is its first step, then the rest as one (the
+    engine process holds them back itself)."""
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1, n=2)
     prompts = [[5 + i] * (4 + 9 * i) for i in range(6)]
-    engine = AsyncLLMEngine.from_options(str(qwen2_model), delivery_interval_s=60, dtype="float32", max_model_len=256)
+    engine = AsyncLLMEngine.from_options(str(qwen2_model), delivery_interval_s=60, dtype="float32", max_model_len=256,
+                                         engine_process=engine_process)
 
     async def collect(prompt):
         return [delta async for delta in engine.generate(engine.validate(prompt, params))]

@@ -1,0 +1,34 @@
+"""DeliverySchedule: a request's first and last deltas go at once, the ones between are held and merged."""
+
+from runtime.delivery import DeliverySchedule
+from runtime.outputs import RequestDelta, SequenceDelta
+
+
+def delta(request_id: str, token: int, finished: bool = False) -> RequestDelta:
+    seq = SequenceDelta(0, [token], f"<{token}>", None, "length" if finished else None, num_output_tokens=token)
+    return RequestDelta(request_id, 3, 0, [seq], finished)
+
+
+def test_first_and_last_at_once_the_middle_merged_into_the_last():
+    schedule = DeliverySchedule(interval_s=60)
+    assert schedule.due([delta("a", 1), delta("b", 1)]) == [delta("a", 1), delta("b", 1)]
+    assert schedule.due([delta("a", 2), delta("b", 2)]) == []
+    assert schedule.due([delta("a", 3)]) == []
+    [last] = schedule.due([delta("a", 4, finished=True), delta("b", 3)])
+    assert last.finished and last.request_id == "a"
+    assert (last.seqs[0].token_ids, last.seqs[0].text) == ([2, 3, 4], "<2><3><4>")
+    assert (last.seqs[0].num_output_tokens, last.seqs[0].finish_reason) == (4, "length")
+
+
+def test_an_aborted_request_is_forgotten():
+    schedule = DeliverySchedule(interval_s=60)
+    schedule.due([delta("a", 1)])
+    schedule.due([delta("a", 2)])
+    schedule.forget("a")  # its held token goes with it; the id may come again, as a new request
+    assert schedule.due([delta("a", 7)]) == [delta("a", 7)]
+
+
+def test_no_interval_hands_on_every_delta():
+    schedule = DeliverySchedule(interval_s=0)
+    deltas = [delta("a", i) for i in range(1, 4)]
+    assert [schedule.due([d]) for d in deltas] == [[d] for d in deltas]
