@@ -15,10 +15,12 @@ seat is taken and a sequence of a higher priority waits (one a step).
 
 Lower priorities (batch lines) fill the seats the higher ones leave, except
 beside them: while a sequence of a higher priority runs or waits, and for
-FOREGROUND_STEPS steps after, the lower ones are admitted up to
+FOREGROUND_STEPS steps after, the lower ones run and are admitted up to
 `max_num_seqs_background` seats only, so a step stays short for the higher
-ones (their time to first token, their inter-token latency). Those already
-running finish; none is preempted for it.
+ones (their time to first token, their inter-token latency). Those running
+beyond it when a higher priority arrives pause, oldest first to go on: they
+keep their blocks (nothing is recomputed) and run again as the ones ahead of
+them finish, or once the higher priority lapses.
 """
 
 import heapq
@@ -163,11 +165,16 @@ class Scheduler:
         scheduled: dict[Sequence, int] = {}
         preempted = False
         order = sorted(self.running, key=lambda s: (s.num_pending_tokens > 1, s.sort_key()))
+        background_seats = self.max_num_seqs_background
         for seq in order:
             if budget == 0:
                 break
             if seq.status is not SequenceStatus.RUNNING or seq.last_token_in_flight:
                 continue  # preempted earlier in this loop, or ends when its token in flight comes back
+            if self._in_background(seq):
+                if background_seats == 0:
+                    continue  # paused beside the foreground
+                background_seats -= 1
             n = self._fit_drafts(seq, budget)
             while not self.blocks.can_grow(seq, seq.num_computed_tokens + n):
                 if seq.draft_token_ids:  # short of blocks: verify nothing rather than preempt anyone
@@ -230,9 +237,13 @@ class Scheduler:
         elif self._foreground_steps <= 0:
             self._foreground = None
 
+    def _in_background(self, seq: Sequence) -> bool:
+        """`seq` is of a lower priority than the foreground (if there is one)."""
+        return self._foreground is not None and seq.priority > self._foreground
+
     def _background_full(self, seq: Sequence) -> bool:
-        """`seq` is of a lower priority than the foreground, whose lower priorities hold their seats already."""
-        if self._foreground is None or seq.priority <= self._foreground:
+        """`seq` is in the background, whose sequences hold their seats already."""
+        if not self._in_background(seq):
             return False
         background = sum(n for p, n in self.running_per_priority.items() if p > self._foreground)
         return background >= self.max_num_seqs_background

@@ -106,27 +106,28 @@ def test_out_of_blocks_preempts_the_lowest_priority_newest_sequence():
     assert blocks.num_free_blocks == blocks.num_blocks  # everyone finished, nothing leaked
 
 
-def test_beside_online_requests_batch_lines_keep_to_their_background_seats_until_the_online_ones_lapse():
+def test_beside_online_requests_batch_lines_run_on_their_background_seats_until_the_online_ones_lapse():
     """Batch lines fill an idle engine; an online request takes a seat at once (the newest batch line gives
-    its seat back), and while it runs, and FOREGROUND_STEPS steps after, batch lines are admitted up to their
-    background seats only (not starved: they hold those); then they fill the engine again."""
+    its seat back), and while it runs, and FOREGROUND_STEPS steps after, batch lines run on their background
+    seats only: the others pause, keeping their blocks (none is recomputed), and go on oldest first as those
+    ahead of them finish (not starved); then the batch fills the engine again."""
     scheduler = _scheduler(num_blocks=1024, max_num_batched_tokens=256, max_num_seqs=8, max_num_seqs_background=2)
     batch = [_add(scheduler, f"batch-{i}", 4, priority=1, max_tokens=3) for i in range(100)]
     _step(scheduler)
     assert scheduler.running_per_priority == {1: 8}  # alone, batch lines take every seat
     online = _add(scheduler, "online", 4, priority=0, max_tokens=20)
-    assert ("online", 4) in _step(scheduler) and scheduler.num_preemptions == 1
-    _step(scheduler)  # the seven batch lines still running end; from here on, two at most beside the online one
-    assert scheduler.running_per_priority == {0: 1}
+    assert _step(scheduler) == [("batch-0", 1), ("batch-1", 1), ("online", 4)]  # the two oldest; five pause
+    assert scheduler.num_preemptions == 1 and scheduler.running_per_priority == {0: 1, 1: 7}
+    ran = []
     while not online.seqs[0].is_finished:
-        _step(scheduler)
-        assert scheduler.running_per_priority[1] <= 2
-    assert sum(s.is_finished for r in batch for s in r.seqs) > 7 + 2  # not starved: others started and ended
+        lines = [request_id for request_id, _ in _step(scheduler) if request_id != "online"]
+        assert len(lines) <= 2
+        ran += [line for line in lines if line not in ran]
+    assert ran[:6] == [f"batch-{i}" for i in range(6)]  # the paused ones went on, oldest first
+    assert len(ran) > 7 and scheduler.num_preemptions == 1  # not starved: others started; none recomputed
     for _ in range(FOREGROUND_STEPS - 1):
-        _step(scheduler)
-        assert scheduler.running_per_priority[1] <= 2
-    _step(scheduler)
-    assert scheduler.running_per_priority[1] == 8  # the online request lapsed: the batch fills the engine
+        assert len(_step(scheduler)) <= 2
+    assert len(_step(scheduler)) == 8  # the online request lapsed: the batch fills the engine
     while scheduler.num_waiting or scheduler.running:
         _step(scheduler)
     assert all(s.num_output_tokens == 3 for r in batch for s in r.seqs) and online.seqs[0].num_output_tokens == 20
