@@ -30,6 +30,7 @@ from runtime.config import EngineConfig
 from runtime.delivery import DeliverySchedule
 from runtime.errors import InvalidInputError, describe
 from runtime.outputs import RequestDelta
+from runtime.startup_heap import freeze_startup_heap
 from runtime.validator import RequestValidator, ValidRequest
 
 STARTUP_TIMEOUT_S = 600  # the child loads the weights (and on a GPU, profiles memory) before it answers
@@ -150,6 +151,7 @@ def main() -> None:
     except BaseException as e:
         control.send(e if isinstance(e, InvalidInputError) else RuntimeError(f"the engine did not start: {e!r}"))
         return
+    freeze_startup_heap()
     control.send(None)
     try:
         _serve(engine, DeliverySchedule(delivery_interval_s), steps, control)

@@ -21,6 +21,7 @@ from deployments.errors import OpenAIError, StreamError
 from deployments.replica.adapters import adapters_of
 from deployments.replica.metrics import EngineGauges, RequestMetrics
 from runtime import AsyncLLMEngine, EngineDeadError, InvalidInputError, RequestFailedError
+from runtime.startup_heap import freeze_startup_heap
 
 logger = logging.getLogger("ray.serve")
 
@@ -41,6 +42,7 @@ class LLMServer:
         self.tokenize_handler = TokenizeHandler(self.engine, self.chat_handler)
         threading.Thread(target=self._report_gauges, args=(EngineGauges(self.model_id),), name="gauges",
                          daemon=True).start()
+        freeze_startup_heap()
 
     def _report_gauges(self, gauges: EngineGauges) -> None:
         while self.engine.healthy:
