@@ -31,6 +31,7 @@ from deployments.batch.line_groups import LineGroups
 from deployments.batch.state import TERMINAL, Batch, BatchState, new_batch
 from deployments.clients import RemoteModel
 from deployments.errors import OpenAIError
+from runtime.startup_heap import freeze_startup_heap
 from runtime.storage import StoreError, open_s3_object, open_store
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class BatchManager:
         # (CI saw a restarted manager that never resumed). Resuming twice is harmless: the load runs once.
         threading.Thread(target=_call_until_answered, args=(ray.get_runtime_context().current_actor,),
                          name="resume", daemon=True).start()
+        freeze_startup_heap()
 
     async def resume(self) -> None:
         """Restart the unfinished batches, retrying while the storage is unreachable."""

@@ -7,6 +7,7 @@ from deployments.app_config import AppConfig
 from deployments.clients import RemoteModel
 from deployments.http.front import OpenAIFront
 from deployments.http.routes import build_app
+from runtime.startup_heap import freeze_startup_heap
 
 
 # Replicas and resources: the app config's ingress_deployment_config (builder.py)
@@ -16,6 +17,7 @@ class OpenAIIngress:
     def __init__(self, config: AppConfig, replicas: dict[str, DeploymentHandle]):
         clients = {model_id: RemoteModel(h) for model_id, h in replicas.items()}
         self.front = OpenAIFront.for_app(config, clients, serve.get_replica_context().app_name)
+        freeze_startup_heap()
 
     def __serve_build_asgi_app__(self):
         return build_app(self.front)
