@@ -13,12 +13,12 @@ instead: the same interface, the engine itself in a child process
 
 Commands (add, abort) are queued to the thread and applied between steps, so
 the engine itself is only ever touched by its thread (an engine process takes
-them at once, on any thread, and its child applies them between its steps). Each request's deltas go
-to an asyncio queue on the caller's loop, at most once per
-`delivery_interval_s` (runtime.delivery; with `engine_process`, the child
-holds them back, so they never cross the pipe), with one wake-up per loop per
-step. Leaving the iterator early (a client disconnect, a cancelled task)
-aborts the request and frees its blocks.
+them at once, on any thread, and its child applies them between its steps).
+Each request's deltas go to an asyncio queue on the caller's loop, at most
+once per `delivery_interval_s` (runtime.delivery; with `engine_process`, the
+child holds them back, so they never cross the pipe), with one wake-up per
+loop per step. Leaving the iterator early (a client disconnect, a cancelled
+task) aborts the request and frees its blocks.
 """
 
 import asyncio
