@@ -34,6 +34,9 @@ from runtime.startup_heap import freeze_startup_heap
 from runtime.validator import RequestValidator, ValidRequest
 
 STARTUP_TIMEOUT_S = 600  # the child loads the weights (and on a GPU, profiles memory) before it answers
+# command messages the child applies between two steps: all that came in a step, as a rule (each holds every
+# command waiting when it was sent), but a burst of adds that compile grammars cannot hold the steps up
+COMMAND_MESSAGES_PER_STEP = 16
 
 
 class EngineProcess(RequestValidator):
@@ -170,10 +173,13 @@ def _serve(engine, schedule: DeliverySchedule, steps: Connection, control: Conne
                 control.send(None)
                 return
             control.send(engine.stats())
-        refused = []
-        while steps.poll():  # every command sent so far, however many messages they took
+        received, refused = 0, []
+        while received < COMMAND_MESSAGES_PER_STEP and steps.poll():  # the commands sent so far, bounded
+            received += 1
             refused += [_apply(engine, schedule, command) for command in steps.recv()]
-        if refused := [delta for delta in refused if delta is not None]:
+        refused = [delta for delta in refused if delta is not None]
+        if refused or (received and not engine.has_unfinished_requests()):
+            # a request refused, or none left (aborted before it ran): the server may be waiting for a step
             steps.send(("step", refused))
         if engine.has_unfinished_requests():
             try:

@@ -20,7 +20,9 @@ FOREGROUND_STEPS steps after, the lower ones run and are admitted up to
 ones (their time to first token, their inter-token latency). Those running
 beyond it when a higher priority arrives pause, oldest first to go on: they
 keep their blocks (nothing is recomputed) and run again as the ones ahead of
-them finish, or once the higher priority lapses.
+them finish, or once the higher priority lapses; a higher priority that
+cannot be admitted for want of blocks or an adapter slot preempts paused ones
+for theirs.
 """
 
 import heapq
@@ -257,7 +259,9 @@ class Scheduler:
             cached = len(hits) * self.blocks.block_size
             n = min(seq.num_tokens - cached, budget)
             if not self.blocks.can_admit(hits, cached + n) or not self._pin(seq):
-                break
+                if self._in_background(seq) or not self._preempt_paused(scheduled):
+                    break
+                continue  # a paused sequence gave its blocks and adapter slot back: try again
             self.waiting.pop(seq)
             self.num_waiting -= 1
             self.blocks.admit(seq, hits, cached + n)
@@ -271,6 +275,15 @@ class Scheduler:
             scheduled[seq] = n
             budget -= n
         return budget
+
+    def _preempt_paused(self, scheduled: dict[Sequence, int]) -> bool:
+        """Preempt the newest background sequence not running this step, if any, for the foreground's blocks and
+        adapter slots: paused, it would hold them until it finishes."""
+        paused = [s for s in self.running if s not in scheduled and self._in_background(s)]
+        if not paused:
+            return False
+        self._preempt(max(paused, key=Sequence.sort_key))
+        return True
 
     def _pin(self, seq: Sequence) -> bool:
         """Pin a slot holding the sequence's adapter (loading it if need be); False when every slot is busy."""

@@ -134,6 +134,21 @@ def test_beside_online_requests_batch_lines_run_on_their_background_seats_until_
     assert scheduler.blocks.num_free_blocks == scheduler.blocks.num_blocks
 
 
+def test_an_online_request_short_of_blocks_takes_a_paused_batch_lines_blocks():
+    """Paused batch lines hold their blocks; an online request that finds none free preempts the newest of them
+    (not one running this step) and is admitted at once, rather than wait for them to finish."""
+    scheduler = _scheduler(num_blocks=16, max_num_batched_tokens=256, max_num_seqs=16, max_num_seqs_background=2)
+    for i in range(8):
+        _add(scheduler, f"batch-{i}", 4, priority=1, max_tokens=20)
+    _step(scheduler)
+    _step(scheduler)  # each has 5 tokens now: two blocks each, all sixteen in use
+    assert scheduler.blocks.num_free_blocks == 0
+    _add(scheduler, "online", 4, priority=0)
+    assert _step(scheduler) == [("batch-0", 1), ("batch-1", 1), ("online", 4)]
+    assert scheduler.num_preemptions == 1
+    assert scheduler.waiting.peek(scheduler.running_per_owner, 16).request.request_id == "batch-7"
+
+
 # --- fair admission: owners in turn, each owner's requests in turn ------------------------------------------
 
 def test_owners_take_turns_and_so_do_each_owners_requests():
