@@ -159,16 +159,17 @@ class AsyncLLMEngine:
         return last
 
     async def generate(self, request: ValidRequest, request_id: str | None = None, priority: int = 0,
-                       owner: str | None = None) -> AsyncIterator[RequestDelta]:
+                       owner: str | None = None, stream: bool = True) -> AsyncIterator[RequestDelta]:
         """Stream a validated request's deltas until it finishes. `owner` (an API key's digest, a tenant; None:
-        anonymous) is who the engine shares its seats fairly among."""
+        anonymous) is who the engine shares its seats fairly among. `stream` False: the caller reads only the
+        whole answer, which then comes in two deltas (runtime.delivery)."""
         if not self.healthy:
             raise EngineDeadError(f"the engine is not running: {self.error!r}")
         request = await self.compile(request)
         request_id = request_id or f"req-{next(self._ids)}"
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = _Stream(asyncio.get_running_loop(), queue)
-        self._send(("add", request_id, request, priority, owner))
+        self._send(("add", request_id, request, priority, owner, stream))
         if self.observer is not None:
             self.observer.started(request_id)
         finished = False
@@ -270,8 +271,13 @@ class AsyncLLMEngine:
             self.engine.abort(request_id)
             self._schedule.forget(request_id)
             return
+        request, priority, owner, stream = args
         try:
-            self.engine.enqueue(request_id, *args)
+            if self._commands_at_once:  # an engine process: its child holds back the deltas
+                self.engine.enqueue(request_id, request, priority, owner, stream)
+            else:
+                self.engine.enqueue(request_id, request, priority, owner)
+                self._schedule.start(request_id, stream)
         except Exception as e:
             self._deliver(request_id, e)
 

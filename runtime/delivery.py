@@ -2,9 +2,12 @@
 
 A request's first delta and its last go at once; the ones between at most once per interval, each merged with
 those held back before it. A server's cost is per delta handed on (a wake-up, an event, a message between
-processes), so a 16-token answer costs three or four of them, not sixteen; the tokens are the same.
+processes), so a 16-token answer costs three or four of them, not sixteen; the tokens are the same. A request
+whose caller wants only the whole answer (not streamed) gets two: its first (which times the first token)
+and its last, with everything between merged into it.
 """
 
+import math
 import time
 
 from runtime.outputs import RequestDelta
@@ -14,6 +17,12 @@ class DeliverySchedule:
     def __init__(self, interval_s: float):
         self.interval_s = interval_s
         self._held: dict[str, tuple[RequestDelta | None, float]] = {}  # request id -> (held delta, last sent)
+        self._whole: set[str] = set()  # ids of requests that are not streamed
+
+    def start(self, request_id: str, stream: bool) -> None:
+        """A request enters the engine; `stream` False: its caller reads only the whole answer."""
+        if not stream and self.interval_s > 0:
+            self._whole.add(request_id)
 
     def due(self, deltas: list[RequestDelta]) -> list[RequestDelta]:
         """The deltas to hand on now, a request's held ones merged into its next."""
@@ -24,10 +33,11 @@ class DeliverySchedule:
         for delta in deltas:
             held, sent_at = self._held.get(delta.request_id, (None, float("-inf")))
             merged = delta if held is None else held.then(delta)
+            interval = math.inf if delta.request_id in self._whole else self.interval_s
             if delta.finished:
-                self._held.pop(delta.request_id, None)
+                self.forget(delta.request_id)
                 out.append(merged)
-            elif now - sent_at >= self.interval_s:
+            elif now - sent_at >= interval:
                 self._held[delta.request_id] = (None, now)
                 out.append(merged)
             else:
@@ -35,5 +45,6 @@ class DeliverySchedule:
         return out
 
     def forget(self, request_id: str) -> None:
-        """An aborted request: it has no last delta to end it."""
+        """A request that finished, or was aborted (it has no last delta to end it)."""
         self._held.pop(request_id, None)
+        self._whole.discard(request_id)

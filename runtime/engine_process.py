@@ -70,13 +70,14 @@ class EngineProcess(RequestValidator):
 
     # --- what AsyncLLMEngine calls: enqueue and abort on any thread, the rest on its loop thread ---------
 
-    def enqueue(self, request_id: str, valid: ValidRequest, priority: int = 0, owner: str | None = None) -> None:
+    def enqueue(self, request_id: str, valid: ValidRequest, priority: int = 0, owner: str | None = None,
+                stream: bool = True) -> None:
         if request_id in self._unfinished:
             raise InvalidInputError("request_id", f"{request_id!r} is already in flight")
         # a compiled grammar stays here (shipping it costs more than compiling it again): the child compiles it,
         # in its own process, as this one's compile processes showed it compiles in time
         self._unfinished.add(request_id)
-        self._outbox.put(("add", request_id, replace(valid, grammar=None), priority, owner))
+        self._outbox.put(("add", request_id, replace(valid, grammar=None), priority, owner, stream))
 
     def abort(self, request_id: str) -> None:
         if request_id in self._unfinished:
@@ -197,8 +198,10 @@ def _apply(engine, schedule: DeliverySchedule, command: tuple) -> RequestDelta |
         engine.abort(request_id)
         schedule.forget(request_id)
         return None
+    valid, priority, owner, stream = args
     try:
-        engine.enqueue(request_id, *args)
+        engine.enqueue(request_id, valid, priority, owner)
     except Exception as e:  # the server checked the request: what fails here fails it alone
-        return RequestDelta(request_id, len(args[0].prompt_token_ids), 0, [], True, error=describe(e))
+        return RequestDelta(request_id, len(valid.prompt_token_ids), 0, [], True, error=describe(e))
+    schedule.start(request_id, stream)
     return None

@@ -100,26 +100,28 @@ def test_the_engine_is_built_on_its_loop_thread_and_a_failed_build_raises(qwen2_
 
 
 @pytest.mark.parametrize("engine_process", [False, True], ids=["engine_thread", "engine_process"])
-def test_held_deltas_arrive_merged_with_the_first_and_last_at_once(qwen2_model, engine_process):
-    """With an interval longer than the whole generation, a stream is its first step, then the rest as one (the
-    engine process holds them back itself)."""
+def test_a_whole_answer_arrives_as_its_first_step_then_the_rest_merged(qwen2_model, engine_process):
+    """A request not streamed gets two deltas, its first step and the rest as one, however short the interval (the
+    engine process holds them back itself); one streamed beside it gets every step."""
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1, n=2)
     prompts = [[5 + i] * (4 + 9 * i) for i in range(6)]
-    engine = AsyncLLMEngine.from_options(str(qwen2_model), delivery_interval_s=60, dtype="float32", max_model_len=256,
-                                         engine_process=engine_process)
+    engine = AsyncLLMEngine.from_options(str(qwen2_model), delivery_interval_s=1e-6, dtype="float32",
+                                         max_model_len=256, engine_process=engine_process)
 
-    async def collect(prompt):
-        return [delta async for delta in engine.generate(engine.validate(prompt, params))]
+    async def collect(prompt, stream):
+        return [delta async for delta in engine.generate(engine.validate(prompt, params), stream=stream)]
 
     async def main():
-        return await asyncio.gather(*(collect(p) for p in prompts))
+        return await asyncio.gather(*(collect(p, stream=i % 2 == 1) for i, p in enumerate(prompts)))
 
     try:
-        streams = asyncio.run(main())
+        results = asyncio.run(main())
     finally:
         engine.shutdown()
     offline = LLM(str(qwen2_model), dtype="float32", max_model_len=256).generate(prompts, params)
-    for deltas, ref in zip(streams, offline):
+    for deltas in results[1::2]:
+        assert len(deltas) == 12 and [d.finished for d in deltas] == [False] * 11 + [True]
+    for deltas, ref in zip(results[::2], offline[::2]):
         first, rest = deltas  # exactly two deliveries
         assert not first.finished and rest.finished
         for i, expected in enumerate(ref.outputs):

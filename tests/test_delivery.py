@@ -1,4 +1,4 @@
-"""DeliverySchedule: a request's first and last deltas go at once, the ones between are held and merged."""
+"""DeliverySchedule: a request's first and last deltas go at once, the ones between are held and merged: for an\ninterval, or to the end when the request is not streamed."""
 
 from runtime.delivery import DeliverySchedule
 from runtime.outputs import RequestDelta, SequenceDelta
@@ -18,6 +18,19 @@ def test_first_and_last_at_once_the_middle_merged_into_the_last():
     assert last.finished and last.request_id == "a"
     assert (last.seqs[0].token_ids, last.seqs[0].text) == ([2, 3, 4], "<2><3><4>")
     assert (last.seqs[0].num_output_tokens, last.seqs[0].finish_reason) == (4, "length")
+
+
+def test_a_request_not_streamed_gets_its_first_delta_then_the_rest_as_one():
+    schedule = DeliverySchedule(interval_s=1e-9)
+    schedule.start("whole", stream=False)
+    schedule.start("streamed", stream=True)
+    assert schedule.due([delta("whole", 1), delta("streamed", 1)]) == [delta("whole", 1), delta("streamed", 1)]
+    assert schedule.due([delta("whole", 2), delta("streamed", 2)]) == [delta("streamed", 2)]
+    [last] = schedule.due([delta("whole", 3, finished=True)])
+    assert last.finished and (last.seqs[0].token_ids, last.seqs[0].text) == ([2, 3], "<2><3>")
+    # the id is free again: a new request with it is streamed unless it says otherwise
+    assert schedule.due([delta("whole", 7)]) == [delta("whole", 7)]
+    assert schedule.due([delta("whole", 8)]) == [delta("whole", 8)]
 
 
 def test_an_aborted_request_is_forgotten():

@@ -93,7 +93,7 @@ class ChatHandler:
         valid = await off_loop(self._prepare, req, priority=priority)
         prompt = valid.prompt_token_ids
         result = RequestOutput.empty(request_id, prompt, valid.params.n)
-        async for delta in self.engine.generate(valid, request_id, priority, owner):
+        async for delta in self.engine.generate(valid, request_id, priority, owner, stream=False):
             result.add(delta)
         parsers = [self._parser(req) for _ in result.outputs]
         choices = [self._choice(c, parser, req) for c, parser in zip(result.outputs, parsers)]

@@ -24,15 +24,15 @@ class CompletionHandler:
         lora = self.adapters.request_for(req.model)
         return params, [self.engine.validate(ids, params, lora) for ids in prompts]  # all checked before any starts
 
-    def _streams(self, valid: list[ValidRequest], request_id, priority, owner):
-        return [self.engine.generate(v, f"{request_id}-{i}", priority, owner) for i, v in enumerate(valid)]
+    def _streams(self, valid: list[ValidRequest], request_id, priority, owner, stream: bool):
+        return [self.engine.generate(v, f"{request_id}-{i}", priority, owner, stream) for i, v in enumerate(valid)]
 
     async def complete(self, req: CompletionRequest, request_id: str, priority: int = 0,
                        owner: str | None = None) -> dict:
         params, valid = await off_loop(self._prepare, req, priority=priority)
         prompts = [v.prompt_token_ids for v in valid]
         results = [RequestOutput.empty(f"{request_id}-{i}", ids, params.n) for i, ids in enumerate(prompts)]
-        async for i, delta in merge(self._streams(valid, request_id, priority, owner)):
+        async for i, delta in merge(self._streams(valid, request_id, priority, owner, stream=False)):
             results[i].add(delta)
         choices = []
         for i, result in enumerate(results):
@@ -96,7 +96,7 @@ class CompletionHandler:
         def extra() -> dict:  # usage so far on every chunk, with continuous_usage_stats
             return {"usage": usage(prompt_tokens, generated, sum(cached))} if req.usage_on_every_chunk else {}
 
-        async for i, delta in merge(self._streams(valid, request_id, 0, owner)):
+        async for i, delta in merge(self._streams(valid, request_id, 0, owner, stream=True)):
             cached[i] = delta.num_cached_tokens
             if req.echo and i * params.n not in offsets:  # this prompt's first delta
                 for item in self._echo(req, i, prompts[i], params.n, delta.prompt_logprobs, offsets):

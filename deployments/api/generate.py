@@ -27,18 +27,19 @@ class GenerateHandler:
         request_ids = [base if len(ids) == 1 else f"{base}-{i}" for i in range(len(ids))]
         return params, valid, batched, request_ids
 
-    def _run(self, params, valid: list[ValidRequest], request_ids, priority: int = 0, owner: str | None = None):
+    def _run(self, params, valid: list[ValidRequest], request_ids, priority: int = 0, owner: str | None = None,
+             stream: bool = True):
         """Accumulators for every prompt (labelled with the client's ids), and the merged stream of their
         (prompt index, delta). The engine's ids are always new: a client's `rid` names its reply, never
         another client's request in flight."""
         results = [RequestOutput.empty(rid, v.prompt_token_ids, params.n) for rid, v in zip(request_ids, valid)]
-        streams = [self.engine.generate(v, new_id("generate-"), priority, owner) for v in valid]
+        streams = [self.engine.generate(v, new_id("generate-"), priority, owner, stream) for v in valid]
         return results, merge(streams)
 
     async def complete(self, req: GenerateRequest, priority: int = 0, owner: str | None = None) -> dict | list[dict]:
         params, valid, batched, request_ids = await off_loop(self._prepare, req)
         start = time.perf_counter()
-        results, deltas = self._run(params, valid, request_ids, priority, owner)
+        results, deltas = self._run(params, valid, request_ids, priority, owner, stream=False)
         async for i, delta in deltas:
             results[i].add(delta)
         latency = time.perf_counter() - start
