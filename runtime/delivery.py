@@ -16,7 +16,7 @@ from runtime.outputs import RequestDelta
 class DeliverySchedule:
     def __init__(self, interval_s: float):
         self.interval_s = interval_s
-        self._held: dict[str, tuple[RequestDelta | None, float]] = {}  # request id -> (held delta, last sent)
+        self._held: dict[str, tuple[RequestDelta | None, float]] = {}  # request id -> (deltas held back, merged; last sent)
         self._whole: set[str] = set()  # ids of requests that are not streamed
 
     def start(self, request_id: str, stream: bool) -> None:
@@ -32,16 +32,17 @@ class DeliverySchedule:
         out = []
         for delta in deltas:
             held, sent_at = self._held.get(delta.request_id, (None, float("-inf")))
-            merged = delta if held is None else held.then(delta)
+            if held is not None:  # merged into the held ones, which go as one
+                held.append(delta)
             interval = math.inf if delta.request_id in self._whole else self.interval_s
             if delta.finished:
                 self.forget(delta.request_id)
-                out.append(merged)
+                out.append(held or delta)
             elif now - sent_at >= interval:
                 self._held[delta.request_id] = (None, now)
-                out.append(merged)
+                out.append(held or delta)
             else:
-                self._held[delta.request_id] = (merged, sent_at)
+                self._held[delta.request_id] = (held or delta.own_copy(), sent_at)
         return out
 
     def forget(self, request_id: str) -> None:

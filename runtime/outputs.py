@@ -1,6 +1,6 @@
 """What the engine hands back: per-step deltas, and the finished outputs built from them."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass
@@ -25,12 +25,22 @@ class SequenceDelta:
     matched_stop: int | str | None = None  # the stop token id or stop string that ended it
     num_output_tokens: int = 0  # so far, including this step's
 
-    def then(self, later: "SequenceDelta") -> "SequenceDelta":
-        """This delta followed by `later` (of the same completion), as one."""
-        logprobs = None if self.logprobs is None and later.logprobs is None else \
-            (self.logprobs or []) + (later.logprobs or [])
-        return SequenceDelta(self.index, self.token_ids + later.token_ids, self.text + later.text, logprobs,
-                             later.finish_reason, later.matched_stop, later.num_output_tokens)
+    def own_copy(self) -> "SequenceDelta":
+        """A copy with lists of its own, that later deltas can be appended to."""
+        return SequenceDelta(self.index, list(self.token_ids), self.text,
+                             None if self.logprobs is None else list(self.logprobs), self.finish_reason,
+                             self.matched_stop, self.num_output_tokens)
+
+    def append(self, later: "SequenceDelta") -> None:
+        """`later` (of the same completion) added to this `own_copy`, in place."""
+        self.token_ids += later.token_ids
+        self.text += later.text
+        if later.logprobs is not None:
+            if self.logprobs is None:
+                self.logprobs = []
+            self.logprobs += later.logprobs
+        self.finish_reason, self.matched_stop = later.finish_reason, later.matched_stop
+        self.num_output_tokens = later.num_output_tokens
 
 
 @dataclass
@@ -46,15 +56,23 @@ class RequestDelta:
     error: str | None = None  # the request failed in the engine and is finished (the engine goes on)
     embedding: list[float] | None = None  # an embedding request's, on its last delta
 
-    def then(self, later: "RequestDelta") -> "RequestDelta":
-        """This delta followed by `later` (of the same request), as one: what a consumer that skipped
-        a step would have seen."""
+    def own_copy(self) -> "RequestDelta":
+        """A copy with lists of its own, that later deltas can be appended to: holding back a long answer's deltas
+        then costs one pass over its tokens, not a copy of them at every step."""
+        return replace(self, seqs=[s.own_copy() for s in self.seqs])
+
+    def append(self, later: "RequestDelta") -> None:
+        """`later` (of the same request) added to this `own_copy`, in place: what a consumer that skipped a step
+        would have seen."""
         seqs = {s.index: s for s in self.seqs}
         for s in later.seqs:
-            seqs[s.index] = seqs[s.index].then(s) if s.index in seqs else s
-        return RequestDelta(self.request_id, later.num_prompt_tokens, later.num_cached_tokens, list(seqs.values()),
-                            later.finished, self.prompt_logprobs or later.prompt_logprobs, later.error,
-                            later.embedding)
+            if s.index in seqs:
+                seqs[s.index].append(s)
+            else:
+                self.seqs.append(s.own_copy())
+        self.num_prompt_tokens, self.num_cached_tokens = later.num_prompt_tokens, later.num_cached_tokens
+        self.finished, self.error, self.embedding = later.finished, later.error, later.embedding
+        self.prompt_logprobs = self.prompt_logprobs or later.prompt_logprobs
 
 
 @dataclass

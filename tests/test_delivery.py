@@ -12,12 +12,14 @@ def delta(request_id: str, token: int, finished: bool = False) -> RequestDelta:
 def test_first_and_last_at_once_the_middle_merged_into_the_last():
     schedule = DeliverySchedule(interval_s=60)
     assert schedule.due([delta("a", 1), delta("b", 1)]) == [delta("a", 1), delta("b", 1)]
-    assert schedule.due([delta("a", 2), delta("b", 2)]) == []
+    engines = [delta("a", 2), delta("b", 2)]
+    assert schedule.due(engines) == []
     assert schedule.due([delta("a", 3)]) == []
     [last] = schedule.due([delta("a", 4, finished=True), delta("b", 3)])
     assert last.finished and last.request_id == "a"
     assert (last.seqs[0].token_ids, last.seqs[0].text) == ([2, 3, 4], "<2><3><4>")
     assert (last.seqs[0].num_output_tokens, last.seqs[0].finish_reason) == (4, "length")
+    assert engines == [delta("a", 2), delta("b", 2)]  # merged into a copy: the engine's deltas are left as they were
 
 
 def test_a_request_not_streamed_gets_its_first_delta_then_the_rest_as_one():
