@@ -37,7 +37,7 @@ class ScriptedEngine:
     async def compile(self, request: ValidRequest) -> ValidRequest:
         return request
 
-    async def generate(self, request: ValidRequest, request_id: str, priority: int = 0, owner=None):
+    async def generate(self, request: ValidRequest, request_id: str, priority: int = 0, owner=None, stream=True):
         for i, token in enumerate(self.script):
             last = i == len(self.script) - 1
             seq = SequenceDelta(0, [token], "", None, "stop" if last else None, token if last else None, i + 1)
