@@ -16,7 +16,8 @@ from runtime.outputs import RequestDelta
 class DeliverySchedule:
     def __init__(self, interval_s: float):
         self.interval_s = interval_s
-        self._held: dict[str, tuple[RequestDelta | None, float]] = {}  # request id -> (deltas held back, merged; last sent)
+        # request id -> (its deltas held back, merged into one; when it last sent)
+        self._held: dict[str, tuple[RequestDelta | None, float]] = {}
         self._whole: set[str] = set()  # ids of requests that are not streamed
 
     def start(self, request_id: str, stream: bool) -> None:

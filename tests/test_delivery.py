@@ -1,4 +1,5 @@
-"""DeliverySchedule: a request's first and last deltas go at once, the ones between are held and merged: for an\ninterval, or to the end when the request is not streamed."""
+"""DeliverySchedule: a request's first and last deltas go at once, the ones between are held and merged: for an
+interval, or to the end when the request is not streamed."""
 
 from runtime.delivery import DeliverySchedule
 from runtime.outputs import RequestDelta, SequenceDelta
