@@ -20,12 +20,19 @@ is read back and every custom_id must be there once. While the big batch
 runs, online streaming chats' time to first token is measured against the
 same chats on the idle server.
 
-Run: python -m benchmarks.batch_throughput [--lines-only]  (the LINES batch and the offline engine only)
+With --replicas N, the LINES batch runs on one replica and then on N (fresh Ray each time, the cores split
+evenly between them): a batch should scale with the replicas it is given.
+
+Run: python -m benchmarks.batch_throughput [--lines-only] [--replicas N] [--device cpu|cuda]
+  --lines-only   the LINES batch and the offline engine only
+  --replicas N   as --lines-only, plus the LINES batch on N replicas against one
+  --device       the engine's device, served and offline (default: cuda when there is one)
 """
 
+import argparse
 import json
+import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -34,6 +41,7 @@ from pathlib import Path
 
 import openai
 import psutil
+import torch
 
 from benchmarks.common import report
 from benchmarks.online_serving import MODEL_ID, local_config_args
@@ -55,8 +63,8 @@ def batch_file(count: int) -> bytes:
         + "\n" for i, messages in enumerate(conversations(count))).encode()
 
 
-def offline_lines_s(path: Path) -> float:
-    llm = LLM(str(path), max_model_len=1024)
+def offline_lines_s(path: Path, device: str) -> float:
+    llm = LLM(str(path), max_model_len=1024, device=device)
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     llm.chat(conversations(WARMUP_LINES), params)
     start = time.perf_counter()
@@ -150,8 +158,22 @@ def run_batch(client: openai.Client, count: int, probe_online: bool = False) -> 
     return figures
 
 
+def app_args(path: Path, device: str, replicas: int) -> dict:
+    """configs/local.yaml's application (benchmarks/online_serving.py's), on `replicas` replicas that share the
+    machine's cores (and GPU) evenly."""
+    args = local_config_args(path, direct_streaming=True)
+    llm = args["llm_configs"][0]
+    llm["engine_kwargs"]["device"] = device
+    llm["deployment_config"]["num_replicas"] = replicas
+    actor_options = llm["deployment_config"]["ray_actor_options"]
+    actor_options["num_cpus"] = os.cpu_count() // replicas
+    if device == "cuda":
+        actor_options["num_gpus"] = 1 / replicas  # the tiny model's engines share the one GPU
+    return args
+
+
 @contextmanager
-def serving(path: Path):
+def serving(path: Path, device: str, replicas: int = 1):
     """configs/local.yaml's application on a fresh Ray; yields its OpenAI base URL. After, waits for this
     Ray's own processes only: the machine may be running other people's."""
     import ray
@@ -162,7 +184,7 @@ def serving(path: Path):
     ray.init(address="local", include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(build_openai_app(local_config_args(path, direct_streaming=True)), route_prefix="/")
+    serve.run(build_openai_app(app_args(path, device, replicas)), route_prefix="/")
     try:
         yield f"http://127.0.0.1:{port}/v1"
     finally:
@@ -171,8 +193,8 @@ def serving(path: Path):
         wait_until(lambda: not psutil.Process().children(recursive=True), timeout=60, every=0.5)
 
 
-def served(path: Path, lines_only: bool) -> dict:
-    with serving(path) as url:
+def served(path: Path, device: str, lines_only: bool) -> dict:
+    with serving(path, device) as url:
         client = openai.Client(base_url=url, api_key="none", max_retries=0)
         run_batch(client, WARMUP_LINES)
         seats = {}
@@ -186,16 +208,34 @@ def served(path: Path, lines_only: bool) -> dict:
                 "big_batch": run_batch(client, BIG_LINES, probe_online=True), "online_ttft_p50_ms_idle": idle_ttft}
 
 
+def on_replicas(path: Path, device: str, replicas: int) -> dict:
+    """The LINES batch (after a warm-up batch) on `replicas` replicas."""
+    with serving(path, device, replicas) as url:
+        client = openai.Client(base_url=url, api_key="none", max_retries=0)
+        run_batch(client, WARMUP_LINES)
+        return run_batch(client, LINES)
+
+
 def main() -> None:
-    lines_only = "--lines-only" in sys.argv[1:]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lines-only", action="store_true")
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+    lines_only = args.lines_only or args.replicas > 1
     path = build_model_dir(Path(tempfile.mkdtemp(prefix="batch-bench-")), "qwen2")
-    before = offline_lines_s(path)
-    ours = served(path, lines_only)
-    after = offline_lines_s(path)
+    before = offline_lines_s(path, args.device)
+    ours = served(path, args.device, lines_only)
+    scaled = on_replicas(path, args.device, args.replicas) if args.replicas > 1 else None
+    after = offline_lines_s(path, args.device)
     engine = (before + after) / 2
-    ratio = {"lines": LINES, "max_tokens": MAX_TOKENS, "served": ours["batch"],
-             "offline_engine_lines_s_before_after": [before, after],
+    ratio = {"device": args.device, "cpus": os.cpu_count(), "lines": LINES, "max_tokens": MAX_TOKENS,
+             "served": ours["batch"], "offline_engine_lines_s_before_after": [before, after],
              "served_over_offline": round(ours["batch"]["lines_s"] / engine, 3)}
+    if scaled:
+        report("batch_throughput", **ratio, **{f"served_on_{args.replicas}_replicas": scaled},
+               replicas_over_one=round(scaled["lines_s"] / ours["batch"]["lines_s"], 3))
+        return
     if lines_only:
         report("batch_throughput", **ratio)
         return
