@@ -9,8 +9,10 @@ import signal
 
 import psutil
 import pytest
+import torch
 
 from runtime import AsyncLLMEngine, EngineDeadError, InvalidInputError, SamplingParams
+from runtime.engine_process import engine_threads
 from runtime.grammar import Constraint
 
 
@@ -28,11 +30,16 @@ def test_the_engine_steps_in_a_child_process_which_ends_with_shutdown(qwen2_mode
     engine = start(qwen2_model)
     child = psutil.Process(engine.engine.process.pid)
     assert child.ppid() == os.getpid() and child.is_running()
+    assert child.environ()["OMP_NUM_THREADS"] == str(engine_threads(torch.get_num_threads()))
     deltas = generate(engine, [5, 6, 7], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     assert deltas[-1].finished and deltas[-1].seqs[0].num_output_tokens == 4
     assert engine.stats()["num_requests"] == 0
     engine.shutdown()
     assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+
+
+def test_on_cpu_the_child_leaves_a_quarter_of_the_cores_at_least_one_to_the_server():
+    assert [engine_threads(cpus) for cpus in (1, 2, 3, 4, 8, 16, 64)] == [1, 1, 2, 3, 6, 12, 48]
 
 
 def test_a_build_that_fails_in_the_child_raises_its_error_in_the_server(qwen2_model):
