@@ -97,7 +97,7 @@ def ttft_p50_ms(client: openai.Client) -> float:
 @contextmanager
 def engine_seats(figures: dict):
     """The replica engine's running and waiting sequences, sampled every 0.1 s while the block runs; their means
-    go into `figures`."""
+    go into `figures` (with several replicas, each sample is of the one the handle routes to: a per-replica mean)."""
     from ray import serve
 
     from deployments.app_config import replica_name
@@ -195,8 +195,8 @@ def serving(path: Path, device: str, replicas: int = 1):
         wait_until(lambda: not psutil.Process().children(recursive=True), timeout=60, every=0.5)
 
 
-def served(path: Path, device: str, lines_only: bool) -> dict:
-    with serving(path, device) as url:
+def served(path: Path, device: str, lines_only: bool, replicas: int = 1) -> dict:
+    with serving(path, device, replicas) as url:
         client = openai.Client(base_url=url, api_key="none", max_retries=0)
         run_batch(client, WARMUP_LINES)
         seats = {}
@@ -210,14 +210,6 @@ def served(path: Path, device: str, lines_only: bool) -> dict:
                 "big_batch": run_batch(client, BIG_LINES, probe_online=True), "online_ttft_p50_ms_idle": idle_ttft}
 
 
-def on_replicas(path: Path, device: str, replicas: int) -> dict:
-    """The LINES batch (after a warm-up batch) on `replicas` replicas."""
-    with serving(path, device, replicas) as url:
-        client = openai.Client(base_url=url, api_key="none", max_retries=0)
-        run_batch(client, WARMUP_LINES)
-        return run_batch(client, LINES)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lines-only", action="store_true")
@@ -228,16 +220,15 @@ def main() -> None:
     path = build_model_dir(Path(tempfile.mkdtemp(prefix="batch-bench-")), "qwen2")
     before = offline_lines_s(path, args.device)
     ours = served(path, args.device, lines_only)
-    scaled = on_replicas(path, args.device, args.replicas) if args.replicas > 1 else None
+    scaled = served(path, args.device, True, args.replicas)["batch"] if args.replicas > 1 else None
     after = offline_lines_s(path, args.device)
     engine = (before + after) / 2
     ratio = {"device": args.device, "cpus": os.cpu_count(), "lines": LINES, "max_tokens": MAX_TOKENS,
              "served": ours["batch"], "offline_engine_lines_s_before_after": [before, after],
              "served_over_offline": round(ours["batch"]["lines_s"] / engine, 3)}
     if scaled:
-        report("batch_throughput", **ratio, **{f"served_on_{args.replicas}_replicas": scaled},
-               replicas_over_one=round(scaled["lines_s"] / ours["batch"]["lines_s"], 3))
-        return
+        ratio.update({f"served_on_{args.replicas}_replicas": scaled,
+                      "replicas_over_one": round(scaled["lines_s"] / ours["batch"]["lines_s"], 3)})
     if lines_only:
         report("batch_throughput", **ratio)
         return
