@@ -273,10 +273,8 @@ class AsyncLLMEngine:
             return
         request, priority, owner, stream = args
         try:
-            if self._commands_at_once:  # an engine process: its child holds back the deltas
-                self.engine.enqueue(request_id, request, priority, owner, stream)
-            else:
-                self.engine.enqueue(request_id, request, priority, owner)
+            self.engine.enqueue(request_id, request, priority, owner, stream)
+            if not self._commands_at_once:  # (an engine process: its child holds back the deltas)
                 self._schedule.start(request_id, stream)
         except Exception as e:
             self._deliver(request_id, e)

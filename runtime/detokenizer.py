@@ -2,7 +2,10 @@
 
 Text is decoded over a short sliding window of token ids, so each step costs
 O(window), and new text is only released once it no longer ends in U+FFFD,
-i.e. never half of a multi-byte UTF-8 character. Stop strings are searched in
+i.e. never half of a multi-byte UTF-8 character. With no stop string or
+regex to look for, tokens are decoded only when text is released, all those
+appended since in one window: a request whose caller reads only its final
+text is decoded once, not twice per token. Stop strings are searched in
 the text as it grows (so they match across token boundaries); text that could
 still turn out to be the start of a stop string is held back from the stream
 until it is resolved. Both follow each stop string with a Knuth-Morris-Pratt
@@ -92,19 +95,15 @@ class IncrementalDetokenizer:
         self._backend = None if getattr(tokenizer, "clean_up_tokenization_spaces", False) else backend
 
     def append(self, token_id: int, check_stop: bool = True) -> str | None:
-        """Add a generated token; returns the stop string (or stop regex) it completed, if any."""
+        """Add a generated token; returns the stop string (or stop regex) it completed, if any. With nothing to
+        look for, the token is decoded only when text is released, with the others appended since."""
         self._ids.append(token_id)
-        prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
-        full = self._decode(self._ids[self._prefix_offset :])
-        if full.endswith("\ufffd"):
-            return None  # an incomplete character: wait for more bytes
-        new = full[len(prefix) :]
-        self._prefix_offset = self._read_offset
-        self._read_offset = len(self._ids)
-        if not new:  # a token without text (a skipped special token, an id the tokenizer lacks): the window moves on
+        if not self.stop and not self.stop_regex:
             return None
         checked = len(self.text)
-        self.text += new
+        new = self._catch_up()
+        if not new:
+            return None
         found = self._advance_stops(checked, new) if self.stop else None  # the automata see all text, checked or not
         if not check_stop:
             return None
@@ -143,8 +142,28 @@ class IncrementalDetokenizer:
                 best = (end - len(s), s)
         return best
 
+    def _catch_up(self) -> str:
+        """Decode the tokens appended since the last decode, over a window that starts a decode before them (for
+        correct spacing); their text, added to `text`. Tokens that end in an incomplete character wait for more
+        bytes: the text goes up to the last of them that ends a character. A token without text (a skipped
+        special token, an id the tokenizer lacks) moves the window on."""
+        end = len(self._ids)
+        if self._read_offset == end:
+            return ""
+        prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        while (full := self._decode(self._ids[self._prefix_offset : end])).endswith("\ufffd"):
+            end -= 1
+            if end == self._read_offset:
+                return ""
+        new = full[len(prefix) :]
+        self._prefix_offset = self._read_offset
+        self._read_offset = end
+        self.text += new
+        return new
+
     def release(self, final: bool) -> str:
         """Text not yet released, minus a tail that may still grow into a stop string."""
+        self._catch_up()
         end = len(self.text) if final else len(self.text) - self._holdback()
         if end <= self._emitted:
             return ""

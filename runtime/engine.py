@@ -62,13 +62,17 @@ class LLMEngine(RequestValidator):
     # --- requests -----------------------------------------------------------
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    priority: int = 0, lora: LoRARequest | None = None, owner: str | None = None) -> None:
+                    priority: int = 0, lora: LoRARequest | None = None, owner: str | None = None,
+                    stream: bool = True) -> None:
         """Validate a request and queue it."""
-        self.enqueue(request_id, self.validate(prompt_token_ids, params, lora), priority, owner)
+        self.enqueue(request_id, self.validate(prompt_token_ids, params, lora), priority, owner, stream)
 
-    def enqueue(self, request_id: str, valid: ValidRequest, priority: int = 0, owner: str | None = None) -> None:
+    def enqueue(self, request_id: str, valid: ValidRequest, priority: int = 0, owner: str | None = None,
+                stream: bool = True) -> None:
         """Queue a validated request. A constrained request's grammar is compiled here unless it comes compiled.
-        `owner` (an API key's digest, a tenant; None: anonymous) is who admission shares the engine fairly among."""
+        `owner` (an API key's digest, a tenant; None: anonymous) is who admission shares the engine fairly among.
+        `stream` False: the caller reads only the final text, so the deltas before a sequence's last carry its
+        tokens and no text (which its last one carries whole), and it is detokenized once (runtime.detokenizer)."""
         if request_id in self.requests:
             raise InvalidInputError("request_id", f"{request_id!r} is already in flight")
         prompt, params, grammar = valid.prompt_token_ids, valid.params, valid.grammar
@@ -76,7 +80,7 @@ class LLMEngine(RequestValidator):
             grammar = self.compile_grammar(params.structured_output)
         make_detokenizer = (lambda: None) if valid.pooling else (lambda: self._detokenizer(prompt, params))
         request = Request(request_id, prompt, params, priority, make_detokenizer, grammar, valid.adapter, owner,
-                          valid.pooling)
+                          valid.pooling, stream)
         request.max_tokens = valid.max_tokens
         self.requests[request_id] = request
         self.scheduler.add(request)
@@ -205,7 +209,7 @@ class LLMEngine(RequestValidator):
         return SequenceDelta(
             index=seq.index,
             token_ids=appended,
-            text=seq.detokenizer.release(final=seq.is_finished),
+            text=seq.detokenizer.release(final=seq.is_finished) if seq.request.stream or seq.is_finished else "",
             logprobs=None if logprobs[0] is None else logprobs,
             finish_reason=seq.finish_reason,
             matched_stop=seq.matched_stop,
@@ -233,9 +237,8 @@ class LLMEngine(RequestValidator):
         return delta
 
     def _request_delta(self, request: Request) -> RequestDelta:
-        first = all(s.num_output_tokens <= 1 for s in request.seqs)
         prompt_logprobs = None
-        if first and request.params.prompt_logprobs is not None:
+        if request.params.prompt_logprobs is not None and all(s.num_output_tokens <= 1 for s in request.seqs):
             prompt_logprobs = [None, *request.prompt_logprobs]
         return RequestDelta(request.request_id, len(request.prompt_token_ids), request.num_cached_tokens or 0,
                             [], False, prompt_logprobs)

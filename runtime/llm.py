@@ -50,7 +50,7 @@ class LLM:
             for prompt, p, lora in zip(prompts, params, loras):
                 text, ids = (prompt, self.engine.encode(prompt)) if isinstance(prompt, str) else (None, prompt)
                 request_id = f"llm-{next(self._ids)}"
-                self.engine.add_request(request_id, ids, p, lora=lora)
+                self.engine.add_request(request_id, ids, p, lora=lora, stream=False)
                 outputs[request_id] = RequestOutput.empty(request_id, ids, p.n, text)
             while self.engine.has_unfinished_requests():
                 for delta in self.engine.step():

@@ -38,8 +38,10 @@ class Request:
         adapter: LoRAAdapter | None = None,
         owner: str | None = None,
         pooling: PoolerConfig | None = None,
+        stream: bool = True,
     ):
         self.request_id = request_id
+        self.stream = stream  # False: its caller reads only its final text (engine.enqueue)
         self.owner = owner  # who sent it (an API key's digest, a tenant; None: anonymous): admission is fair by owner
         self.pooling = pooling  # an embedding request: its prompt is prefilled and pooled, nothing is sampled
         self.adapter = adapter  # the LoRA adapter it runs with; its name also keys its prefix-cache blocks

@@ -34,6 +34,53 @@ def test_multibyte_characters_are_never_split(qwen2_model):
     assert any(p == "" for p in pieces)  # some tokens were held until their character completed
 
 
+def test_text_decoded_when_released_is_the_text_decoded_token_by_token(qwen2_model):
+    """Without a stop to look for, tokens are decoded only when text is released, all those since the last release
+    at once: released after every token, now and then, or only at the end, the text is the same as a detokenizer
+    that decodes every token as it comes (one looking for a stop that never occurs). Random ids include byte
+    tokens, so windows end mid-character; and a real sentence with multi-byte characters."""
+    tokenizer = LLM(str(qwen2_model), dtype="float32", max_model_len=128).tokenizer
+    rng = random.Random(7)
+    sequences = [[rng.randrange(tokenizer.vocab_size) for _ in range(rng.randrange(1, 60))] for _ in range(200)]
+    sequences.append(tokenizer.encode("Grüße 世界 🙂🚀 déjà vu, and the end"))
+    for ids in sequences:
+        prompt = [rng.randrange(tokenizer.vocab_size) for _ in range(rng.randrange(0, 8))]
+        eager = IncrementalDetokenizer(tokenizer, prompt, ["\x00never"], False, skip_special_tokens=True)
+        for t in ids:
+            eager.append(t)
+        expected = eager.release(final=True)
+        for release_every in (1, rng.randrange(2, 9), len(ids)):
+            lazy = IncrementalDetokenizer(tokenizer, prompt, [], False, skip_special_tokens=True)
+            pieces = []
+            for i, t in enumerate(ids, 1):
+                assert lazy.append(t) is None
+                if i % release_every == 0 and i < len(ids):
+                    pieces.append(lazy.release(final=False))
+            pieces.append(lazy.release(final=True))
+            assert "".join(pieces) == expected == lazy.text
+            assert all(not p.endswith("\ufffd") for p in pieces[:-1])  # no piece ends mid-character
+
+
+def test_a_request_read_only_whole_carries_its_text_in_its_last_delta(qwen2_model):
+    """`stream` False: the deltas before the last carry the tokens and no text; the last carries it all, the
+    same text the streamed request builds piece by piece."""
+    from runtime.engine import LLMEngine
+
+    engine = LLMEngine.from_options(str(qwen2_model), dtype="float32", max_model_len=128)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompt = engine.tokenizer.encode("Grüße 世界")
+    engine.add_request("streamed", prompt, params)
+    engine.add_request("whole", prompt, params, stream=False)
+    deltas: dict[str, list] = {"streamed": [], "whole": []}
+    while engine.has_unfinished_requests():
+        for delta in engine.step():
+            deltas[delta.request_id].append(delta.seqs[0])
+    streamed, whole = deltas["streamed"], deltas["whole"]
+    assert [d.token_ids for d in whole] == [d.token_ids for d in streamed] and len(whole) == 12
+    assert all(d.text == "" for d in whole[:-1]) and whole[-1].finish_reason == "length"
+    assert whole[-1].text == "".join(d.text for d in streamed) != ""
+
+
 def test_streamed_text_holds_back_a_possible_stop_string(qwen2_model):
     llm = LLM(str(qwen2_model), dtype="float32", max_model_len=128)
     ids = llm.tokenizer.encode("Hello world, the end")
