@@ -94,6 +94,55 @@ def test_a_stream_is_framed_at_the_edge_and_ends_with_done(tmp_path):
     assert "é" in reply.text  # UTF-8 on the wire, not \u escapes
 
 
+def test_a_client_that_serve_lets_go_mid_stream_is_a_disconnect_not_a_failure(tmp_path):
+    """Behind Serve's proxy, `receive` raises TaskCancelledError once the proxy dropped a request whose client
+    left. The app takes it as a disconnect: the stream ends (its generator closed) and the call returns, where
+    the error would otherwise reach Serve, which logs "Request failed" with a traceback and counts an error."""
+    import asyncio
+
+    from ray.exceptions import TaskCancelledError
+
+    class EndlessModel(ScriptedModel):
+        closed = False
+
+        async def chat_stream(self, req, owner=None):
+            try:
+                while True:
+                    yield chunk("a")
+                    await asyncio.sleep(0)
+            finally:
+                EndlessModel.closed = True
+
+    app = serve_in_process(EndlessModel([]), tmp_path).app
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+             "query_string": b"", "root_path": "", "headers": [(b"content-type", b"application/json")],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+    sent = []
+
+    async def scenario():
+        streaming = asyncio.Event()
+        requests = [{"type": "http.request", "body": json.dumps({**CHAT, "stream": True}).encode(),
+                     "more_body": False}]
+
+        async def receive():
+            if requests:
+                return requests.pop()
+            await streaming.wait()  # the client leaves once chunks are flowing
+            raise TaskCancelledError()
+
+        async def send(message):
+            sent.append(message)
+            if message["type"] == "http.response.body" and len(sent) > 3:
+                streaming.set()
+
+        await asyncio.wait_for(app(scope, receive, send), timeout=30)
+
+    asyncio.run(scenario())
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
+    assert len(sent) > 3 and EndlessModel.closed
+
+
 def test_an_error_before_the_first_chunk_keeps_its_status(tmp_path):
     app = serve_in_process(ScriptedModel([], fail_first=OpenAIError(400, "bad value", "temperature")), tmp_path)
     reply = app.post("/v1/chat/completions", json={**CHAT, "stream": True})

@@ -29,6 +29,7 @@ from deployments.api.sse import event_stream, sse_stream
 from deployments.api.tokenize import DetokenizeRequest, TokenizeRequest
 from deployments.clients import ModelClient
 from deployments.errors import OpenAIError, error_body, model_not_found
+from deployments.http.disconnect import DisconnectOnCancel
 from deployments.http.front import OpenAIFront
 from deployments.http.metrics import RequestCounter, node_metrics_text
 
@@ -64,6 +65,7 @@ def build_app(front: OpenAIFront) -> FastAPI:
                   redoc_url=None if keyed else "/redoc", openapi_url=None if keyed else "/openapi.json")
     app.state.front = front
     app.add_middleware(RequestCounter)
+    app.add_middleware(DisconnectOnCancel)
     app.add_exception_handler(OpenAIError, _openai_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
