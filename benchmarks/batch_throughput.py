@@ -160,10 +160,12 @@ def run_batch(client: openai.Client, count: int, probe_online: bool = False) -> 
     return figures
 
 
-def app_args(path: Path, device: str, replicas: int) -> dict:
+def app_args(path: Path, device: str, replicas: int, storage_uri: str | None = None) -> dict:
     """configs/local.yaml's application (benchmarks/online_serving.py's), on `replicas` replicas that share the
-    machine's cores (and GPU) evenly."""
+    machine's cores (and GPU) evenly; its batches in `storage_uri` (default: a fresh local directory)."""
     args = local_config_args(path, direct_streaming=True)
+    if storage_uri:
+        args["storage_uri"] = storage_uri
     llm = args["llm_configs"][0]
     llm["engine_kwargs"]["device"] = device
     llm["deployment_config"]["num_replicas"] = replicas
@@ -175,7 +177,7 @@ def app_args(path: Path, device: str, replicas: int) -> dict:
 
 
 @contextmanager
-def serving(path: Path, device: str, replicas: int = 1):
+def serving(path: Path, device: str, replicas: int = 1, storage_uri: str | None = None):
     """configs/local.yaml's application on a fresh Ray; yields its OpenAI base URL. After, waits for this
     Ray's own processes only: the machine may be running other people's."""
     import ray
@@ -186,7 +188,7 @@ def serving(path: Path, device: str, replicas: int = 1):
     ray.init(address="local", include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(build_openai_app(app_args(path, device, replicas)), route_prefix="/")
+    serve.run(build_openai_app(app_args(path, device, replicas, storage_uri)), route_prefix="/")
     try:
         yield f"http://127.0.0.1:{port}/v1"
     finally:

@@ -164,6 +164,89 @@ def test_windows_run_ahead_of_a_slow_tail_commit_in_order_and_a_killed_run_resum
     assert [r["response"]["body"]["echo"] for r in out] == [f"c-{i}" for i in range(total)]
 
 
+def test_windows_done_while_an_earlier_one_waits_are_committed_with_it_as_one_part_and_one_save(tmp_path):
+    """A slow first line holds the commit of its window while the look-ahead's windows finish; then they are
+    written as one output part and saved once (S3 charges a round trip per write), and the output is whole."""
+    import asyncio
+
+    from deployments.batch.files import FileStore
+    from runtime.storage.local import LocalStore
+
+    class CountingStore(LocalStore):
+        writes: list[tuple[str, int]] = []  # (key, lines) of each part or state written while the lines run
+
+        def put_stream(self, key, chunks):
+            data = b"".join(chunks)
+            if "/parts/" in key or key.endswith("state.json"):
+                self.writes.append((key.rsplit("/", 1)[1], data.count(b"\n")))
+            return super().put_stream(key, [data])
+
+    store = CountingStore(str(tmp_path))
+    total = 40  # ten windows of 4 (concurrency 2); the look-ahead is 8 windows
+    store.put(FileStore.content_key("file-in"), _chat_lines(total))
+    others_done = asyncio.Event()
+
+    async def send(request, request_id):
+        if request.custom_id == "c-0":
+            await others_done.wait()
+        elif request.custom_id == "c-31":  # the last line the look-ahead lets start before c-0 is in
+            others_done.set()
+        return 200, {"echo": request.custom_id}
+
+    state = new_batch("file-in", "/v1/chat/completions", 3600, "1h", None, FileStore.content_key("file-in"), None)
+    job = _job(store, state, send, concurrency=2)
+    asyncio.run(asyncio.wait_for(job.run(), timeout=60))
+    assert job.batch.status == "completed" and job.batch.request_counts.completed == total
+    parts = [(key, lines) for key, lines in store.writes if key.endswith("-out.jsonl")]
+    assert parts[0] == ("00000000-out.jsonl", 32)  # windows 0-7 in one part
+    assert sum(lines for _, lines in parts) == total and len(parts) <= 3
+    assert not [key for key, _ in store.writes if key.endswith("-err.jsonl")]  # no error line, no error part
+    first_save = next(i for i, (key, _) in enumerate(store.writes) if key == "state.json" and i > 0
+                      and store.writes[i - 1][0] == "00000000-out.jsonl")
+    assert first_save == 1 + store.writes.index(("00000000-out.jsonl", 32))
+    out = [json.loads(line) for line in store.iter_lines(FileStore.content_key(job.batch.output_file_id))]
+    assert [r["custom_id"] for r in out] == [f"c-{i}" for i in range(total)]
+    assert not store.list(f"batches/{job.id}/parts/")
+
+
+def test_a_resumed_batch_deletes_the_parts_a_killed_run_wrote_past_its_saved_windows(tmp_path):
+    """A run killed between writing a group's parts and saving it leaves parts past the saved windows; the
+    resumed run deletes them, so an error part that the new run's group does not rewrite is not concatenated
+    into the error file."""
+    import asyncio
+
+    from deployments.batch.files import FileStore
+    from runtime.storage import open_store
+
+    store = open_store(f"file://{tmp_path}")
+    total = 12
+    store.put(FileStore.content_key("file-in"), _chat_lines(total))
+    state = new_batch("file-in", "/v1/chat/completions", 3600, "1h", None, FileStore.content_key("file-in"), None)
+    state.batch.status = "in_progress"
+    state.batch.request_counts.total = total
+    state.batch.request_counts.completed = 4
+    state.progress.windows_done, state.progress.lines_done = 1, 4  # window 0 (lines 1-4) was saved
+    saved = "".join(json.dumps({"custom_id": f"c-{i}", "response": {"body": {"echo": f"c-{i}"}}}) + "\n"
+                    for i in range(4))
+    store.put(f"batches/{state.batch.id}/parts/00000000-out.jsonl", saved.encode())
+    # the killed run's unsaved group, windows 1-2: its output part, and an error part for a line that failed then
+    store.put(f"batches/{state.batch.id}/parts/00000001-out.jsonl", b'{"custom_id": "c-4"}\n')
+    store.put(f"batches/{state.batch.id}/parts/00000001-err.jsonl", b'{"custom_id": "c-5", "error": "lost"}\n')
+
+    async def send(request, request_id):
+        return (400, {"error": "refused"}) if request.custom_id == "c-10" else (200, {"echo": request.custom_id})
+
+    job = _job(store, state, send, concurrency=2)
+    asyncio.run(asyncio.wait_for(job.run(), timeout=60))
+    assert job.batch.status == "completed"
+    assert (job.batch.request_counts.completed, job.batch.request_counts.failed) == (total - 1, 1)
+    out = [json.loads(line) for line in store.iter_lines(FileStore.content_key(job.batch.output_file_id))]
+    assert [r["custom_id"] for r in out] == [f"c-{i}" for i in range(total) if i != 10]
+    assert [r["response"]["body"]["echo"] for r in out] == [r["custom_id"] for r in out]
+    errors = [json.loads(line) for line in store.iter_lines(FileStore.content_key(job.batch.error_file_id))]
+    assert [r["custom_id"] for r in errors] == ["c-10"]
+
+
 def test_batches_share_their_model_capacity_in_turn_and_it_follows_a_resize(tmp_path):
     """Two batches on one model's capacity get its slots alternately; a larger limit (more replicas) lets
     more lines run at once."""

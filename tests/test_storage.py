@@ -40,6 +40,19 @@ def test_lines_spanning_read_chunks_come_back_whole(store):
     assert list(store.iter_lines("trailing.jsonl")) == [b"one", b"two"]
 
 
+def test_objects_read_ahead_come_back_concatenated_in_order(store):
+    """More objects than are fetched at once, empty ones and ones of several read chunks among them."""
+    from runtime.storage.base import READ_AHEAD
+
+    sizes = [0, 5, 3 << 20, 0, 1, (1 << 20) + 7, *range(10, 10 + 2 * READ_AHEAD)]
+    keys = [f"parts/{i:03d}" for i in range(len(sizes))]
+    for i, (key, size) in enumerate(zip(keys, sizes)):
+        store.put(key, bytes([65 + i % 26]) * size)
+    assert b"".join(store.iter_concatenated(keys)) == b"".join(store.get(key) for key in keys)
+    with pytest.raises(MissingObjectError):
+        b"".join(store.iter_concatenated([*keys[:3], "parts/missing", keys[4]]))
+
+
 def test_large_streamed_write_is_byte_exact(store):
     chunk = bytes(range(256)) * 4096  # 1 MiB
     chunks = [chunk] * 17 + [b"tail"]  # over two 8 MiB parts on S3

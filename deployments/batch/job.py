@@ -2,22 +2,26 @@
 
 The input is streamed a chunk of lines at a time and cut into windows of
 lines. Lines start as their model has free capacity (capacity.py), whatever
-window they belong to, so the replicas stay busy across window boundaries;
-windows are committed in order as each one's last line finishes: its output
-and error lines are written as part objects keyed by the window, and only
-then is the job's progress saved. A restarted manager resumes at the first
-unsaved window and rewrites that window's parts, so no line is lost or
-written twice; the saved request_counts are those of the saved windows. When
-the input is done (or the batch is cancelled or expires, which stops new
-lines and lets those in flight finish), the parts are concatenated into the
-output and error files. The manager holds at most a look-ahead of uncommitted
-lines, whatever the batch's size.
+window they belong to, so the replicas stay busy across window boundaries.
+Windows are committed in order: once a window's last line finishes, it and the
+windows after it whose lines are done by then are written as one part object
+per kind (output lines, error lines), keyed by the group's first window, and
+only then is the job's progress saved; a store's round trips (tens of
+milliseconds each on S3) are paid per commit, not per window. A restarted
+manager deletes the parts written past the saved windows and resumes at the
+first unsaved one, so no line is lost or written twice; the saved
+request_counts are those of the saved windows. When the input is done (or
+the batch is cancelled or expires, which stops new lines and lets those in
+flight finish), the parts are concatenated into the output and error files.
+The manager holds at most a look-ahead of uncommitted lines, whatever the
+batch's size.
 """
 
 import asyncio
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
@@ -68,6 +72,35 @@ class _Window:
     results: list[Awaitable[tuple[bool, str]]] = field(default_factory=list)  # (ok, output line) of each line
     last_line: int = 0
 
+    def finished(self) -> bool:
+        return all(result.done() for result in self.results)
+
+
+class _ClosedWindows:
+    """The windows whose lines have all started, in input order, handed to the committer a group at a time."""
+
+    def __init__(self):
+        self._windows: deque[_Window | None] = deque()  # None: the last one was closed
+        self._added = asyncio.Event()
+
+    def close(self, window: _Window | None) -> None:
+        self._windows.append(window)
+        self._added.set()
+
+    async def next_group(self) -> list[_Window]:
+        """The first window once its lines are done, with the windows after it whose lines are done by then;
+        [] once the last window was handed out."""
+        while not self._windows:
+            self._added.clear()
+            await self._added.wait()
+        if self._windows[0] is None:
+            return []
+        await asyncio.gather(*self._windows[0].results)
+        group = [self._windows.popleft()]
+        while self._windows and self._windows[0] is not None and self._windows[0].finished():
+            group.append(self._windows.popleft())
+        return group
+
 
 class BatchJob:
     def __init__(self, state: BatchState, store: ObjectStore, files: FileStore, models: set[str], send: Send,
@@ -85,6 +118,7 @@ class BatchJob:
         self._uncommitted = 0
         self._room = asyncio.Event()  # a window was committed
         self._in_flight: set[asyncio.Task] = set()
+        self._writing: set[asyncio.Future] = set()  # store writes under way, shielded from cancellation
 
     @property
     def batch(self) -> Batch:
@@ -101,14 +135,29 @@ class BatchJob:
     def state_key(self) -> str:
         return state_key(self.id)
 
+    def _parts_prefix(self) -> str:
+        return f"batches/{self.id}/parts/"
+
     def _part_key(self, window: int, kind: str) -> str:
-        return f"batches/{self.id}/parts/{window:08d}-{kind}.jsonl"
+        """The part of `kind` ("out" or "err") of the group of windows that starts at `window`."""
+        return f"{self._parts_prefix()}{window:08d}-{kind}.jsonl"
 
     async def save(self) -> None:
         """Store the state, with the request counts of the committed windows (the live ones run ahead)."""
         state = self.state.model_dump()
         state["batch"]["request_counts"].update(completed=self._committed[0], failed=self._committed[1])
-        await asyncio.to_thread(self.store.put_json, self.state_key(), state)
+        await self._write((self.store.put_json, self.state_key(), state))
+
+    async def _write(self, *writes: tuple) -> None:
+        """Store writes, (function, *args) each, run at once. They are shielded: one that a cancel or a failed
+        neighbour interrupts still ends before this job runs again (`_clear_unsaved_parts`), so no write of
+        an earlier run lands over a later one's."""
+        done = asyncio.gather(*(asyncio.to_thread(*write) for write in writes), return_exceptions=True)
+        self._writing.add(done)
+        done.add_done_callback(self._writing.discard)
+        for outcome in await asyncio.shield(done):
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     def _set_status(self, status: Status) -> None:
         self.batch.status = status
@@ -173,7 +222,8 @@ class BatchJob:
         order as each one's last line finishes: the next windows run while an earlier one's tail does."""
         seen: set[str] = set()
         self._uncommitted = 0
-        closed: asyncio.Queue[_Window | None] = asyncio.Queue()
+        await self._clear_unsaved_parts()
+        closed = _ClosedWindows()
         committer = asyncio.get_running_loop().create_task(self._commit_in_order(closed))
         window = _Window(self.progress.windows_done)
         try:
@@ -186,11 +236,11 @@ class BatchJob:
                     break
                 await self._dispatch(window, line_no, raw, seen, committer)
                 if len(window.results) == self.limits.window:
-                    closed.put_nowait(window)
+                    closed.close(window)
                     window = _Window(window.index + 1)
             if window.results:
-                closed.put_nowait(window)
-            closed.put_nowait(None)
+                closed.close(window)
+            closed.close(None)
             await committer
         except BaseException:
             committer.cancel()
@@ -253,24 +303,44 @@ class BatchJob:
         return ok, _line_json(request_id, request.custom_id,
                               {"status_code": status, "request_id": request_id, "body": body}, None)
 
-    async def _commit_in_order(self, closed: asyncio.Queue) -> None:
-        """Each closed window, in order, once all its lines are done: its output and error parts are written,
-        then the progress saved. A restarted manager resumes at the first window not saved."""
+    async def _commit_in_order(self, closed: _ClosedWindows) -> None:
+        """The closed windows, in order, a group at a time once their lines are done: the group's output and
+        error lines are written as one part each (none for a kind it has no line of), then the progress saved.
+        A restarted manager resumes at the first window not saved."""
         try:
-            while (window := await closed.get()) is not None:
-                results = await asyncio.gather(*window.results)
-                for kind, ok in (("out", True), ("err", False)):
-                    data = "".join(line for line_ok, line in results if line_ok is ok).encode()
-                    await asyncio.to_thread(self.store.put, self._part_key(window.index, kind), data)
+            while group := await closed.next_group():
+                results = [result.result() for window in group for result in window.results]
+                parts = {kind: "".join(line for line_ok, line in results if line_ok is ok).encode()
+                         for kind, ok in (("out", True), ("err", False))}
+                await self._write(*((self.store.put, self._part_key(group[0].index, kind), data)
+                                    for kind, data in parts.items() if data))
                 completed = sum(ok for ok, _ in results)
                 self._committed = (self._committed[0] + completed, self._committed[1] + len(results) - completed)
-                self.progress.windows_done = window.index + 1
-                self.progress.lines_done = window.last_line
+                self.progress.windows_done = group[-1].index + 1
+                self.progress.lines_done = group[-1].last_line
                 await self.save()
                 self._uncommitted -= len(results)
                 self._room.set()
         finally:
             self._room.set()  # a dispatcher waiting for room sees how this ended
+
+    async def _clear_unsaved_parts(self) -> None:
+        """Before lines run again: the store writes of an earlier run in this process end, then the parts
+        written past the saved windows (a group whose save a kill, a store error or a cancel cut short) are
+        deleted, so every part left is a saved group's and the next group's parts replace nothing."""
+        if self._writing:
+            await asyncio.wait(set(self._writing))
+        for window, _, key in await asyncio.to_thread(self._stored_parts):
+            if window >= self.progress.windows_done:
+                await asyncio.to_thread(self.store.delete, key)
+
+    def _stored_parts(self) -> list[tuple[int, str, str]]:
+        """(first window, kind, key) of each part in the store, in window order."""
+        parts = []
+        for key in self.store.list(self._parts_prefix()):
+            window, kind = key.rsplit("/", 1)[1].removesuffix(".jsonl").split("-")
+            parts.append((int(window), kind, key))
+        return parts
 
     def _count(self, ok: bool) -> None:
         """One more request done: in the batch's request_counts and in the metrics."""
@@ -298,28 +368,28 @@ class BatchJob:
         if final == "completed":
             self._set_status("finalizing")
             await self.save()
-        for kind, name in (("out", "output"), ("err", "error")):
-            parts = [self._part_key(i, kind) for i in range(self.progress.windows_done)]
+        stored = await asyncio.to_thread(self._stored_parts)
+        for kind, name, lines in (("out", "output", self._committed[0]), ("err", "error", self._committed[1])):
+            if not lines:
+                continue
+            parts = [key for window, part_kind, key in stored
+                     if part_kind == kind and window < self.progress.windows_done]
             file_id = f"file-{self.id[len('batch_'):]}-{name}"
-            meta = await asyncio.to_thread(self._concatenate, parts, file_id)
-            if meta is not None:
-                setattr(self.batch, f"{name}_file_id", file_id)
-                setattr(self.batch, f"{name}_file_uri", self.store.uri_of(FileStore.content_key(file_id)))
+            await asyncio.to_thread(self._concatenate, parts, file_id)
+            setattr(self.batch, f"{name}_file_id", file_id)
+            setattr(self.batch, f"{name}_file_uri", self.store.uri_of(FileStore.content_key(file_id)))
         self._set_status(final)
         await self.save()
         count_batch("batch", final)
         await asyncio.to_thread(self._delete_parts)
 
-    def _concatenate(self, parts: list[str], file_id: str) -> dict | None:
-        sizes = [self.store.size(p) or 0 for p in parts]
-        if not any(sizes):
-            return None
-        chunks = (chunk for p, size in zip(parts, sizes) if size for chunk in self.store.iter_chunks(p))
+    def _concatenate(self, parts: list[str], file_id: str) -> None:
         name = f"{self.id}_{file_id.rsplit('-', 1)[1]}.jsonl"
-        return self.files.create(name, "batch_output", chunks, file_id, owner=self.progress.owner)
+        self.files.create(name, "batch_output", self.store.iter_concatenated(parts), file_id,
+                          owner=self.progress.owner)
 
     def _delete_parts(self) -> None:
-        for key in self.store.list(f"batches/{self.id}/parts/"):
+        for _, _, key in self._stored_parts():
             self.store.delete(key)
 
 
