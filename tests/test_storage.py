@@ -53,6 +53,20 @@ def test_objects_read_ahead_come_back_concatenated_in_order(store):
         b"".join(store.iter_concatenated([*keys[:3], "parts/missing", keys[4]]))
 
 
+def test_many_objects_are_deleted_at_once(store, monkeypatch):
+    """Past S3's thousand keys a request, missing keys among them; nothing else under the prefix goes."""
+    import runtime.storage.s3
+
+    monkeypatch.setattr(runtime.storage.s3, "DELETES_PER_REQUEST", 3)  # seven keys: three requests on S3
+    keys = [f"parts/{i}" for i in range(6)]
+    for key in keys:
+        store.put(key, b"x")
+    store.put("kept/one", b"y")
+    store.delete_many([*keys, "parts/missing"])
+    assert store.list("parts/") == [] and store.list("kept/") == ["kept/one"]
+    store.delete_many([])
+
+
 def test_large_streamed_write_is_byte_exact(store):
     chunk = bytes(range(256)) * 4096  # 1 MiB
     chunks = [chunk] * 17 + [b"tail"]  # over two 8 MiB parts on S3

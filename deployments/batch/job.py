@@ -330,9 +330,10 @@ class BatchJob:
         deleted, so every part left is a saved group's and the next group's parts replace nothing."""
         if self._writing:
             await asyncio.wait(set(self._writing))
-        for window, _, key in await asyncio.to_thread(self._stored_parts):
-            if window >= self.progress.windows_done:
-                await asyncio.to_thread(self.store.delete, key)
+        stored = await asyncio.to_thread(self._stored_parts)
+        unsaved = [key for window, _, key in stored if window >= self.progress.windows_done]
+        if unsaved:
+            await asyncio.to_thread(self.store.delete_many, unsaved)
 
     def _stored_parts(self) -> list[tuple[int, str, str]]:
         """(first window, kind, key) of each part in the store, in window order."""
@@ -389,8 +390,7 @@ class BatchJob:
                           owner=self.progress.owner)
 
     def _delete_parts(self) -> None:
-        for _, _, key in self._stored_parts():
-            self.store.delete(key)
+        self.store.delete_many(key for _, _, key in self._stored_parts())
 
 
 def _line_json(request_id: str, custom_id: str | None, response: dict | None, error: dict | None) -> str:

@@ -43,6 +43,11 @@ class ObjectStore(ABC):
     def delete(self, key: str) -> None:
         """Remove an object; removing a missing one is not an error."""
 
+    def delete_many(self, keys: Iterable[str]) -> None:
+        """Remove the objects (missing ones are not an error); S3 takes a thousand a request."""
+        for key in keys:
+            self.delete(key)
+
     def uri_of(self, key: str) -> str:
         return f"{self.uri.rstrip('/')}/{key}"
 

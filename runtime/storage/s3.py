@@ -17,6 +17,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from runtime.storage.base import MissingObjectError, ObjectStore, StoreError
 
 PART_SIZE = 8 << 20  # S3's minimum part is 5 MiB
+DELETES_PER_REQUEST = 1000  # DeleteObjects' limit
 
 
 _ENVIRONMENT = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
@@ -119,3 +120,13 @@ class S3Store(ObjectStore):
     def delete(self, key: str) -> None:
         with _as_store_error("deleting", self.uri_of(key)):
             self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        for start in range(0, len(keys), DELETES_PER_REQUEST):
+            batch = keys[start:start + DELETES_PER_REQUEST]
+            with _as_store_error("deleting", self.uri_of(batch[0])):
+                failed = self.client.delete_objects(Bucket=self.bucket, Delete={
+                    "Objects": [{"Key": self._key(key)} for key in batch], "Quiet": True}).get("Errors")
+            if failed:
+                raise StoreError(f"deleting {self.uri_of(failed[0]['Key'])}: {failed[0].get('Message')}")
