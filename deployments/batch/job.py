@@ -382,15 +382,12 @@ class BatchJob:
         self._set_status(final)
         await self.save()
         count_batch("batch", final)
-        await asyncio.to_thread(self._delete_parts)
+        await asyncio.to_thread(self.store.delete_many, [key for _, _, key in stored])
 
     def _concatenate(self, parts: list[str], file_id: str) -> None:
         name = f"{self.id}_{file_id.rsplit('-', 1)[1]}.jsonl"
         self.files.create(name, "batch_output", self.store.iter_concatenated(parts), file_id,
                           owner=self.progress.owner)
-
-    def _delete_parts(self) -> None:
-        self.store.delete_many(key for _, _, key in self._stored_parts())
 
 
 def _line_json(request_id: str, custom_id: str | None, response: dict | None, error: dict | None) -> str:
