@@ -152,7 +152,7 @@ def served_ttft_ms(url: str, tokenizer) -> float:
 def in_process_ttft_ms(path, tokenizer) -> float:
     """The same prompt's p50 TTFT on an in-process AsyncLLMEngine, rendered and tokenized as the server does."""
     from runtime import AsyncLLMEngine
-    from runtime.tokenizer import encode, render_chat
+    from runtime.text.tokenizer import encode, render_chat
 
     engine = AsyncLLMEngine.from_options(str(path), 0.1, max_model_len=1024)
     params = SamplingParams(temperature=0, max_tokens=4)

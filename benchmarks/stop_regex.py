@@ -12,7 +12,7 @@ import time
 from transformers import AutoTokenizer
 
 from benchmarks.common import build_cpu_model, report
-from runtime.detokenizer import IncrementalDetokenizer
+from runtime.text.detokenizer import IncrementalDetokenizer
 
 PATTERNS = ["[0-9]{2}", r"\bEND\b", "b[ac]{2,5}d", r"(x|x)*y"]  # the last is unbounded
 OUTPUT_TEXT = "abc def ghi " * 4000

@@ -10,7 +10,7 @@ import time
 
 from benchmarks.common import build_cpu_model, report, shared_prefix_prompts
 from runtime import AsyncLLMEngine, SamplingParams
-from runtime.grammar import Constraint
+from runtime.text.grammar import Constraint
 
 CONCURRENCY, REQUESTS, OUTPUT = 32, 64, 128
 SCHEMA = {  # long enough that every request is still inside the JSON after OUTPUT tokens

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.cpu import grouped_matmul as cpu_grouped
+from kernels.expert_order import sort_by_expert
 
 
 def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor | None,
@@ -30,14 +31,6 @@ def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gat
     if packed is not None:
         return _fused_experts_packed(x, weights, ids, *packed, activation, gate_up_bias, down_bias)
     return fused_experts_reference(x, weights, ids, gate_up, down, activation, gate_up_bias, down_bias)
-
-
-def sort_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The step's (token, k) pairs by expert: the flat expert ids, the pair indices in expert order (stable) and
-    each expert's pair count (an index_add, not a bincount, which syncs on CUDA)."""
-    flat = ids.flatten()
-    counts = torch.zeros(num_experts, dtype=flat.dtype, device=flat.device).index_add_(0, flat, torch.ones_like(flat))
-    return flat, flat.argsort(stable=True), counts
 
 
 def _fused_experts_packed(x, weights, ids, gate_up, down, activation, gate_up_bias, down_bias):
@@ -75,9 +68,9 @@ def fused_experts_reference(x, weights, ids, gate_up, down, activation, gate_up_
 def _grouped_matmul(rows: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     """`rows` [N, in] sorted by expert, times each segment's expert `weight` [E, in, out]: [N, out].
 
-    `ends` [E] is where each expert's segment ends. One grouped matmul where torch has one (2.8 and later; on a
-    quiet 2-core machine it beat one bmm over groups padded to the largest by 1.4x on the MoE benchmark), else
-    one matmul per segment."""
+    `ends` [E] is where each expert's segment ends. One grouped matmul where torch has one (2.8 and later: it beat
+    one bmm over groups padded to the largest, see docs/architecture.md's performance notes), else one matmul per
+    segment."""
     if hasattr(F, "grouped_mm"):
         return F.grouped_mm(rows, weight, offs=ends.to(torch.int32))
     starts = [0, *ends.tolist()[:-1]]

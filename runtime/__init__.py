@@ -3,15 +3,15 @@
 `from runtime import LLM, SamplingParams` is all an offline script needs.
 """
 
-from runtime.async_engine import AsyncLLMEngine, EngineDeadError
 from runtime.config import EngineConfig
-from runtime.engine import LLMEngine
+from runtime.engine.async_engine import AsyncLLMEngine, EngineDeadError
+from runtime.engine.llm import LLM
+from runtime.engine.llm_engine import LLMEngine
+from runtime.engine.validator import ValidRequest
 from runtime.errors import InvalidInputError, RequestFailedError
-from runtime.llm import LLM
 from runtime.lora import LoRARequest
 from runtime.outputs import CompletionOutput, RequestDelta, RequestOutput, SequenceDelta, TokenLogprob
 from runtime.sampling_params import SamplingParams
-from runtime.validator import ValidRequest
 
 __all__ = [
     "AsyncLLMEngine",

@@ -2,7 +2,7 @@
 
 Values only: nothing here reads the model. What the options name (the model's
 files and config, the dtype `auto` picks, the context length it allows) is
-resolved when the engine is built (`runtime.model_spec`), and each rank's model
+resolved when the engine is built (`runtime.models.spec`), and each rank's model
 runner chooses its attention kernels.
 """
 
@@ -57,9 +57,9 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | dict | None = None  # {method: ngram | draft_model,
     # num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, model (the draft), disable_by_batch_size}
     async_scheduling: bool = False  # launch each step before the previous one's tokens reach the host, so on a GPU
-    # the host's scheduling and post-processing overlap the device's work (runtime.engine.LLMEngine.step)
+    # the host's scheduling and post-processing overlap the device's work (runtime.engine.llm_engine.LLMEngine.step)
     engine_process: bool = False  # servers (AsyncLLMEngine): step the engine in a process of its own, so the
-    # server's Python does not hold up its steps (runtime.engine_process); on CPU it takes one thread fewer than
+    # server's Python does not hold up its steps (runtime.engine.engine_process); on CPU it takes one thread fewer than
     # the server's, leaving a core to the server. Tensor parallel size 1 only
     attention_backend: str = "auto"  # torch | cpu | triton | flash; auto: flash, else triton on GPU; cpu (the C++
     # kernel) on CPU where it applies, else torch

@@ -9,7 +9,7 @@ class InvalidInputError(ValueError):
         self.param = param
         self.message = message
 
-    def __reduce__(self):  # it crosses from the engine's process (runtime.engine_process)
+    def __reduce__(self):  # it crosses from the engine's process (runtime.engine.engine_process)
         return type(self), (self.param, self.message)
 
 

@@ -2,9 +2,9 @@
 
 from dataclasses import dataclass
 
-from runtime.detokenizer import stop_pattern
 from runtime.errors import InvalidInputError, require
-from runtime.grammar import Constraint
+from runtime.text.detokenizer import stop_pattern
+from runtime.text.grammar import Constraint
 
 # A stop string's most characters. OpenAI documents up to 4 stop sequences and no length; vLLM and SGLang bound
 # neither (they hold back the longest stop's length, in characters or tokens). Matching here costs time in the

@@ -29,7 +29,7 @@ def any_model(request, tmp_path_factory):
 @pytest.fixture(scope="session")
 def harmony_vocab(tmp_path_factory) -> Path:
     """A directory holding o200k_base.tiktoken, named by TIKTOKEN_ENCODINGS_BASE for this process's harmony."""
-    from runtime.harmony_chat import harmony_encoding
+    from runtime.text.harmony_chat import harmony_encoding
     from tests.harmony_vocab import write_o200k_base
 
     directory = tmp_path_factory.mktemp("tiktoken")

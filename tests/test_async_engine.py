@@ -8,12 +8,12 @@ from contextlib import aclosing
 import pytest
 
 from runtime import LLM, AsyncLLMEngine, InvalidInputError, SamplingParams
-from runtime.engine import LLMEngine
+from runtime.engine.llm_engine import LLMEngine
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["engine_thread", "engine_process"])
 def async_engine(qwen2_model, request):
-    """The engine stepped on the loop thread, and in a process of its own (runtime.engine_process)."""
+    """The engine stepped on the loop thread, and in a process of its own (runtime.engine.engine_process)."""
     engine = AsyncLLMEngine.from_options(str(qwen2_model), dtype="float32", max_model_len=256,
                                          engine_process=request.param)
     yield engine
@@ -170,8 +170,8 @@ def test_an_observer_sees_every_stream_start_deliver_and_end_finished_or_left(qw
 def test_a_grammar_over_its_bounds_is_refused_and_the_engine_serves_on(qwen2_model, monkeypatch):
     """Over the size bound: refused before compiling. Over the time bound (here 0 s): refused at once, naming the
     field."""
-    import runtime.async_engine
-    from runtime.grammar import MAX_CONSTRAINT_CHARS, Constraint
+    import runtime.engine.async_engine
+    from runtime.text.grammar import MAX_CONSTRAINT_CHARS, Constraint
 
     engine = AsyncLLMEngine.from_options(str(qwen2_model), dtype="float32", max_model_len=128)
     schema = '{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}'
@@ -183,7 +183,7 @@ def test_a_grammar_over_its_bounds_is_refused_and_the_engine_serves_on(qwen2_mod
     try:
         with pytest.raises(InvalidInputError, match="characters"):
             asyncio.run(run(Constraint("regex", "a" * (MAX_CONSTRAINT_CHARS + 1), "regex")))
-        monkeypatch.setattr(runtime.async_engine, "GRAMMAR_TIMEOUT_S", 0)
+        monkeypatch.setattr(runtime.engine.async_engine, "GRAMMAR_TIMEOUT_S", 0)
         with pytest.raises(InvalidInputError, match="did not compile within") as e:
             asyncio.run(run(Constraint("json_schema", schema)))
         assert e.value.param == "response_format"
@@ -199,8 +199,8 @@ def test_a_compile_over_its_bound_is_killed_while_cached_grammars_are_served(qwe
     refused at the bound and its process is gone, while a request whose grammar is cached is served meanwhile."""
     import psutil
 
-    import runtime.async_engine
-    from runtime.grammar import Constraint
+    import runtime.engine.async_engine
+    from runtime.text.grammar import Constraint
 
     engine = AsyncLLMEngine.from_options(str(qwen2_model), dtype="float32", max_model_len=128)
     cached = Constraint("json_schema", '{"type": "object", "properties": {"a": {"type": "integer"}}}')
@@ -222,7 +222,7 @@ def test_a_compile_over_its_bound_is_killed_while_cached_grammars_are_served(qwe
     try:
         asyncio.run(run(cached))  # compiled and kept; the compile processes are up
         before = {p.pid for p in psutil.Process().children(recursive=True)}
-        monkeypatch.setattr(runtime.async_engine, "GRAMMAR_TIMEOUT_S", 4)
+        monkeypatch.setattr(runtime.engine.async_engine, "GRAMMAR_TIMEOUT_S", 4)
         errors = asyncio.run(main())
         assert all(isinstance(e, InvalidInputError) and e.param == "response_format" for e in errors), errors
         assert all("did not compile within 4 s" in str(e) for e in errors)

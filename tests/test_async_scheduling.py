@@ -10,9 +10,9 @@ from contextlib import aclosing
 import pytest
 
 from runtime import LLM, AsyncLLMEngine, SamplingParams
-from runtime.engine import LLMEngine
+from runtime.engine.llm_engine import LLMEngine
 from runtime.errors import InvalidInputError
-from runtime.grammar import Constraint
+from runtime.text.grammar import Constraint
 from tests.helpers import wait_until
 from tests.model_factory import build_model_dir, kv_cache_bytes
 

@@ -60,7 +60,7 @@ TEXTS = ["hello world", "word " * 300, "é" * 90 + "e\u0301" * 40, "<|im_start|>
 
 def test_a_text_far_over_the_context_is_refused_before_it_is_tokenized(qwen2_model):
     llm = LLM(str(qwen2_model), max_model_len=64)
-    bound = llm.engine.token_count_bound
+    bound = llm.engine.validator.token_count_bound
     assert all(0 < bound.fewest_tokens(t) <= len(llm.tokenizer.encode(t)) for t in TEXTS[1:])
     with pytest.raises(InvalidInputError, match="the prompt has at least 357142 tokens") as e:
         llm.generate("word " * 1_000_000, GREEDY)
@@ -75,7 +75,7 @@ def test_a_tokenizer_that_can_drop_characters_gets_no_bound():
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    from runtime.tokenizer import TokenCountBound
+    from runtime.text.tokenizer import TokenCountBound
 
     wordpiece = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1},
                                                                                     unk_token="[UNK]")))

@@ -8,7 +8,7 @@ import pytest
 from deployments.batch.index import BatchIndex, state_key
 from deployments.batch.state import new_batch
 from deployments.errors import OpenAIError
-from runtime.storage import LocalStore
+from deployments.storage import LocalStore
 
 
 class CountingStore(LocalStore):

@@ -76,7 +76,7 @@ def test_a_batch_whose_input_is_gone_ends_instead_of_retrying_forever(tmp_path, 
 
     from deployments.batch.files import FileLimits, FileStore
     from deployments.batch.job import BatchJob, BatchLimits
-    from runtime.storage import open_store
+    from deployments.storage import open_store
 
     store = open_store(f"file://{tmp_path}")
     state = new_batch("file-gone", "/v1/chat/completions", 3600, "1h", None, FileStore.content_key("file-gone"), None)
@@ -114,7 +114,7 @@ def test_windows_run_ahead_of_a_slow_tail_commit_in_order_and_a_killed_run_resum
     import asyncio
 
     from deployments.batch.files import FileStore
-    from runtime.storage import open_store
+    from deployments.storage import open_store
 
     store = open_store(f"file://{tmp_path}")
     total = 300
@@ -170,7 +170,7 @@ def test_windows_done_while_an_earlier_one_waits_are_committed_with_it_as_one_pa
     import asyncio
 
     from deployments.batch.files import FileStore
-    from runtime.storage.local import LocalStore
+    from deployments.storage.local import LocalStore
 
     class CountingStore(LocalStore):
         writes: list[tuple[str, int]] = []  # (key, lines) of each part or state written while the lines run
@@ -216,7 +216,7 @@ def test_a_resumed_batch_deletes_the_parts_a_killed_run_wrote_past_its_saved_win
     import asyncio
 
     from deployments.batch.files import FileStore
-    from runtime.storage import open_store
+    from deployments.storage import open_store
 
     store = open_store(f"file://{tmp_path}")
     total = 12
@@ -254,7 +254,7 @@ def test_batches_share_their_model_capacity_in_turn_and_it_follows_a_resize(tmp_
 
     from deployments.batch.capacity import Capacity
     from deployments.batch.files import FileStore
-    from runtime.storage import open_store
+    from deployments.storage import open_store
 
     store = open_store(f"file://{tmp_path}")
     store.put(FileStore.content_key("file-in"), _chat_lines(60))

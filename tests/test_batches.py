@@ -257,7 +257,7 @@ def test_a_manager_over_many_finished_batches_holds_none_and_pages_them_from_the
     import requests
 
     from deployments.batch.state import BatchState, new_batch
-    from runtime.storage import open_store
+    from deployments.storage import open_store
 
     root = tmp_path_factory.mktemp("resume-storage")
     store = open_store(f"file://{root}")
@@ -295,7 +295,7 @@ def test_a_manager_over_many_finished_batches_holds_none_and_pages_them_from_the
 
 def test_a_batch_stored_by_the_earlier_code_resumes(server, tmp_path_factory):
     """State in the earlier flat format (progress fields underscored) resumes after its saved window, once."""
-    from runtime.storage import open_store
+    from deployments.storage import open_store
     from tests.test_batch_state import EARLIER_IN_PROGRESS as earlier
 
     root = tmp_path_factory.mktemp("earlier-storage")
@@ -322,7 +322,7 @@ def test_a_manager_restarted_by_ray_resumes_its_batches_with_no_api_call(server,
     """Killed with a restart allowed, the manager comes back and finishes the batch while nobody polls: the
     store's state is read directly, never through the Batches API."""
     from deployments.batch.state import BatchState
-    from runtime.storage import open_store
+    from deployments.storage import open_store
 
     root = tmp_path_factory.mktemp("unpolled")
     with another_app(server, "unpolled", app_args(server.model_dir, f"file://{root}")) as url:

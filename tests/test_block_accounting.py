@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime import LLM, SamplingParams
-from runtime.kv_cache import FREED
-from runtime.sequence import SequenceStatus
+from runtime.core.block_manager import FREED
+from runtime.core.sequence import SequenceStatus
 from tests.model_factory import build_model_dir, kv_cache_bytes
 
 add = st.tuples(

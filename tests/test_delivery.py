@@ -1,7 +1,7 @@
 """DeliverySchedule: a request's first and last deltas go at once, the ones between are held and merged: for an
 interval, or to the end when the request is not streamed."""
 
-from runtime.delivery import DeliverySchedule
+from runtime.engine.delivery import DeliverySchedule
 from runtime.outputs import RequestDelta, SequenceDelta
 
 

@@ -100,7 +100,7 @@ def test_an_embedding_mixed_with_decode_leaves_greedy_tokens_unchanged(qwen2_mod
     tokens, embedding, mixed_steps = [], None, 0
     while engine.has_unfinished_requests():
         if len(tokens) == 2:
-            engine.enqueue("emb", engine.validate_embedding(embed_prompt))
+            engine.enqueue("emb", engine.validator.validate_embedding(embed_prompt))
         mixed_steps += "emb" in engine.requests and "gen" in engine.requests
         for delta in engine.step():
             if delta.request_id == "gen":

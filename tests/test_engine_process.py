@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from runtime import AsyncLLMEngine, EngineDeadError, InvalidInputError, SamplingParams
-from runtime.engine_process import engine_threads
-from runtime.grammar import Constraint
+from runtime.engine.engine_process import engine_threads
+from runtime.text.grammar import Constraint
 
 
 def start(model, **options) -> AsyncLLMEngine:

@@ -4,9 +4,9 @@ vocabulary rebuilt offline (tests/harmony_vocab.py)."""
 import pytest
 
 from deployments.api.choice_parser import HarmonyChoiceParser
-from runtime.harmony_chat import harmony_encoding, render_harmony, stop_token_ids
-from runtime.parsers.harmony import HarmonyParser
-from runtime.parsers.tool_calls import ToolCall
+from deployments.parsers.harmony import HarmonyParser
+from deployments.parsers.tool_calls import ToolCall
+from runtime.text.harmony_chat import harmony_encoding, render_harmony, stop_token_ids
 
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",

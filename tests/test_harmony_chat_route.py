@@ -8,7 +8,7 @@ import pytest
 from deployments.api.chat import ChatHandler
 from deployments.api.protocol import ChatCompletionRequest
 from runtime import RequestDelta, SequenceDelta, ValidRequest
-from runtime.harmony_chat import harmony_encoding, render_harmony
+from runtime.text.harmony_chat import harmony_encoding, render_harmony
 
 pytestmark = pytest.mark.usefixtures("harmony_vocab")
 

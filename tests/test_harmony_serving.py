@@ -6,9 +6,9 @@ import openai
 import pytest
 import requests
 
+from deployments.parsers.harmony import HarmonyParser
 from runtime import LLM, SamplingParams
-from runtime.harmony_chat import render_harmony
-from runtime.parsers.harmony import HarmonyParser
+from runtime.text.harmony_chat import render_harmony
 from tests.conftest import ENGINE_KWARGS, MODEL_ID, another_app, app_args
 from tests.harmony_vocab import build_gpt_oss_dir
 

@@ -21,7 +21,7 @@ from deployments.http.body import BodyParser
 from deployments.http.front import OpenAIFront
 from deployments.http.models import ModelRegistry
 from deployments.http.routes import build_app
-from runtime.storage import open_store
+from deployments.storage import open_store
 
 MODEL = "tiny"
 

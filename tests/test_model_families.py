@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 from runtime import LLM, InvalidInputError, SamplingParams
-from runtime.kv_cache import FREED
+from runtime.core.block_manager import FREED
 from runtime.models import SUPPORTED_ARCHITECTURES
 from tests.model_factory import build_model_dir
 from tests.test_greedy_parity import WORDS, _reference

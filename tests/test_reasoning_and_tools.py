@@ -6,7 +6,7 @@ import json
 import openai
 import pytest
 
-from runtime.parsers import ReasoningParser, ToolCallParser
+from deployments.parsers import ReasoningParser, ToolCallParser
 from tests.conftest import MODEL_ID
 
 THOUGHT = "<think>\nThe user wants a number.\n</think>\n\nIt is 4."

@@ -4,8 +4,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from runtime import LLM, SamplingParams
-from runtime.sampler import Sampler
-from runtime.sequence import Request
+from runtime.core.sequence import Request
+from runtime.worker.sampler import Sampler
 
 
 def _llm(path):

@@ -1,9 +1,9 @@
 """Scheduling policy: mixed prefill/decode batches within the token budget, priorities, arrival order."""
 
 from runtime import LLM, SamplingParams
-from runtime.kv_cache import BlockManager
-from runtime.scheduler import FOREGROUND_STEPS, Scheduler
-from runtime.sequence import Request, SequenceStatus
+from runtime.core.block_manager import BlockManager
+from runtime.core.scheduler import FOREGROUND_STEPS, Scheduler
+from runtime.core.sequence import Request, SequenceStatus
 
 PARAMS = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 

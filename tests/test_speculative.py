@@ -8,11 +8,11 @@ import pytest
 
 from runtime import LLM, SamplingParams
 from runtime.errors import InvalidInputError
-from runtime.grammar import Constraint
 from runtime.speculative import speculator
 from runtime.speculative.config import SpeculativeConfig
 from runtime.speculative.ngram import NgramProposer
 from runtime.speculative.speculator import SequenceSpeculation
+from runtime.text.grammar import Constraint
 from tests.model_factory import build_model_dir, kv_cache_bytes
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}

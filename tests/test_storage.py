@@ -3,7 +3,7 @@
 import boto3
 import pytest
 
-from runtime.storage import MissingObjectError, open_store
+from deployments.storage import MissingObjectError, open_store
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -42,7 +42,7 @@ def test_lines_spanning_read_chunks_come_back_whole(store):
 
 def test_objects_read_ahead_come_back_concatenated_in_order(store):
     """More objects than are fetched at once, empty ones and ones of several read chunks among them."""
-    from runtime.storage.base import READ_AHEAD
+    from deployments.storage.base import READ_AHEAD
 
     sizes = [0, 5, 3 << 20, 0, 1, (1 << 20) + 7, *range(10, 10 + 2 * READ_AHEAD)]
     keys = [f"parts/{i:03d}" for i in range(len(sizes))]
@@ -55,9 +55,9 @@ def test_objects_read_ahead_come_back_concatenated_in_order(store):
 
 def test_many_objects_are_deleted_at_once(store, monkeypatch):
     """Past S3's thousand keys a request, missing keys among them; nothing else under the prefix goes."""
-    import runtime.storage.s3
+    import deployments.storage.s3
 
-    monkeypatch.setattr(runtime.storage.s3, "DELETES_PER_REQUEST", 3)  # seven keys: three requests on S3
+    monkeypatch.setattr(deployments.storage.s3, "DELETES_PER_REQUEST", 3)  # seven keys: three requests on S3
     keys = [f"parts/{i}" for i in range(6)]
     for key in keys:
         store.put(key, b"x")

@@ -7,7 +7,7 @@ import requests
 
 from runtime import LLM, InvalidInputError, SamplingParams
 from runtime.models.decoder import _CPU_MLP_ROWS
-from runtime.tp_workers import WORKER_PREFIX
+from runtime.worker.tp_workers import WORKER_PREFIX
 from tests.conftest import ENGINE_KWARGS, MODEL_ID, another_app, app_args
 from tests.model_factory import build_model_dir
 

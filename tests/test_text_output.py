@@ -6,8 +6,8 @@ import time
 import pytest
 
 from runtime import LLM, InvalidInputError, SamplingParams
-from runtime.detokenizer import IncrementalDetokenizer
 from runtime.sampling_params import MAX_STOP_CHARS
+from runtime.text.detokenizer import IncrementalDetokenizer
 
 
 def _stream(tokenizer, token_ids, stop=(), include_stop=False):
@@ -64,7 +64,7 @@ def test_text_decoded_when_released_is_the_text_decoded_token_by_token(qwen2_mod
 def test_a_request_read_only_whole_carries_its_text_in_its_last_delta(qwen2_model):
     """`stream` False: the deltas before the last carry the tokens and no text; the last carries it all, the
     same text the streamed request builds piece by piece."""
-    from runtime.engine import LLMEngine
+    from runtime.engine.llm_engine import LLMEngine
 
     engine = LLMEngine.from_options(str(qwen2_model), dtype="float32", max_model_len=128)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -117,7 +117,7 @@ def test_a_stop_regex_stops_at_the_first_token_whose_text_completes_a_match(qwen
     `\\b` and `^` still see the text before the tail."""
     import re2
 
-    from runtime.detokenizer import longest_match
+    from runtime.text.detokenizer import longest_match
 
     tokenizer = LLM(str(qwen2_model), dtype="float32", max_model_len=128).tokenizer
     patterns = [r"end\d{2}", r"\bab", "^x", r"a\B", "b[ac]{2,5}d", "(ab)+c", "é{3}"]

@@ -16,8 +16,8 @@ from deployments.errors import OpenAIError
 from deployments.replica.adapters import ModelAdapters
 from deployments.work_pool import off_loop
 from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput, ValidRequest
-from runtime.harmony_chat import REASONING_EFFORTS, render_harmony, stop_token_ids
-from runtime.tokenizer import render_chat
+from runtime.text.harmony_chat import REASONING_EFFORTS, render_harmony, stop_token_ids
+from runtime.text.tokenizer import render_chat
 
 
 class ChatHandler:

@@ -2,9 +2,9 @@
 
 from dataclasses import dataclass, field
 
-from runtime.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, ToolCall
-from runtime.parsers.harmony import HarmonyParser
-from runtime.parsers.reasoning import END
+from deployments.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, ToolCall
+from deployments.parsers.harmony import HarmonyParser
+from deployments.parsers.reasoning import END
 
 
 @dataclass

@@ -4,7 +4,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from deployments.api.protocol import MAX_SEQUENCES, MAX_STOP_TOKEN_IDS, RequestModel, StopRegex
 from runtime import InvalidInputError, SamplingParams
-from runtime.grammar import Constraint
+from runtime.text.grammar import Constraint
 
 MAX_GENERATE_STOPS = 64  # /generate's `stop` (OpenAI's routes allow 4)
 

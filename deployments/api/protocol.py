@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from deployments.api.tool_schema import tool_call_schema
 from runtime import InvalidInputError, SamplingParams
-from runtime.grammar import Constraint
+from runtime.text.grammar import Constraint
 
 # Bounds on the work one request can ask for (a request over one is a 400 naming it)
 MAX_STOP_TOKEN_IDS = 1024

@@ -16,7 +16,7 @@ from deployments.batch.files import FileLimits, FileStore
 from deployments.batch.job import BatchLimits
 from deployments.batch.manager import BatchManager
 from deployments.errors import OpenAIError, remote_errors
-from runtime.storage import open_store
+from deployments.storage import open_store
 
 NAMESPACE = "rayllm"
 # The manager's Serve handles route in its own event loop, not a second thread's (what Serve's throughput-optimized

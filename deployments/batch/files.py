@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 
 from deployments.api.format import cursor_page
 from deployments.errors import OpenAIError
-from runtime.storage import MissingObjectError, ObjectStore
+from deployments.storage import MissingObjectError, ObjectStore
 
 PURPOSES = {"batch", "batch_output"}
 

@@ -12,7 +12,7 @@ indexed once, on the first start that finds no `batch-index.json`.
 
 from deployments.api.format import cursor_window
 from deployments.batch.state import TERMINAL, BatchState
-from runtime.storage import MissingObjectError, ObjectStore
+from deployments.storage import MissingObjectError, ObjectStore
 
 _INDEXED = "batch-index.json"
 

@@ -32,7 +32,7 @@ from deployments.batch.index import state_key
 from deployments.batch.input_line import BatchRequest, LineError, parse_line, peek_custom_id
 from deployments.batch.state import TERMINAL, Batch, BatchError, BatchErrors, BatchState, Progress, Status
 from deployments.metrics import count_batch
-from runtime.storage import MissingObjectError, ObjectStore, StoreError, open_s3_object
+from deployments.storage import MissingObjectError, ObjectStore, StoreError, open_s3_object
 
 logger = logging.getLogger(__name__)
 

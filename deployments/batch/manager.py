@@ -31,8 +31,8 @@ from deployments.batch.line_groups import LineGroups
 from deployments.batch.state import TERMINAL, Batch, BatchState, new_batch
 from deployments.clients import RemoteModel
 from deployments.errors import OpenAIError
-from runtime.startup_heap import freeze_startup_heap
-from runtime.storage import StoreError, open_s3_object, open_store
+from deployments.storage import StoreError, open_s3_object, open_store
+from runtime.engine.startup_heap import freeze_startup_heap
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from deployments.clients import ModelClient
 from deployments.http.auth import ApiKeys
 from deployments.http.body import BodyParser
 from deployments.http.models import ModelRegistry
-from runtime.storage import open_store
+from deployments.storage import open_store
 
 
 @dataclass

@@ -7,7 +7,7 @@ from deployments.app_config import AppConfig
 from deployments.clients import RemoteModel
 from deployments.http.front import OpenAIFront
 from deployments.http.routes import build_app
-from runtime.startup_heap import freeze_startup_heap
+from runtime.engine.startup_heap import freeze_startup_heap
 
 
 # Replicas and resources: the app config's ingress_deployment_config (builder.py)

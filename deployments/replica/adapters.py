@@ -17,8 +17,8 @@ from pathlib import Path
 
 from deployments.app_config import LLMConfig, LoraConfig
 from deployments.errors import OpenAIError, model_not_found
+from deployments.storage import MissingObjectError, StoreError, open_store
 from runtime import LoRARequest
-from runtime.storage import MissingObjectError, StoreError, open_store
 
 FILES = ("adapter_config.json", "adapter_model.safetensors")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")

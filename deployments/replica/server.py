@@ -21,7 +21,7 @@ from deployments.errors import OpenAIError, StreamError
 from deployments.replica.adapters import adapters_of
 from deployments.replica.metrics import EngineGauges, RequestMetrics
 from runtime import AsyncLLMEngine, EngineDeadError, InvalidInputError, RequestFailedError
-from runtime.startup_heap import freeze_startup_heap
+from runtime.engine.startup_heap import freeze_startup_heap
 
 logger = logging.getLogger("ray.serve")
 

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.moe import sort_by_expert
+from kernels.expert_order import sort_by_expert
 
 BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 32  # tl.dot needs at least 16 in each dimension
 

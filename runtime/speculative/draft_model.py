@@ -12,11 +12,11 @@ from dataclasses import replace
 import torch
 
 from runtime.config import EngineConfig
+from runtime.core.sequence import Sequence
 from runtime.errors import InvalidInputError
-from runtime.model_runner import ModelRunner, StepInputs
-from runtime.model_spec import ModelSpec
-from runtime.sequence import Sequence
-from runtime.tokenizer import load_tokenizer
+from runtime.models.spec import ModelSpec
+from runtime.text.tokenizer import load_tokenizer
+from runtime.worker.model_runner import ModelRunner, StepInputs
 
 _FIELD = "speculative_config.model"
 

@@ -7,7 +7,7 @@ it proposes k more of that token, not one. Each sequence keeps an index from n-g
 brought up to date with the tokens added since its last lookup, so a lookup costs O(new tokens), not O(length).
 """
 
-from runtime.sequence import Sequence
+from runtime.core.sequence import Sequence
 
 
 class NgramIndex:

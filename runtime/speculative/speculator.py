@@ -10,7 +10,7 @@ every `PROBE_EVERY` steps after it stops; no sequence proposes in a step where m
 
 from dataclasses import dataclass, field
 
-from runtime.sequence import Sequence
+from runtime.core.sequence import Sequence
 from runtime.speculative.config import SpeculativeConfig
 from runtime.speculative.ngram import NgramIndex
 

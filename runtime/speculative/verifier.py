@@ -11,8 +11,8 @@ stands after the rows it emitted, so its tokens equal plain decoding's whatever 
 
 import torch
 
+from runtime.core.sequence import Sequence
 from runtime.outputs import TokenLogprob
-from runtime.sequence import Sequence
 
 
 def accepted_length(drafts: list[int], samples: list[int]) -> int:

@@ -10,7 +10,7 @@ import psutil
 import pytest
 import requests
 
-from runtime.async_engine import GRAMMAR_TIMEOUT_S
+from runtime.engine.async_engine import GRAMMAR_TIMEOUT_S
 
 pytestmark = pytest.mark.reliability
 PROPERTIES = 4676

@@ -9,7 +9,7 @@ import asyncio
 import re
 
 from deployments.errors import OpenAIError
-from runtime.storage import MissingObjectError, ObjectStore, StoreError
+from deployments.storage import MissingObjectError, ObjectStore, StoreError
 
 _ID = re.compile(r"resp_[0-9a-f]{32}")  # what new_id("resp_") makes: never a path into another owner's keys
 

@@ -3,12 +3,12 @@
 import itertools
 from dataclasses import replace
 
-from runtime.engine import LLMEngine
-from runtime.harmony_chat import render_harmony, stop_token_ids, uses_harmony
+from runtime.engine.llm_engine import LLMEngine
 from runtime.lora import LoRARequest
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
-from runtime.tokenizer import render_chat
+from runtime.text.harmony_chat import render_harmony, stop_token_ids, uses_harmony
+from runtime.text.tokenizer import render_chat
 
 Prompt = str | list[int]
 
@@ -48,7 +48,8 @@ class LLM:
         outputs: dict[str, RequestOutput] = {}
         try:
             for prompt, p, lora in zip(prompts, params, loras):
-                text, ids = (prompt, self.engine.encode(prompt)) if isinstance(prompt, str) else (None, prompt)
+                encoded = isinstance(prompt, str)
+                text, ids = (prompt, self.engine.validator.encode(prompt)) if encoded else (None, prompt)
                 request_id = f"llm-{next(self._ids)}"
                 self.engine.add_request(request_id, ids, p, lora=lora, stream=False)
                 outputs[request_id] = RequestOutput.empty(request_id, ids, p.n, text)
@@ -68,9 +69,9 @@ class LLM:
         embeddings: dict[str, list[float] | None] = {}
         try:
             for prompt in prompts:
-                ids = self.engine.encode(prompt) if isinstance(prompt, str) else prompt
+                ids = self.engine.validator.encode(prompt) if isinstance(prompt, str) else prompt
                 request_id = f"llm-{next(self._ids)}"
-                self.engine.enqueue(request_id, self.engine.validate_embedding(ids))
+                self.engine.enqueue(request_id, self.engine.validator.validate_embedding(ids))
                 embeddings[request_id] = None
             while self.engine.has_unfinished_requests():
                 for delta in self.engine.step():
@@ -100,5 +101,5 @@ class LLM:
                       for p in (params if isinstance(params, list) else [params or SamplingParams()] * len(prompts))]
         else:
             texts = [render_chat(self.tokenizer, c, tools, chat_template_kwargs) for c in conversations]
-            prompts = [self.engine.encode(text, add_special_tokens=False) for text in texts]
+            prompts = [self.engine.validator.encode(text, add_special_tokens=False) for text in texts]
         return self.generate(prompts, params, lora_request)

@@ -10,12 +10,12 @@ from collections.abc import Callable
 
 import torch
 
-from runtime.detokenizer import IncrementalDetokenizer
-from runtime.grammar import Grammar, Matcher
 from runtime.lora.adapter import LoRAAdapter
 from runtime.outputs import TokenLogprob
 from runtime.pooling import PoolerConfig
 from runtime.sampling_params import SamplingParams
+from runtime.text.detokenizer import IncrementalDetokenizer
+from runtime.text.grammar import Grammar, Matcher
 
 _arrivals = itertools.count()
 

@@ -9,13 +9,13 @@ decode step took 1.6x as long when the model was loaded on another thread).
 
 With the engine option `engine_process`, the thread steps an `EngineProcess`
 instead: the same interface, the engine itself in a child process
-(runtime.engine_process), so the server's Python never holds up a step.
+(runtime.engine.engine_process), so the server's Python never holds up a step.
 
 Commands (add, abort) are queued to the thread and applied between steps, so
 the engine itself is only ever touched by its thread (an engine process takes
 them at once, on any thread, and its child applies them between its steps).
 Each request's deltas go to an asyncio queue on the caller's loop, at most
-once per `delivery_interval_s` (runtime.delivery; with `engine_process`, the
+once per `delivery_interval_s` (runtime.engine.delivery; with `engine_process`, the
 child holds them back, so they never cross the pipe), with one wake-up per
 loop per step. Leaving the iterator early (a client disconnect, a cancelled
 task) aborts the request and frees its blocks.
@@ -31,19 +31,19 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from runtime.config import EngineConfig
-from runtime.delivery import DeliverySchedule
-from runtime.engine import LLMEngine
-from runtime.engine_process import EngineProcess
+from runtime.engine.delivery import DeliverySchedule
+from runtime.engine.engine_process import EngineProcess
+from runtime.engine.llm_engine import LLMEngine
+from runtime.engine.validator import ValidRequest
 from runtime.errors import InvalidInputError, RequestFailedError
-from runtime.harmony_chat import uses_harmony
 from runtime.lora import LoRARequest
 from runtime.outputs import RequestDelta
 from runtime.pooling import PoolerConfig
 from runtime.sampling_params import SamplingParams
-from runtime.validator import ValidRequest
+from runtime.text.harmony_chat import uses_harmony
 
 GRAMMAR_TIMEOUT_S = 20.0
-# threads that wait for grammar compile processes (runtime.grammar bounds how many compile at once)
+# threads that wait for grammar compile processes (runtime.text.grammar bounds how many compile at once)
 _grammar_waiters = ThreadPoolExecutor(max_workers=16, thread_name_prefix="grammar")
 
 
@@ -95,7 +95,7 @@ class AsyncLLMEngine:
     @classmethod
     def from_options(cls, model: str, delivery_interval_s: float = 0.0, observer: StreamObserver | None = None,
                      **engine_kwargs) -> "AsyncLLMEngine":
-        """With the option `engine_process`, the engine steps in a process of its own (runtime.engine_process),
+        """With the option `engine_process`, the engine steps in a process of its own (runtime.engine.engine_process),
         which holds back its deltas itself."""
         config = EngineConfig(model=model, **engine_kwargs)
         if config.engine_process:
@@ -107,7 +107,7 @@ class AsyncLLMEngine:
         return self.engine.tokenizer
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.engine.encode(text, add_special_tokens)
+        return self.engine.validator.encode(text, add_special_tokens)
 
     @property
     def harmony(self) -> bool:
@@ -125,7 +125,7 @@ class AsyncLLMEngine:
 
     @property
     def pooler(self) -> PoolerConfig:
-        return self.engine.pooler
+        return self.engine.validator.pooler
 
     @property
     def embedding_size(self) -> int:
@@ -144,11 +144,11 @@ class AsyncLLMEngine:
                  lora: LoRARequest | None = None) -> ValidRequest:
         """The request checked against the model (`InvalidInputError` if it is bad), ready for `generate`; a
         LoRA adapter is read here, on the caller's thread."""
-        return self.engine.validate(prompt_token_ids, params, lora)
+        return self.engine.validator.validate(prompt_token_ids, params, lora)
 
     def validate_embedding(self, prompt_token_ids: list[int], lora: LoRARequest | None = None) -> ValidRequest:
         """An embedding request checked against the model (`InvalidInputError` if it is bad), ready for `embed`."""
-        return self.engine.validate_embedding(prompt_token_ids, lora)
+        return self.engine.validator.validate_embedding(prompt_token_ids, lora)
 
     async def embed(self, request: ValidRequest, request_id: str | None = None, priority: int = 0,
                     owner: str | None = None) -> RequestDelta:
@@ -162,7 +162,7 @@ class AsyncLLMEngine:
                        owner: str | None = None, stream: bool = True) -> AsyncIterator[RequestDelta]:
         """Stream a validated request's deltas until it finishes. `owner` (an API key's digest, a tenant; None:
         anonymous) is who the engine shares its seats fairly among. `stream` False: the caller reads only the
-        whole answer, which then comes in two deltas (runtime.delivery)."""
+        whole answer, which then comes in two deltas (runtime.engine.delivery)."""
         if not self.healthy:
             raise EngineDeadError(f"the engine is not running: {self.error!r}")
         request = await self.compile(request)
@@ -202,9 +202,9 @@ class AsyncLLMEngine:
         constraint = request.params.structured_output
         if constraint is None or request.grammar is not None:
             return request
-        grammar = self.engine.cached_grammar(constraint)
+        grammar = self.engine.validator.cached_grammar(constraint)
         if grammar is None:
-            work = asyncio.get_running_loop().run_in_executor(_grammar_waiters, self.engine.compile_grammar,
+            work = asyncio.get_running_loop().run_in_executor(_grammar_waiters, self.engine.validator.compile_grammar,
                                                               constraint, GRAMMAR_TIMEOUT_S)
             try:
                 grammar = await work

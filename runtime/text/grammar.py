@@ -8,7 +8,7 @@ advances with every accepted token.
 A compile can take minutes and much memory (thousands of optional
 properties), and a thread cannot be stopped, so each constraint is first
 compiled in a compile process (a fresh interpreter running
-runtime/grammar_process.py: NUM_PROCESSES of them, one constraint each at a
+runtime/text/grammar_process.py: NUM_PROCESSES of them, one constraint each at a
 time), which is killed, returning its CPU and memory, if it overruns its
 deadline; only a constraint that compiled there in time is compiled again
 here, the same work, so it ends. A new constraint thus costs its compile
@@ -38,9 +38,9 @@ import torch
 import xgrammar as xgr
 from transformers import PreTrainedTokenizerBase
 
-from runtime import grammar_process
 from runtime.errors import InvalidInputError
-from runtime.grammar_process import compile_constraint
+from runtime.text import grammar_process
+from runtime.text.grammar_process import compile_constraint
 
 KINDS = ("json_schema", "json_object", "regex", "ebnf", "tool_call")
 
@@ -95,7 +95,7 @@ class GrammarCompiler:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, stop_token_ids: set[int],
                  isolated: bool = True):
         """`isolated=False`: no compile processes, for an engine whose server compiled every constraint it sends
-        within its bound already (runtime.engine_process), so each compiles here in bounded time."""
+        within its bound already (runtime.engine.engine_process), so each compiles here in bounded time."""
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                                   stop_token_ids=sorted(stop_token_ids))
         self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)

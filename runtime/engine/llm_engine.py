@@ -11,30 +11,33 @@ handling) finishes that request with an error; the step goes on for the others.
 import logging
 
 from runtime.config import EngineConfig
-from runtime.detokenizer import IncrementalDetokenizer
+from runtime.core.block_manager import BlockManager
+from runtime.core.scheduler import ScheduledBatch, Scheduler
+from runtime.core.sequence import Request, Sequence
 from runtime.distributed import destroy_tp_group, free_address
+from runtime.engine.validator import RequestValidator, ValidRequest
 from runtime.errors import InvalidInputError, describe
-from runtime.kv_cache import BlockManager
 from runtime.lora import AdapterSlots, LoRARequest
-from runtime.model_runner import LaunchedStep, ModelRunner
 from runtime.models.sliding_window import kv_window
 from runtime.outputs import RequestDelta, SequenceDelta
 from runtime.sampling_params import SamplingParams
-from runtime.scheduler import ScheduledBatch, Scheduler
-from runtime.sequence import Request, Sequence
 from runtime.speculative.build import build_speculator
-from runtime.validator import RequestValidator, ValidRequest
+from runtime.text.detokenizer import IncrementalDetokenizer
+from runtime.worker.model_runner import LaunchedStep, ModelRunner
 
 logger = logging.getLogger(__name__)
 
 
-class LLMEngine(RequestValidator):
+class LLMEngine:
     def __init__(self, config: EngineConfig, isolate_grammars: bool = True):
-        super().__init__(config, isolate_grammars)
+        self.config = config
+        self.validator = RequestValidator(config, isolate_grammars)
+        self.spec, self.tokenizer = self.validator.spec, self.validator.tokenizer
+        self.eos_token_ids = self.validator.eos_token_ids
         self.workers = None
         address = None
         if config.tensor_parallel_size > 1:
-            from runtime.tp_workers import TPWorkers  # the one place the engine uses Ray
+            from runtime.worker.tp_workers import TPWorkers  # the one place the engine uses Ray
 
             address = free_address()
             self.workers = TPWorkers(config, self.spec, self.eos_token_ids, address)
@@ -65,19 +68,19 @@ class LLMEngine(RequestValidator):
                     priority: int = 0, lora: LoRARequest | None = None, owner: str | None = None,
                     stream: bool = True) -> None:
         """Validate a request and queue it."""
-        self.enqueue(request_id, self.validate(prompt_token_ids, params, lora), priority, owner, stream)
+        self.enqueue(request_id, self.validator.validate(prompt_token_ids, params, lora), priority, owner, stream)
 
     def enqueue(self, request_id: str, valid: ValidRequest, priority: int = 0, owner: str | None = None,
                 stream: bool = True) -> None:
         """Queue a validated request. A constrained request's grammar is compiled here unless it comes compiled.
         `owner` (an API key's digest, a tenant; None: anonymous) is who admission shares the engine fairly among.
         `stream` False: the caller reads only the final text, so the deltas before a sequence's last carry its
-        tokens and no text (which its last one carries whole), and it is detokenized once (runtime.detokenizer)."""
+        tokens and no text (which its last one carries whole), and it is detokenized once (runtime.text.detokenizer)."""
         if request_id in self.requests:
             raise InvalidInputError("request_id", f"{request_id!r} is already in flight")
         prompt, params, grammar = valid.prompt_token_ids, valid.params, valid.grammar
         if params.structured_output is not None and grammar is None:
-            grammar = self.compile_grammar(params.structured_output)
+            grammar = self.validator.compile_grammar(params.structured_output)
         make_detokenizer = (lambda: None) if valid.pooling else (lambda: self._detokenizer(prompt, params))
         request = Request(request_id, prompt, params, priority, make_detokenizer, grammar, valid.adapter, owner,
                           valid.pooling, stream)
@@ -108,7 +111,7 @@ class LLMEngine(RequestValidator):
     def shutdown(self) -> None:
         """Stop the grammar compile processes and the tensor-parallel workers, if any; the engine is unusable
         afterwards."""
-        self.close()
+        self.validator.close()
         if self.workers is not None:
             self.runner.shutdown()
             self.workers.shutdown()

@@ -1,8 +1,9 @@
 """What a request must pass before it reaches the engine, and what checking it needs: the model's spec and
 tokenizer, LoRA adapters read from disk, structured-output grammars compiled.
 
-`LLMEngine` is a `RequestValidator` that also steps; a server whose engine runs in its own process
-(runtime.engine_process) validates with a `RequestValidator` of its own, which loads no weights.
+Every engine holds one (`engine.validator`), and callers check requests with it before they queue them: an
+`LLMEngine` in the caller's process, or an `EngineProcess`, whose validator loads no weights (the model's are in
+the child process).
 """
 
 import threading
@@ -13,12 +14,12 @@ from transformers import PreTrainedTokenizerBase
 
 from runtime.config import EngineConfig
 from runtime.errors import InvalidInputError, require
-from runtime.grammar import Constraint, Grammar, GrammarCompiler
 from runtime.lora import LoRAAdapter, LoRARequest, load_adapter
-from runtime.model_spec import ModelSpec
+from runtime.models.spec import ModelSpec
 from runtime.pooling import PoolerConfig
 from runtime.sampling_params import SamplingParams
-from runtime.tokenizer import TokenCountBound, encode, eos_token_ids, load_tokenizer
+from runtime.text.grammar import Constraint, Grammar, GrammarCompiler
+from runtime.text.tokenizer import TokenCountBound, encode, eos_token_ids, load_tokenizer
 
 _EMBEDDING_PARAMS = SamplingParams(max_tokens=None)  # an embedding request samples nothing
 

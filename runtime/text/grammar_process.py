@@ -1,4 +1,4 @@
-"""A grammar compile process (see runtime.grammar): compiles each constraint it is sent and answers whether it
+"""A grammar compile process (see runtime.text.grammar): compiles each constraint it is sent and answers whether it
 compiled. Run as a script, so it imports xgrammar and nothing of the engine."""
 
 import sys
@@ -8,7 +8,7 @@ import xgrammar as xgr
 
 
 def compile_constraint(compiler: xgr.GrammarCompiler, kind: str, value: str) -> xgr.CompiledGrammar:
-    """A checked constraint (runtime.grammar.Constraint's kind and value) compiled; xgrammar raises on bad input
+    """A checked constraint (runtime.text.grammar.Constraint's kind and value) compiled; xgrammar raises on bad input
     (several exception types)."""
     if kind == "json_schema":
         return compiler.compile_json_schema(value, any_whitespace=False)

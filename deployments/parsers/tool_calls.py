@@ -9,7 +9,7 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
-from runtime.parsers.tag_stream import split_at
+from deployments.parsers.tag_stream import split_at
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 

@@ -3,9 +3,9 @@
 Locations are URIs: `file:///path` (or `file://./relative`) and `s3://bucket/prefix`.
 """
 
-from runtime.storage.base import MissingObjectError, ObjectStore, StoreError
-from runtime.storage.local import LocalStore
-from runtime.storage.s3 import S3Store
+from deployments.storage.base import MissingObjectError, ObjectStore, StoreError
+from deployments.storage.local import LocalStore
+from deployments.storage.s3 import S3Store
 
 
 def open_store(uri: str) -> ObjectStore:

@@ -5,7 +5,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from runtime.storage.base import MissingObjectError, ObjectStore, StoreError
+from deployments.storage.base import MissingObjectError, ObjectStore, StoreError
 
 
 class LocalStore(ObjectStore):

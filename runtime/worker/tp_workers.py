@@ -15,7 +15,7 @@ from ray.util.placement_group import get_current_placement_group, placement_grou
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from runtime.config import EngineConfig
-from runtime.model_spec import ModelSpec
+from runtime.models.spec import ModelSpec
 
 WORKER_PREFIX = "tp-worker-"
 
@@ -23,7 +23,7 @@ WORKER_PREFIX = "tp-worker-"
 @ray.remote(max_concurrency=2)  # `ping` answers while `serve` runs
 class TPWorker:
     def serve(self, config: EngineConfig, spec: ModelSpec, eos_token_ids: set[int], rank: int, address: str) -> None:
-        from runtime.model_runner import ModelRunner
+        from runtime.worker.model_runner import ModelRunner
 
         ModelRunner(config, spec, eos_token_ids, rank, address).serve_rank0()
 

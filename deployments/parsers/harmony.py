@@ -8,8 +8,8 @@ not harmony) and all tokens after them are content, released at the end.
 
 from openai_harmony import HarmonyError, Role, StreamableParser, StreamState
 
-from runtime.harmony_chat import harmony_encoding
-from runtime.parsers.tool_calls import ToolCall
+from deployments.parsers.tool_calls import ToolCall
+from runtime.text.harmony_chat import harmony_encoding
 
 
 class HarmonyParser:

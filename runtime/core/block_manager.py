@@ -15,7 +15,7 @@ their place so positions still map to their block index.
 
 from collections import OrderedDict
 
-from runtime.sequence import Sequence
+from runtime.core.sequence import Sequence
 
 FREED = -1  # a block-table entry whose block was freed: no attention reads it again
 

@@ -12,9 +12,9 @@ distribution (before any processing), as OpenAI reports them.
 import torch
 
 from kernels import argmax, tensor_on
-from runtime.grammar import allocate_bitmask, apply_bitmask
+from runtime.core.sequence import Sequence
 from runtime.outputs import TokenLogprob
-from runtime.sequence import Sequence
+from runtime.text.grammar import allocate_bitmask, apply_bitmask
 
 
 class Sampler:

@@ -7,7 +7,7 @@ With `engine_process`, `AsyncLLMEngine` runs the engine here instead: a fresh in
 server, whose threads a fork would copy; not multiprocessing's spawn, which reruns the parent's main module,
 a Ray worker's) builds the `LLMEngine` and steps it. The server validates requests with a `RequestValidator`
 of its own (the model's spec and tokenizer, no weights) and sends them; each step's deltas that are due come
-back as one message (runtime.delivery holds back the rest): a 16-token answer crosses the pipe in three or
+back as one message (runtime.engine.delivery holds back the rest): a 16-token answer crosses the pipe in three or
 four deltas, not sixteen. Stats and health are asked on a second pipe, answered between steps.
 
 `EngineProcess` is what `AsyncLLMEngine`'s loop thread steps in place of an `LLMEngine`: `enqueue` and
@@ -27,11 +27,11 @@ from multiprocessing.connection import Connection, Pipe, wait
 import torch
 
 from runtime.config import EngineConfig
-from runtime.delivery import DeliverySchedule
+from runtime.engine.delivery import DeliverySchedule
+from runtime.engine.startup_heap import freeze_startup_heap
+from runtime.engine.validator import RequestValidator, ValidRequest
 from runtime.errors import InvalidInputError, describe
 from runtime.outputs import RequestDelta
-from runtime.startup_heap import freeze_startup_heap
-from runtime.validator import RequestValidator, ValidRequest
 
 STARTUP_TIMEOUT_S = 600  # the child loads the weights (and on a GPU, profiles memory) before it answers
 # command messages the child applies between two steps: all that came in a step, as a rule (each holds every
@@ -47,9 +47,11 @@ def engine_threads(cpus: int) -> int:
     return max(1, cpus - max(1, cpus // 4))
 
 
-class EngineProcess(RequestValidator):
+class EngineProcess:
     def __init__(self, config: EngineConfig, delivery_interval_s: float = 0.0):
-        super().__init__(config)
+        self.config = config
+        self.validator = RequestValidator(config)
+        self.spec, self.tokenizer = self.validator.spec, self.validator.tokenizer
         self._steps, steps_child = Pipe()
         self._control, control_child = Pipe()
         self._control_lock = threading.Lock()
@@ -60,7 +62,7 @@ class EngineProcess(RequestValidator):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         if config.device == "cpu":
             env["OMP_NUM_THREADS"] = str(engine_threads(torch.get_num_threads()))
-        run = "from runtime.engine_process import main; main()"
+        run = "from runtime.engine.engine_process import main; main()"
         fds = [steps_child.fileno(), control_child.fileno()]
         self.process = subprocess.Popen([sys.executable, "-c", run, *map(str, fds)], pass_fds=fds, env=env,
                                         stdin=subprocess.DEVNULL)
@@ -142,7 +144,7 @@ class EngineProcess(RequestValidator):
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-        self.close()
+        self.validator.close()
 
     def _ask(self, question: str):
         with self._control_lock:
@@ -155,7 +157,7 @@ class EngineProcess(RequestValidator):
 
 def main() -> None:
     steps, control = (Connection(int(fd)) for fd in sys.argv[1:3])
-    from runtime.engine import LLMEngine
+    from runtime.engine.llm_engine import LLMEngine
 
     try:
         config, delivery_interval_s = control.recv()

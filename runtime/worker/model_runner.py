@@ -13,16 +13,16 @@ import torch
 
 from kernels import AttentionMetadata, choose_attention_backend, tensor_on
 from runtime.config import EngineConfig
+from runtime.core.scheduler import ScheduledBatch
+from runtime.core.sequence import Request, Sequence
 from runtime.distributed import all_reduce_min, broadcast_from_rank0, destroy_tp_group, init_tp_group
 from runtime.errors import InvalidInputError, describe
 from runtime.lora import LoRAAdapter, attach_lora, load_into_slot
-from runtime.model_spec import ModelSpec
 from runtime.models import load_weights, pack_linear_weights
+from runtime.models.spec import ModelSpec
 from runtime.outputs import TokenLogprob
-from runtime.sampler import Sampler, token_logprob
-from runtime.scheduler import ScheduledBatch
-from runtime.sequence import Request, Sequence
 from runtime.speculative.verifier import GeneratorRewind, split_rows
+from runtime.worker.sampler import Sampler, token_logprob
 
 _CPU_KV_BYTES = 2 << 30
 
@@ -117,7 +117,7 @@ class ModelRunner:
         self.graphs = None
         self.num_blocks = self._allocate_kv_cache(use_graphs)
         if use_graphs:
-            from runtime.cuda_graphs import DecodeGraphs  # imports Triton, which a CPU machine may lack
+            from runtime.worker.cuda_graphs import DecodeGraphs  # imports Triton, which a CPU machine may lack
 
             self.graphs = DecodeGraphs(self.model, config.max_num_seqs, spec.max_model_len, config.block_size,
                                        self.attention_backend, self.device)

@@ -6,7 +6,7 @@ template opens it in the prompt. A response cut short inside the block is all
 reasoning.
 """
 
-from runtime.parsers.tag_stream import split_at
+from deployments.parsers.tag_stream import split_at
 
 START, END = "<think>", "</think>"
 

@@ -14,7 +14,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from runtime.storage.base import MissingObjectError, ObjectStore, StoreError
+from deployments.storage.base import MissingObjectError, ObjectStore, StoreError
 
 PART_SIZE = 8 << 20  # S3's minimum part is 5 MiB
 DELETES_PER_REQUEST = 1000  # DeleteObjects' limit

@@ -13,9 +13,9 @@ from transformers import AutoConfig, PretrainedConfig
 
 from runtime.config import DTYPES, EngineConfig
 from runtime.errors import InvalidInputError, require
-from runtime.model_files import resolve_model_path
 from runtime.models import CausalLM, model_class
 from runtime.models.decoder import head_dim_of
+from runtime.models.files import resolve_model_path
 
 
 @dataclass(frozen=True)
