@@ -20,10 +20,11 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.exceptions import ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
-from deployments.api.embeddings import EmbeddingRequest
-from deployments.api.generate_protocol import GenerateRequest
-from deployments.api.protocol import ChatCompletionRequest, CompletionRequest
-from deployments.api.tokenize import DetokenizeRequest, TokenizeRequest
+from deployments.api.chat.protocol import ChatCompletionRequest
+from deployments.api.completions.protocol import CompletionRequest
+from deployments.api.embeddings.protocol import EmbeddingRequest
+from deployments.api.generate.protocol import GenerateRequest
+from deployments.api.tokenize.protocol import DetokenizeRequest, TokenizeRequest
 from deployments.errors import OpenAIError, StreamError, remote_errors
 
 logger = logging.getLogger("ray.serve")

@@ -22,8 +22,9 @@ from collections import OrderedDict
 
 from ray.serve.request_router import PendingRequest, ReplicaID, ReplicaResult, RequestRouter, RunningReplica
 
-from deployments.api.generate_protocol import GenerateRequest
-from deployments.api.protocol import ChatCompletionRequest, CompletionRequest
+from deployments.api.chat.protocol import ChatCompletionRequest
+from deployments.api.completions.protocol import CompletionRequest
+from deployments.api.generate.protocol import GenerateRequest
 
 CHUNK_CHARS = 64
 

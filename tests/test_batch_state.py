@@ -55,7 +55,7 @@ def test_expires_at_stays_within_int64_for_every_window_a_batch_may_ask_for():
     """The longest window the body takes (999,999 days) ends in the year ~4,700; one digit more is refused."""
     from pydantic import ValidationError
 
-    from deployments.api.batch_protocol import BatchCreateRequest, window_seconds
+    from deployments.api.batches.protocol import BatchCreateRequest, window_seconds
 
     longest = BatchCreateRequest(input_file_id="file-1", endpoint="/v1/completions", completion_window="999999d")
     seconds = window_seconds(longest.completion_window)

@@ -9,18 +9,18 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from deployments.api.responses.api import ResponsesAPI
+from deployments.api.responses.handler import ResponsesAPI
 from deployments.api.responses.store import ResponseStore
 from deployments.app_config import parse_app_config
 from deployments.batch.api import BatchAPI
 from deployments.batch.files import FileLimits
 from deployments.batch.job import BatchLimits
 from deployments.errors import OpenAIError, StreamError
+from deployments.http.app import build_app
 from deployments.http.auth import ApiKeys
 from deployments.http.body import BodyParser
 from deployments.http.front import OpenAIFront
 from deployments.http.models import ModelRegistry
-from deployments.http.routes import build_app
 from deployments.storage import open_store
 
 MODEL = "tiny"

@@ -8,7 +8,7 @@ so a client following `after` still gets every object once.
 
 import json
 
-from deployments.api.format import PAGE_BYTES, cursor_page
+from deployments.api.pagination import PAGE_BYTES, cursor_page
 from deployments.batch.files import paginate
 from deployments.batch.job import _ERROR_CHARS
 from deployments.batch.state import BatchError, BatchErrors, new_batch

@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 
-from deployments.api.format import cursor_page
+from deployments.api.pagination import cursor_page
 from deployments.errors import OpenAIError
 from deployments.storage import MissingObjectError, ObjectStore
 

@@ -10,7 +10,7 @@ between any two writes leaves what `unfinished()` repairs. A store written befor
 indexed once, on the first start that finds no `batch-index.json`.
 """
 
-from deployments.api.format import cursor_window
+from deployments.api.pagination import cursor_window
 from deployments.batch.state import TERMINAL, BatchState
 from deployments.storage import MissingObjectError, ObjectStore
 

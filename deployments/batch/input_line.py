@@ -4,8 +4,9 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from deployments.api.embeddings import EmbeddingRequest
-from deployments.api.protocol import ChatCompletionRequest, CompletionRequest
+from deployments.api.chat.protocol import ChatCompletionRequest
+from deployments.api.completions.protocol import CompletionRequest
+from deployments.api.embeddings.protocol import EmbeddingRequest
 from deployments.api.strict_json import loads_object
 from deployments.errors import from_validation_error
 from deployments.replica.adapters import adapter_name

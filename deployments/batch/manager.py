@@ -20,8 +20,8 @@ import time
 import ray
 from ray import serve
 
-from deployments.api.batch_protocol import window_seconds
-from deployments.api.format import list_page
+from deployments.api.batches.protocol import window_seconds
+from deployments.api.pagination import list_page
 from deployments.batch.capacity import Capacity, running_replicas
 from deployments.batch.files import FileLimits, FileStore
 from deployments.batch.index import BatchIndex

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from fastapi import Request
 from pydantic import BaseModel
 
-from deployments.api.responses.api import ResponsesAPI
+from deployments.api.responses.handler import ResponsesAPI
 from deployments.api.responses.store import ResponseStore
 from deployments.app_config import AppConfig, replica_name
 from deployments.batch.api import BatchAPI

@@ -5,8 +5,8 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments.app_config import AppConfig
 from deployments.clients import RemoteModel
+from deployments.http.app import build_app
 from deployments.http.front import OpenAIFront
-from deployments.http.routes import build_app
 from runtime.engine.startup_heap import freeze_startup_heap
 
 

@@ -10,8 +10,8 @@ through handles, still route by prefix).
 from ray import serve
 
 from deployments.app_config import AppConfig
+from deployments.http.app import build_app
 from deployments.http.front import OpenAIFront
-from deployments.http.routes import build_app
 from deployments.replica.server import LLMServer
 
 

@@ -8,14 +8,18 @@ import threading
 import time
 from collections.abc import AsyncIterator
 
-from deployments.api.chat import ChatHandler
-from deployments.api.completions import CompletionHandler
-from deployments.api.embeddings import EmbeddingHandler, EmbeddingRequest
-from deployments.api.format import TokenTexts, new_id
-from deployments.api.generate import GenerateHandler
-from deployments.api.generate_protocol import GenerateRequest
-from deployments.api.protocol import ChatCompletionRequest, CompletionRequest
-from deployments.api.tokenize import DetokenizeRequest, TokenizeHandler, TokenizeRequest
+from deployments.api.chat.handler import ChatHandler
+from deployments.api.chat.protocol import ChatCompletionRequest
+from deployments.api.completions.handler import CompletionHandler
+from deployments.api.completions.protocol import CompletionRequest
+from deployments.api.embeddings.handler import EmbeddingHandler
+from deployments.api.embeddings.protocol import EmbeddingRequest
+from deployments.api.format import TokenTexts
+from deployments.api.generate.handler import GenerateHandler
+from deployments.api.generate.protocol import GenerateRequest
+from deployments.api.ids import new_id
+from deployments.api.tokenize.handler import TokenizeHandler
+from deployments.api.tokenize.protocol import DetokenizeRequest, TokenizeRequest
 from deployments.app_config import LLMConfig
 from deployments.errors import OpenAIError, StreamError
 from deployments.replica.adapters import adapters_of
@@ -39,7 +43,7 @@ class LLMServer:
         self.completion_handler = CompletionHandler(self.engine, self.model_id, texts, adapters)
         self.generate_handler = GenerateHandler(self.engine, adapters)
         self.embedding_handler = EmbeddingHandler(self.engine, self.model_id)
-        self.tokenize_handler = TokenizeHandler(self.engine, self.chat_handler)
+        self.tokenize_handler = TokenizeHandler(self.engine, self.chat_handler.prompt)
         threading.Thread(target=self._report_gauges, args=(EngineGauges(self.model_id),), name="gauges",
                          daemon=True).start()
         freeze_startup_heap()

@@ -12,7 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
-from deployments.api.protocol import ChatCompletionRequest, RequestModel
+from deployments.api.chat.protocol import ChatCompletionRequest
+from deployments.api.request_model import RequestModel
 
 
 class TextBlock(RequestModel):

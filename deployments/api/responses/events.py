@@ -10,7 +10,8 @@ send it: the SDK's stream helper and the agents SDK wait for
 `sequence_number`; the HTTP edge frames each as an SSE `event:` + `data:` pair.
 """
 
-from deployments.api.format import new_id, now
+from deployments.api.format import now
+from deployments.api.ids import new_id
 from deployments.api.responses.output import (
     function_call_item,
     message_item,

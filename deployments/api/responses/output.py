@@ -1,6 +1,6 @@
 """Response objects and their output items, in the shapes of OpenAI's Responses API."""
 
-from deployments.api.format import new_id
+from deployments.api.ids import new_id
 from deployments.api.responses.protocol import ResponsesRequest
 
 

@@ -12,11 +12,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator
 
-from deployments.api.format import new_id
-from deployments.api.protocol import ChatCompletionRequest, RequestModel, _SamplingFields
+from deployments.api.chat.protocol import ChatCompletionRequest
+from deployments.api.ids import new_id
+from deployments.api.request_model import RequestModel
+from deployments.api.sampling_fields import SamplingFields
 
 # Fields passed to the chat request as they are (the rest are Responses' own, mapped in `to_chat`)
-_SAMPLING = set(_SamplingFields.model_fields) - {"n", "stream_options", "response_format", "user"}
+_SAMPLING = set(SamplingFields.model_fields) - {"n", "stream_options", "response_format", "user"}
 
 
 class TextPart(RequestModel):
@@ -108,7 +110,7 @@ class ResponsesStreamOptions(RequestModel):
     include_obfuscation: bool | None = None
 
 
-class ResponsesRequest(_SamplingFields):
+class ResponsesRequest(SamplingFields):
     input: list[InputItem] = Field(min_length=1)  # a string is one user message
     instructions: str | None = None
     previous_response_id: str | None = Field(None, min_length=1)

@@ -3,8 +3,8 @@
 import time
 from collections.abc import AsyncIterator
 
-from deployments.api.format import new_id
-from deployments.api.generate_protocol import GenerateRequest
+from deployments.api.generate.protocol import GenerateRequest
+from deployments.api.ids import new_id
 from deployments.api.merge import merge
 from deployments.replica.adapters import ModelAdapters
 from deployments.work_pool import off_loop

@@ -9,8 +9,10 @@ from collections.abc import AsyncIterator
 
 from pydantic import ValidationError
 
-from deployments.api.format import cursor_page, new_id, now
-from deployments.api.protocol import ChatCompletionRequest
+from deployments.api.chat.protocol import ChatCompletionRequest
+from deployments.api.format import now
+from deployments.api.ids import new_id
+from deployments.api.pagination import cursor_page
 from deployments.api.responses.events import ResponseEvents
 from deployments.api.responses.output import output_items, response_object, response_usage, status_of, turn_messages
 from deployments.api.responses.protocol import ResponsesRequest

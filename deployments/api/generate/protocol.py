@@ -2,7 +2,8 @@
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from deployments.api.protocol import MAX_SEQUENCES, MAX_STOP_TOKEN_IDS, RequestModel, StopRegex
+from deployments.api.request_model import RequestModel
+from deployments.api.sampling_fields import MAX_SEQUENCES, MAX_STOP_TOKEN_IDS, StopRegex
 from runtime import InvalidInputError, SamplingParams
 from runtime.text.grammar import Constraint
 

@@ -5,35 +5,11 @@ import asyncio
 import base64
 import math
 import struct
-from typing import Literal
 
-from pydantic import Field, field_validator
-
-from deployments.api.protocol import MAX_SEQUENCES, RequestModel
+from deployments.api.embeddings.protocol import EmbeddingRequest
 from deployments.errors import OpenAIError
 from deployments.work_pool import off_loop
 from runtime import AsyncLLMEngine, ValidRequest
-
-
-class EmbeddingRequest(RequestModel):
-    model: str | None = None
-    input: str | list[str] | list[int] | list[list[int]]
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, ge=1)  # the first `dimensions` components, renormalised
-    user: str | None = None  # accepted, unused
-
-    @field_validator("input")
-    @classmethod
-    def _bounded(cls, v):
-        if isinstance(v, list) and (not v or any(isinstance(p, (str, list)) and len(p) == 0 for p in v)):
-            raise ValueError("input must not be empty")
-        if isinstance(v, list) and isinstance(v[0], (str, list)) and len(v) > MAX_SEQUENCES:
-            raise ValueError(f"input has {len(v)} items, over the limit of {MAX_SEQUENCES} per request")
-        return v
-
-    def inputs(self) -> list[str | list[int]]:
-        v = self.input
-        return [v] if isinstance(v, str) or isinstance(v[0], int) else list(v)
 
 
 class EmbeddingHandler:

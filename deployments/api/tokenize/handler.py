@@ -1,57 +1,29 @@
 """vLLM's /tokenize and /detokenize on one replica: a prompt, or a conversation through the model's chat
 template (gpt-oss's through harmony), as the model's token ids; and token ids back to text."""
 
-from typing import Any
 
-from pydantic import Field, model_validator
 
-from deployments.api.chat import ChatHandler
-from deployments.api.protocol import ChatMessage, RequestModel, Tool
+from deployments.api.chat.prompt import ChatPrompt
+from deployments.api.tokenize.protocol import DetokenizeRequest, TokenizeRequest
 from deployments.errors import OpenAIError
 from deployments.work_pool import off_loop
 from runtime import AsyncLLMEngine
 
 
-class TokenizeRequest(RequestModel):
-    """A `prompt`, or `messages` rendered with the chat template (and the fields a chat completion renders them
-    with, named as it names them)."""
-
-    model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = Field(None, min_length=1)
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    chat_template_kwargs: dict[str, Any] | None = None
-    tools: list[Tool] | None = None
-    add_special_tokens: bool | None = None  # default: on for a prompt, off for messages (the template writes them)
-    return_token_strs: bool = False
-
-    @model_validator(mode="after")
-    def _prompt_or_messages(self):
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give either prompt or messages")
-        return self
-
-
-class DetokenizeRequest(RequestModel):
-    model: str | None = None
-    tokens: list[int]
-
-
 class TokenizeHandler:
-    def __init__(self, engine: AsyncLLMEngine, chat: ChatHandler):
+    def __init__(self, engine: AsyncLLMEngine, prompt: ChatPrompt):
         self.engine = engine
-        self.chat = chat
+        self.prompt = prompt
 
     async def tokenize(self, req: TokenizeRequest) -> dict:
         return await off_loop(self._tokenize, req)
 
     def _tokenize(self, req: TokenizeRequest) -> dict:
         special = req.add_special_tokens if req.add_special_tokens is not None else req.messages is None
-        if req.messages is not None and self.chat.harmony:  # gpt-oss: the ids its chat completions are given
-            ids = self.chat.harmony_prompt(req, req.tools)
+        if req.messages is not None and self.engine.harmony:  # gpt-oss: the ids its chat completions are given
+            ids = self.prompt.harmony(req, req.tools)
         else:
-            text = req.prompt if req.messages is None else self.chat.render(req)
+            text = req.prompt if req.messages is None else self.prompt.render(req)
             ids = self.engine.encode(text, add_special_tokens=special)
         strs = self.engine.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
         return {"count": len(ids), "max_model_len": self.engine.max_model_len, "tokens": ids, "token_strs": strs}

@@ -9,15 +9,15 @@ by openai-harmony, its analysis channel being the reasoning.
 
 from collections.abc import AsyncIterator
 
+from deployments.api.chat.prompt import ChatPrompt
+from deployments.api.chat.protocol import ChatCompletionRequest
 from deployments.api.choice_parser import ChoiceParser, HarmonyChoiceParser, tool_call_json
 from deployments.api.format import TokenTexts, chat_logprobs, chunk_builder, now, prompt_logprobs_json, usage
-from deployments.api.protocol import ChatCompletionRequest
 from deployments.errors import OpenAIError
 from deployments.replica.adapters import ModelAdapters
 from deployments.work_pool import off_loop
 from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput, ValidRequest
-from runtime.text.harmony_chat import REASONING_EFFORTS, render_harmony, stop_token_ids
-from runtime.text.tokenizer import render_chat
+from runtime.text.harmony_chat import stop_token_ids
 
 
 class ChatHandler:
@@ -29,6 +29,7 @@ class ChatHandler:
         self.texts = texts
         self.reasoning_parser = reasoning_parser
         self.tool_call_parser = tool_call_parser
+        self.prompt = ChatPrompt(engine, model_id)
         self.harmony = engine.harmony
 
     def _prepare(self, req: ChatCompletionRequest) -> ValidRequest:
@@ -41,7 +42,7 @@ class ChatHandler:
             if req.uses_tools and self.tool_call_parser is None:
                 raise OpenAIError(400, f"tools: model {self.model_id} has no tool_call_parser configured", "tools")
             params = req.to_sampling_params()
-            prompt = self.engine.encode(self.render(req), add_special_tokens=False)
+            prompt = self.engine.encode(self.prompt.render(req), add_special_tokens=False)
         return self.engine.validate(prompt, params, self.adapters.request_for(req.model))
 
     def _render_harmony(self, req: ChatCompletionRequest) -> list[int]:
@@ -52,35 +53,7 @@ class ChatHandler:
             raise OpenAIError(400, f"{constraint.param}: model {self.model_id} (harmony) takes no grammar on its "
                               "output", constraint.param)
         tools = req.tools if req.uses_tools else None
-        return self.harmony_prompt(req, tools, req.reasoning_effort)
-
-    def harmony_prompt(self, req, tools, reasoning_effort: str | None = None) -> list[int]:
-        """gpt-oss's prompt token ids for `req`'s conversation (a chat request's or /tokenize's): the reasoning
-        effort is `reasoning_effort`, else `chat_template_kwargs`' (where gpt-oss's own chat template reads it)."""
-        effort = reasoning_effort or (req.chat_template_kwargs or {}).get("reasoning_effort")
-        if effort not in (None, *REASONING_EFFORTS):
-            raise OpenAIError(400, f"reasoning_effort: model {self.model_id} (harmony) takes "
-                              f"{', '.join(REASONING_EFFORTS)}", "reasoning_effort")
-        if req.continue_final_message:
-            raise OpenAIError(400, f"continue_final_message: model {self.model_id} (harmony) cannot continue a "
-                              "message", "continue_final_message")
-        try:
-            return render_harmony([m.template_dict() for m in req.messages],
-                                  [t.model_dump(exclude_none=True) for t in tools] if tools else None, effort,
-                                  req.add_generation_prompt)
-        except (ValueError, KeyError, TypeError) as e:  # a tool result with no call, a malformed tool call
-            raise OpenAIError(400, f"messages: harmony could not render them: {e!r}", "messages") from e
-
-    def render(self, req) -> str:
-        """The conversation as the chat template writes it; `req` has a chat request's `messages`, `tools`,
-        `chat_template_kwargs`, `add_generation_prompt` and `continue_final_message` (/tokenize's has too)."""
-        messages = [m.template_dict() for m in req.messages]
-        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-        try:
-            return render_chat(self.engine.tokenizer, messages, tools, req.chat_template_kwargs,
-                               add_generation_prompt=req.add_generation_prompt and not req.continue_final_message)
-        except Exception as e:  # the template rejected the conversation (jinja raise_exception, bad kwargs)
-            raise OpenAIError(400, f"messages: the chat template could not render them: {e}", "messages") from e
+        return self.prompt.harmony(req, tools, req.reasoning_effort)
 
     def _parser(self, req: ChatCompletionRequest) -> ChoiceParser | HarmonyChoiceParser:
         if self.harmony:

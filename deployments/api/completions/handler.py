@@ -2,9 +2,9 @@
 
 from collections.abc import AsyncIterator
 
+from deployments.api.completions.protocol import CompletionRequest
 from deployments.api.format import TokenTexts, chunk_builder, completion_logprobs, now, prompt_logprobs_json, usage
 from deployments.api.merge import merge
-from deployments.api.protocol import CompletionRequest
 from deployments.replica.adapters import ModelAdapters
 from deployments.work_pool import off_loop
 from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput, ValidRequest

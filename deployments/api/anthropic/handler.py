@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 from pydantic import ValidationError
 
 from deployments.api.anthropic.protocol import CHAT_NAMES, CountTokensRequest, MessagesRequest
-from deployments.api.format import new_id
-from deployments.api.tokenize import TokenizeRequest
+from deployments.api.ids import new_id
+from deployments.api.tokenize.protocol import TokenizeRequest
 from deployments.clients import ModelClient
 from deployments.errors import OpenAIError, StreamError, from_validation_error
 

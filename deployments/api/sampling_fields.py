@@ -1,4 +1,5 @@
-"""Request bodies of the OpenAI routes and their sampling options (SGLang's /generate: generate_protocol.py).
+"""The sampling options that chat and completions requests share, their structured-output constraints, and the
+bounds on the work one request can ask for (SGLang's /generate has its own: generate/protocol.py).
 
 Lenient on names, strict on values: unknown fields are ignored (see RequestModel), a known field with a
 wrong type or range is a 400. Our extensions (SGLang's and vLLM's names) sit beside OpenAI's fields.
@@ -7,9 +8,9 @@ wrong type or range is a 400. Our extensions (SGLang's and vLLM's names) sit bes
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from deployments.api.tool_schema import tool_call_schema
+from deployments.api.request_model import RequestModel
 from runtime import InvalidInputError, SamplingParams
 from runtime.text.grammar import Constraint
 
@@ -21,15 +22,6 @@ MAX_LOGPROB_ENTRIES = 1_000_000  # n x max tokens x (1 + top logprobs): bounds t
 MAX_REPLY_LOGPROB_ENTRIES = 100_000
 
 
-class RequestModel(BaseModel):
-    """A part of a client's request. Unknown fields are ignored, as vLLM and SGLang ignore them (clients send
-    other servers' extensions and echo whole response messages back); the route reports the top-level ones in
-    the `x-ignored-fields` response header. Known fields are strict: a wrong type or range is a 400. NaN and
-    infinities are refused."""
-
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
-
-
 MAX_STOP_REGEX_CHARS = 1024
 # SGLang's stop_regex: up to 4 RE2 patterns (linear-time matching: no pattern can stall the engine)
 _StopPattern = Annotated[str, Field(max_length=MAX_STOP_REGEX_CHARS)]
@@ -39,48 +31,6 @@ StopRegex = _StopPattern | Annotated[list[_StopPattern], Field(max_length=4)] | 
 class StreamOptions(RequestModel):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM's: usage on every chunk
-
-
-class ContentPart(RequestModel):
-    type: Literal["text"]
-    text: str
-
-
-class FunctionDefinition(RequestModel):
-    name: str = Field(min_length=1, max_length=64)
-    description: str | None = None
-    parameters: dict | None = None
-    strict: bool | None = None
-
-
-class Tool(RequestModel):
-    type: Literal["function"] = "function"
-    function: FunctionDefinition
-
-
-class FunctionName(RequestModel):
-    name: str
-
-
-class NamedToolChoice(RequestModel):
-    type: Literal["function"] = "function"
-    function: FunctionName
-
-
-class ChatMessage(RequestModel):
-    role: str = Field(min_length=1)  # the chat template decides what a role means (custom roles pass through)
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-    tool_calls: list[dict] | None = None
-    tool_call_id: str | None = None
-
-    def template_dict(self) -> dict:
-        """The message as the chat template expects it: plain-text content."""
-        out = self.model_dump(exclude_none=True)
-        if isinstance(self.content, list):
-            out["content"] = "".join(part.text for part in self.content)
-        out.setdefault("content", "")
-        return out
 
 
 class JsonSchemaFormat(RequestModel):
@@ -123,7 +73,7 @@ def _extension_constraint(param: str, kind: str, value) -> Constraint:
     return Constraint(kind, value, param)
 
 
-class _SamplingFields(RequestModel):
+class SamplingFields(RequestModel):
     """Sampling options shared by chat and completions."""
 
     model: str | None = None
@@ -247,126 +197,7 @@ class _SamplingFields(RequestModel):
         return self.include_usage and self.stream_options.continuous_usage_stats
 
 
-class ChatCompletionRequest(_SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-    chat_template_kwargs: dict[str, Any] | None = None
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    separate_reasoning: bool = True
-    # OpenAI's values; gpt-oss (harmony) takes low, medium and high, other models ignore it
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
-    tools: list[Tool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice = "auto"
-    parallel_tool_calls: bool = True
-    metadata: dict | None = None
-    store: bool | None = None
-    service_tier: str | None = None
-
-    @field_validator("chat_template_kwargs")
-    @classmethod
-    def _no_request_template(cls, v):
-        if v and "chat_template" in v:  # a client's Jinja would run on the replica: unbounded work
-            raise ValueError("chat_template: request-supplied chat templates are not accepted; the model's is used")
-        return v
-
-    @model_validator(mode="after")
-    def _bounded_logprobs(self):
-        limit = self.max_completion_tokens or self.max_tokens
-        if self.logprobs and limit:
-            _bound_logprobs(self.n * limit * (1 + (self.top_logprobs or 0)), "n x max_tokens x (1 + top_logprobs)",
-                            self.stream)
-        return self
-
-    @model_validator(mode="after")
-    def _tool_choice_names_a_tool(self):
-        if isinstance(self.tool_choice, NamedToolChoice):
-            names = [t.function.name for t in self.tools or []]
-            if self.tool_choice.function.name not in names:
-                raise ValueError(f"tool_choice names {self.tool_choice.function.name!r}, not one of the tools {names}")
-        elif self.tool_choice == "required" and not self.tools:
-            raise ValueError("tool_choice 'required' needs tools")
-        return self
-
-    @property
-    def uses_tools(self) -> bool:
-        return bool(self.tools) and self.tool_choice != "none"
-
-    def tool_constraint(self) -> Constraint | None:
-        """`required` and named tool choices are enforced by a grammar over the call."""
-        if not self.uses_tools or self.tool_choice == "auto":
-            return None
-        tools = self.tools
-        if isinstance(self.tool_choice, NamedToolChoice):
-            tools = [t for t in tools if t.function.name == self.tool_choice.function.name]
-        return Constraint("tool_call", tool_call_schema([(t.function.name, t.function.parameters) for t in tools]),
-                          "tool_choice")
-
-    def to_sampling_params(self) -> SamplingParams:
-        top = self.top_logprobs or 0
-        # a forced call makes no text, so a text format has nothing to constrain: the call's grammar wins (as
-        # OpenAI accepts both; instructor's RESPONSES_TOOLS mode sends both)
-        constraint = self.tool_constraint() or self.constraint()
-        return self.sampling_params(self.max_completion_tokens or self.max_tokens, top if self.logprobs else None,
-                                    constraint, prompt_logprobs=self.prompt_logprobs)
-
-
-class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)
-    logprobs: int | None = Field(None, ge=0, le=20)
-    echo: bool = False
-    best_of: int | None = None
-    suffix: str | None = None
-
-    @field_validator("prompt")
-    @classmethod
-    def _not_empty(cls, v):
-        if isinstance(v, list) and (not v or any(isinstance(p, (str, list)) and len(p) == 0 for p in v)):
-            raise ValueError("prompt must not be empty")
-        return v
-
-    @field_validator("best_of")
-    @classmethod
-    def _no_best_of(cls, v):
-        if v not in (None, 1):
-            raise ValueError("best_of is not supported; use n")
-        return v
-
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, v):
-        if v:
-            raise ValueError("suffix is not supported")
-        return v
-
-    @model_validator(mode="after")
-    def _bounded_work(self):
-        sequences = len(self.prompts()) * self.n
-        if sequences > MAX_SEQUENCES:
-            raise ValueError(f"prompts x n is {sequences}, over the limit of {MAX_SEQUENCES} sequences per request")
-        if self.logprobs is not None and self.max_tokens:
-            _bound_logprobs(sequences * self.max_tokens * (1 + self.logprobs),
-                            "prompts x n x max_tokens x (1 + logprobs)", self.stream)
-        return self
-
-    def prompts(self) -> list[str | list[int]]:
-        p = self.prompt
-        if isinstance(p, str) or (p and isinstance(p[0], int)):
-            return [p]
-        return list(p)
-
-    def to_sampling_params(self) -> SamplingParams:
-        prompt_logprobs = self.prompt_logprobs
-        if prompt_logprobs is None and self.echo:
-            prompt_logprobs = self.logprobs
-        return self.sampling_params(self.max_tokens, self.logprobs, self.constraint(), prompt_logprobs=prompt_logprobs)
-
-
-def _bound_logprobs(entries: int, product: str, stream: bool) -> None:
+def bound_logprobs(entries: int, product: str, stream: bool) -> None:
     """A reply's logprob entries within bounds: a streamed one's, and a lower bound for one sent whole."""
     if entries > MAX_LOGPROB_ENTRIES:
         raise ValueError(f"{product} is over {MAX_LOGPROB_ENTRIES:,} logprob entries")

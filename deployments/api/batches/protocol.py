@@ -1,12 +1,12 @@
-"""The body of POST /v1/batches, and the ids and durations the Files and Batches routes take."""
+"""The body of POST /v1/batches, and the durations it takes."""
 
 import re
 
 from pydantic import Field, field_validator
 
-from deployments.api.protocol import RequestModel
+from deployments.api.ids import ID
+from deployments.api.request_model import RequestModel
 
-ID = re.compile(r"[A-Za-z0-9_-]{1,200}")  # a file, batch or response id: never a path, a NUL or 10 kB
 COMPLETION_WINDOW = re.compile(r"(\d{1,6})([smhd])")  # at most 999,999 days: expires_at stays within int64
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 

@@ -1,0 +1,1 @@
+"""SGLang's native /generate: its request body and sampling_params, the handler on the replica and the route."""
