@@ -28,8 +28,8 @@ from moto.server import ThreadedMotoServer
 from benchmarks.batch_throughput import WARMUP_LINES, run_batch, serving
 from benchmarks.common import report
 from benchmarks.slow_link import SlowLink
-from tests.helpers import free_port
-from tests.model_factory import build_model_dir
+from testing.helpers import free_port
+from testing.model_factory import build_model_dir
 
 ROUNDS = 3
 BUCKET = "batch-storage-bench"

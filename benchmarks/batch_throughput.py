@@ -3,7 +3,7 @@
 LINES chat lines (max_tokens 16, ignore_eos, greedy), each a distinct short
 question, are uploaded to configs/local.yaml's application (direct streaming,
 its replica on every core: benchmarks/online_serving.py's config) on the
-tiny Qwen2 model the tests build (tests/model_factory.py), and run as one
+tiny Qwen2 model the tests build (testing/model_factory.py), and run as one
 batch; its lines/s is LINES over the time from `batches.create` to
 `completed` (validation and finalization included). The offline engine
 (`runtime.LLM`, same engine options) runs the same conversations at once,
@@ -46,8 +46,8 @@ import torch
 from benchmarks.common import report
 from benchmarks.online_serving import MODEL_ID, local_config_args
 from runtime import LLM, SamplingParams
-from tests.helpers import free_port, wait_until
-from tests.model_factory import build_model_dir
+from testing.helpers import free_port, wait_until
+from testing.model_factory import build_model_dir
 
 LINES, MID_LINES, BIG_LINES, MAX_TOKENS, WARMUP_LINES = 2000, 10_000, 50_000, 16, 200
 TTFT_PROBES = 20  # sequential streaming chats, idle and during the big batch

@@ -10,7 +10,7 @@ import torch
 
 from kernels import linear, pack_weight
 from kernels.linear import pack_onednn
-from tests.model_factory import build_model_dir
+from testing.model_factory import build_model_dir
 
 # DESIGN.md's CPU benchmark model: Qwen2-shaped, about 28M parameters, float32
 CPU_MODEL = dict(arch="qwen2", hidden_size=512, intermediate_size=1536, num_layers=8, num_heads=8,

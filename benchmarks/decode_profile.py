@@ -18,7 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 from benchmarks.common import report
 from benchmarks.gpu_throughput import QWEN25_05B
 from runtime import LLM, SamplingParams
-from tests.model_factory import build_model_dir
+from testing.model_factory import build_model_dir
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from benchmarks.common import report, transformers_static_batches
 from runtime import LLM, SamplingParams
-from tests.model_factory import build_model_dir
+from testing.model_factory import build_model_dir
 
 QWEN25_05B = dict(arch="qwen2", hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14,
                   num_kv_heads=2, vocab_size=151936, max_positions=32768, tie_word_embeddings=True,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from benchmarks.common import report
 from runtime import LLM, SamplingParams
-from tests.model_factory import build_model_dir
+from testing.model_factory import build_model_dir
 
 MICRO = dict(hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=1, vocab_size=512)
 

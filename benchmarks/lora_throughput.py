@@ -20,7 +20,7 @@ import torch
 
 from benchmarks.common import build_cpu_model, report
 from runtime import LLM, LoRARequest, SamplingParams
-from tests.test_lora import ALL, make_adapter
+from testing.lora_adapters import ALL, make_adapter
 
 ADAPTERS, NUM_REQUESTS, PROMPT, OUTPUT, PASSES, RANK = 8, 64, 100, 64, 3, 16
 GREEDY = SamplingParams(temperature=0, max_tokens=OUTPUT, ignore_eos=True)

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from benchmarks.common import report, shared_prefix_prompts, transformers_static_batches
 from runtime import LLM, SamplingParams
-from tests.model_factory import build_model_dir
+from testing.model_factory import build_model_dir
 
 MOE_MODEL = dict(arch="qwen3_moe", hidden_size=256, intermediate_size=512, num_layers=4, num_heads=4,
                  num_kv_heads=2, head_dim=64, vocab_size=8192, max_positions=1024, init_std=0.02, num_experts=8,

@@ -51,7 +51,7 @@ import yaml
 
 from benchmarks.common import build_cpu_model, report
 from runtime import LLM, SamplingParams
-from tests.helpers import free_port, wait_until
+from testing.helpers import free_port, wait_until
 
 NUM_REQUESTS, CONCURRENCY, OUTPUT, PASSES, TTFT_REQUESTS = 128, 32, 64, 3, 30
 # Ray's processes read these at start: (Serve's default, its high-throughput mode)

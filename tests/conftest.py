@@ -9,8 +9,8 @@ import torch
 if not torch.cuda.is_available():  # Triton kernels run in its interpreter on CPU (set before triton is imported)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from tests.helpers import free_port
-from tests.model_factory import build_model_dir, write_sentence_transformers_modules
+from testing.helpers import free_port
+from testing.model_factory import build_model_dir, write_sentence_transformers_modules
 
 # Qwen3 with a head_dim that differs from hidden/heads, as real Qwen3 checkpoints have
 SHAPES = {
@@ -30,7 +30,7 @@ def any_model(request, tmp_path_factory):
 def harmony_vocab(tmp_path_factory) -> Path:
     """A directory holding o200k_base.tiktoken, named by TIKTOKEN_ENCODINGS_BASE for this process's harmony."""
     from runtime.text.harmony_chat import harmony_encoding
-    from tests.harmony_vocab import write_o200k_base
+    from testing.harmony_vocab import write_o200k_base
 
     directory = tmp_path_factory.mktemp("tiktoken")
     write_o200k_base(directory)

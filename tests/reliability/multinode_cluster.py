@@ -29,9 +29,9 @@ from pathlib import Path
 
 import requests
 
+from testing.helpers import free_port, wait_until
+from testing.model_factory import build_model_dir
 from tests.conftest import MODEL_ID, app_args
-from tests.helpers import free_port, wait_until
-from tests.model_factory import build_model_dir
 
 STREAMS = 20
 BATCH_LINES = 300

@@ -11,8 +11,8 @@ import requests
 from ray import serve
 
 from deployments.app_config import replica_name
+from testing.helpers import wait_until
 from tests.conftest import MODEL_ID, another_app, app_args
-from tests.helpers import wait_until
 
 pytestmark = pytest.mark.reliability
 NORMAL_BOUND_S = 1.0

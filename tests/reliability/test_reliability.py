@@ -15,9 +15,9 @@ import openai
 import pytest
 import schemathesis
 
+from testing.helpers import wait_until
 from tests.conftest import MODEL_ID, another_app, app_args
-from tests.helpers import wait_until
-from tests.test_batches import chat_line, finished, jsonl, read_jsonl
+from tests.deployments.batch.test_batches import chat_line, finished, jsonl, read_jsonl
 
 pytestmark = pytest.mark.reliability
 STREAMS = int(os.environ.get("RELIABILITY_STREAMS", 200))

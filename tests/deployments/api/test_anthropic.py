@@ -1,0 +1,103 @@
+"""Anthropic's Messages API through the `anthropic` SDK: the same tokens as the chat route, text, thinking and
+tool_use blocks (outputs forced by a grammar), the streamed event sequence and its accumulated message,
+count_tokens, and errors in Anthropic's shape."""
+
+import json
+
+import anthropic
+import pytest
+import requests
+
+from tests.conftest import MODEL_ID
+from tests.deployments.api.test_reasoning_and_tools import CALL, THOUGHT
+
+WEATHER = {"name": "get_weather", "description": "Weather in a city",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+@pytest.fixture(scope="module")
+def claude(server):
+    return anthropic.Anthropic(base_url=server.base_url, api_key="None")
+
+
+def forced(text: str) -> dict:
+    return {"ebnf": "root ::= " + json.dumps(text)}
+
+
+def test_a_message_is_the_chat_completion_of_the_same_conversation(claude, client):
+    system, user = "Be brief.", "What is the capital of France?"
+    message = claude.messages.create(model=MODEL_ID, max_tokens=12, system=system, extra_body={"temperature": 0},
+                                     messages=[{"role": "user", "content": user}])
+    chat = client.chat.completions.create(model=MODEL_ID, max_tokens=12, temperature=0, messages=[
+        {"role": "system", "content": system}, {"role": "user", "content": user}])
+    assert message.type == "message" and message.role == "assistant" and message.model == MODEL_ID
+    assert [b.type for b in message.content] == ["text"]
+    assert message.content[0].text == chat.choices[0].message.content
+    assert message.stop_reason == {"length": "max_tokens", "stop": "end_turn"}[chat.choices[0].finish_reason]
+    # Anthropic's input_tokens leave out what came from the cache (an earlier test may have cached the prefix)
+    assert message.usage.input_tokens + message.usage.cache_read_input_tokens == chat.usage.prompt_tokens
+    assert message.usage.output_tokens == chat.usage.completion_tokens
+    counted = claude.messages.count_tokens(model=MODEL_ID, system=system, messages=[{"role": "user", "content": user}])
+    assert counted.input_tokens == chat.usage.prompt_tokens
+
+
+def test_thinking_and_tool_use_blocks(claude):
+    message = claude.messages.create(model=MODEL_ID, max_tokens=120, tools=[WEATHER], extra_body=forced(
+        THOUGHT.replace("It is 4.", "") + CALL), messages=[{"role": "user", "content": "Weather in Paris?"}],
+                                     thinking={"type": "enabled", "budget_tokens": 100})
+    assert [b.type for b in message.content] == ["thinking", "tool_use"]
+    assert message.content[0].thinking.strip() == "The user wants a number."
+    call = message.content[1]
+    assert call.name == "get_weather" and call.input == {"city": "Paris"} and message.stop_reason == "tool_use"
+    # the call's result goes back as a tool_result block; the conversation renders and runs
+    follow = claude.messages.create(model=MODEL_ID, max_tokens=4, tools=[WEATHER], messages=[
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": call.id, "name": call.name, "input": call.input}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "sunny"}]}])
+    prompt = follow.usage.input_tokens + follow.usage.cache_read_input_tokens  # the prefix came from the cache
+    assert prompt > message.usage.input_tokens + message.usage.cache_read_input_tokens
+
+
+def test_stop_sequences_are_named(claude):
+    message = claude.messages.create(model=MODEL_ID, max_tokens=40, stop_sequences=["capital"],
+                                     extra_body=forced("The capital is Paris."),
+                                     messages=[{"role": "user", "content": "x"}])
+    assert message.content[0].text == "The " and message.stop_reason == "stop_sequence"
+    assert message.stop_sequence == "capital"
+
+
+def test_the_stream_is_anthropics_event_sequence(server, claude):
+    # greedy: the grammar allows many tokenizations of the forced text, and both calls must pick the same one
+    greedy = {**forced(THOUGHT + CALL), "temperature": 0}
+    kwargs = dict(model=MODEL_ID, max_tokens=120, tools=[WEATHER], extra_body=greedy,
+                  messages=[{"role": "user", "content": "x"}], thinking={"type": "enabled", "budget_tokens": 100})
+    with claude.messages.stream(**kwargs) as stream:
+        final = stream.get_final_message()
+    whole = claude.messages.create(**kwargs)
+    body = {**{k: v for k, v in kwargs.items() if k != "extra_body"}, **kwargs["extra_body"], "stream": True}
+    raw = requests.post(f"{server.base_url}/v1/messages", json=body)
+    events = [block.split("\n") for block in raw.text.split("\n\n") if block]
+    kinds = [name.removeprefix("event: ") for name, _ in events]
+    assert kinds == [json.loads(data.removeprefix("data: "))["type"] for _, data in events]
+    assert kinds[:3] == ["message_start", "ping", "content_block_start"]
+    assert kinds[-2:] == ["message_delta", "message_stop"]
+    assert kinds.count("content_block_start") == kinds.count("content_block_stop") == 3
+    assert [b.type for b in final.content] == [b.type for b in whole.content] == ["thinking", "text", "tool_use"]
+    assert final.content[1].text == whole.content[1].text and final.content[2].input == {"city": "Paris"}
+    assert final.stop_reason == "tool_use" and final.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_errors_are_in_anthropics_shape(server, claude):
+    with pytest.raises(anthropic.BadRequestError):
+        claude.messages.create(model=MODEL_ID, max_tokens=0, messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(anthropic.NotFoundError):
+        claude.messages.create(model="no-such-model", max_tokens=1, messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(anthropic.BadRequestError, match="budget_tokens"):  # as Anthropic's: below max_tokens
+        claude.messages.create(model=MODEL_ID, max_tokens=100, messages=[{"role": "user", "content": "x"}],
+                               thinking={"type": "enabled", "budget_tokens": 100})
+    reply = requests.post(f"{server.base_url}/v1/messages", json={"model": MODEL_ID, "max_tokens": 1, "messages": [
+        {"role": "user", "content": [{"type": "image", "source": {}}]}]})
+    assert reply.status_code == 400
+    body = reply.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    assert "image" in body["error"]["message"]

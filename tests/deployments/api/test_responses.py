@@ -1,0 +1,239 @@
+"""/v1/responses through the `openai` SDK: the same tokens as the chat route for the same conversation, every
+reply and streamed event valid under the SDK's own types (strictly), reasoning and function-call items,
+stored responses continued with `previous_response_id` (on another app that shares the storage, too),
+retrieved and deleted."""
+
+import json
+
+import openai
+import pytest
+import requests
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
+
+from tests.conftest import MODEL_ID, another_app, app_args
+from tests.deployments.api.test_reasoning_and_tools import CALL, THOUGHT, WEATHER_TOOL, forced
+
+EVENTS = TypeAdapter(ResponseStreamEvent)
+FLAT_WEATHER_TOOL = {"type": "function", **WEATHER_TOOL["function"]}
+
+
+def create(server, **body) -> dict:
+    """A non-streamed response as raw JSON, checked against the SDK's `Response` type strictly."""
+    r = requests.post(f"{server.base_url}/v1/responses", json={"model": MODEL_ID, **body})
+    assert r.status_code == 200, r.text
+    Response.model_validate(r.json())
+    return r.json()
+
+
+def stream(server, **body) -> list[dict]:
+    """A streamed response's events as raw JSON, each checked against the SDK's event types strictly."""
+    r = requests.post(f"{server.base_url}/v1/responses", json={"model": MODEL_ID, "stream": True, **body}, stream=True)
+    assert r.status_code == 200, r.text
+    events, names = [], []
+    for block in r.text.split("\n\n"):
+        if block:
+            name, data = block.split("\n")
+            names.append(name.removeprefix("event: "))
+            events.append(json.loads(data.removeprefix("data: ")))
+    assert names == [e["type"] for e in events]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    for event in events:
+        EVENTS.validate_python(event)
+    return events
+
+
+def chat(client, messages, **kwargs):
+    return client.chat.completions.create(model=MODEL_ID, messages=messages, temperature=0, **kwargs)
+
+
+def test_a_response_is_the_chat_completion_of_the_same_conversation(server, client):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi there"}]
+    reference = chat(client, messages, max_tokens=6)
+    response = create(server, input="hi there", instructions="Be brief.", max_output_tokens=6, temperature=0)
+    assert response["status"] == "incomplete" and response["incomplete_details"] == {"reason": "max_output_tokens"}
+    (item,) = response["output"]
+    assert item["type"] == "message" and item["content"][0]["text"] == reference.choices[0].message.content
+    assert response["usage"]["input_tokens"] == reference.usage.prompt_tokens
+    assert response["usage"]["output_tokens"] == 6 and response["usage"]["total_tokens"] == reference.usage.total_tokens
+    sdk = client.responses.create(model=MODEL_ID, input=[{"role": "developer", "content": "Be brief."},
+                                                          {"role": "user", "content": [
+                                                              {"type": "input_text", "text": "hi there"}]}],
+                                  max_output_tokens=6, temperature=0)
+    assert sdk.output_text == reference.choices[0].message.content and sdk.id.startswith("resp_")
+
+
+def test_streamed_events_come_in_order_and_add_up_to_the_reply(server):
+    body = {"input": "count", "max_output_tokens": 8, "temperature": 0}
+    events = stream(server, **body)
+    assert [e["type"] for e in events[:4]] == ["response.created", "response.in_progress",
+                                               "response.output_item.added", "response.content_part.added"]
+    assert [e["type"] for e in events[-4:]] == ["response.output_text.done", "response.content_part.done",
+                                                "response.output_item.done", "response.completed"]
+    deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
+    final = events[-1]["response"]
+    assert final["status"] == "incomplete" and final["usage"]["output_tokens"] == 8
+    text = final["output"][0]["content"][0]["text"]
+    assert "".join(deltas) == text == events[-4]["text"] == create(server, **body)["output"][0]["content"][0]["text"]
+
+
+def test_sdk_streaming_and_logprobs(client):
+    with client.responses.stream(model=MODEL_ID, input="hello", max_output_tokens=5, temperature=0,
+                                 include=["message.output_text.logprobs"], top_logprobs=2) as s:
+        deltas = [e.delta for e in s if e.type == "response.output_text.delta"]
+        final = s.get_final_response()
+    (part,) = final.output[0].content
+    assert "".join(deltas) == final.output_text and len(part.logprobs) == 5
+    assert all(len(lp.top_logprobs) == 2 for lp in part.logprobs)
+
+
+def test_reasoning_becomes_a_reasoning_item(server):
+    response = create(server, input="2+2?", max_output_tokens=60, **forced(THOUGHT))
+    reasoning, message = response["output"]
+    assert reasoning["type"] == "reasoning"
+    assert reasoning["content"] == [{"type": "reasoning_text", "text": "The user wants a number.\n"}]
+    assert message["content"][0]["text"] == "It is 4." and response["status"] == "completed"
+    assert 0 < response["usage"]["output_tokens_details"]["reasoning_tokens"] < response["usage"]["output_tokens"]
+    events = stream(server, input="2+2?", max_output_tokens=60, **forced(THOUGHT))
+    thought = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta")
+    assert thought == "The user wants a number.\n"
+    assert [item["type"] for item in events[-1]["response"]["output"]] == ["reasoning", "message"]
+
+
+def test_function_calls_and_their_outputs_continue_the_conversation(server, client):
+    response = create(server, input="Weather in Paris?", tools=[FLAT_WEATHER_TOOL], max_output_tokens=200,
+                      **forced("Let me check." + CALL))
+    message, call = response["output"]
+    assert message["content"][0]["text"] == "Let me check."
+    assert call["type"] == "function_call" and call["name"] == "get_weather"
+    assert json.loads(call["arguments"]) == {"city": "Paris"} and call["call_id"].startswith("call_")
+    events = stream(server, input="Weather in Paris?", tools=[FLAT_WEATHER_TOOL], max_output_tokens=200,
+                    **forced("Let me check." + CALL))
+    args = [e for e in events if e["type"] == "response.function_call_arguments.done"]
+    assert len(args) == 1 and json.loads(args[0]["arguments"]) == {"city": "Paris"}
+
+    result = {"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}
+    followed = create(server, previous_response_id=response["id"], input=[result], tools=[FLAT_WEATHER_TOOL],
+                      max_output_tokens=2, temperature=0)
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": "Let me check.", "tool_calls": [{
+                   "id": call["call_id"], "type": "function",
+                   "function": {"name": "get_weather", "arguments": call["arguments"]}}]},
+               {"role": "tool", "tool_call_id": call["call_id"], "content": "sunny"}]
+    reference = chat(client, history, tools=[WEATHER_TOOL], max_tokens=2)
+    assert followed["usage"]["input_tokens"] == reference.usage.prompt_tokens
+    assert followed["output"][0]["content"][0]["text"] == reference.choices[0].message.content
+    # a client that keeps its own history sends the items back instead of an id: the same prompt
+    echoed = create(server, input=[{"role": "user", "content": "Weather in Paris?"}, *response["output"], result],
+                    tools=[FLAT_WEATHER_TOOL], max_output_tokens=2, temperature=0, store=False)
+    assert echoed["usage"]["input_tokens"] == reference.usage.prompt_tokens
+
+
+def test_stored_responses_are_continued_retrieved_and_deleted(server, client, tmp_path_factory):
+    first = client.responses.create(model=MODEL_ID, input="My name is Ada.", max_output_tokens=3, temperature=0)
+    second = client.responses.create(model=MODEL_ID, input="What is my name?", previous_response_id=first.id,
+                                     max_output_tokens=3, temperature=0)
+    history = [{"role": "user", "content": "My name is Ada."}, {"role": "assistant", "content": first.output_text},
+               {"role": "user", "content": "What is my name?"}]
+    reference = chat(client, history, max_tokens=3)
+    assert second.usage.input_tokens == reference.usage.prompt_tokens
+    assert second.output_text == reference.choices[0].message.content
+    assert client.responses.retrieve(second.id).model_dump() == second.model_dump()
+
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.responses.create(model=MODEL_ID, input="again", previous_response_id=first.id)
+    assert missing.value.body["param"] == "previous_response_id"
+    unstored = client.responses.create(model=MODEL_ID, input="x", max_output_tokens=1, store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+
+
+def test_a_conversation_continues_on_another_app_sharing_the_storage(server, client, tmp_path_factory):
+    storage = f"file://{tmp_path_factory.mktemp('shared-responses')}"
+    with another_app(server, "resp_a", app_args(server.model_dir, storage)) as a, \
+            another_app(server, "resp_b", app_args(server.model_dir, storage)) as b:
+        first = openai.Client(base_url=f"{a}/v1", api_key="x").responses.create(
+            model=MODEL_ID, input="My name is Ada.", max_output_tokens=3, temperature=0)
+        on_b = openai.Client(base_url=f"{b}/v1", api_key="x")
+        assert on_b.responses.retrieve(first.id).output_text == first.output_text
+        second = on_b.responses.create(model=MODEL_ID, input="Name?", previous_response_id=first.id,
+                                       max_output_tokens=2, temperature=0)
+    history = [{"role": "user", "content": "My name is Ada."}, {"role": "assistant", "content": first.output_text},
+               {"role": "user", "content": "Name?"}]
+    assert second.usage.input_tokens == chat(client, history, max_tokens=1).usage.prompt_tokens
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"input": [{"type": "input_image", "image_url": "http://x"}]}, "input"),
+    ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
+    ({"input": "x", "background": True}, "background"),
+    ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+    ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format.type"),
+    ({"input": "x", "tool_choice": "required"}, None),
+    ({"input": "x", "previous_response_id": "resp_nope"}, "previous_response_id"),
+    ({"input": "x", "previous_response_id": "../public/resp_" + "0" * 32}, "previous_response_id"),  # no paths
+    ({"input": "x", "model": "no-such-model"}, "model"),
+    ({"input": "x", "tools": 5}, "tools"),
+    ({"input": []}, "input"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input"),  # nothing to answer
+])
+def test_bad_requests_are_openai_errors(server, body, param):
+    r = requests.post(f"{server.base_url}/v1/responses", json={"model": MODEL_ID, **body})
+    assert r.status_code in (400, 404) and r.json()["error"]["param"] == param, r.text
+
+
+def test_json_schema_text_format(server):
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    response = create(server, input="a number", max_output_tokens=40, temperature=1, seed=3,
+                      text={"format": {"type": "json_schema", "name": "num", "schema": schema, "strict": True}})
+    assert isinstance(json.loads(response["output"][0]["content"][0]["text"])["n"], int)
+    assert response["text"]["format"]["name"] == "num"
+
+
+def test_instructions_and_leading_system_items_make_one_system_message(server, client):
+    response = create(server, instructions="Be brief.", max_output_tokens=2, temperature=0,
+                      input=[{"role": "developer", "content": "Use French."}, {"role": "user", "content": "hi"}])
+    reference = chat(client, [{"role": "system", "content": "Be brief.\n\nUse French."},
+                              {"role": "user", "content": "hi"}], max_tokens=2)
+    assert response["usage"]["input_tokens"] == reference.usage.prompt_tokens
+
+
+def test_streamed_and_whole_replies_have_the_same_items(server):
+    """Whitespace between two tool calls makes no message item in either; held-back text keeps its logprobs."""
+    two_calls = CALL + "\n" + CALL
+    body = {"input": "Weather?", "tools": [FLAT_WEATHER_TOOL], "max_output_tokens": 200,
+            "include": ["message.output_text.logprobs"], **forced(THOUGHT.split("It is")[0] + two_calls)}
+    whole = create(server, **body)
+    streamed = stream(server, **body)[-1]["response"]
+    assert [i["type"] for i in whole["output"]] == [i["type"] for i in streamed["output"]] == \
+        ["reasoning", "function_call", "function_call"]
+    text_body = {"input": "x", "max_output_tokens": 60, "include": ["message.output_text.logprobs"],
+                 **forced("It is <4> or <tool" + "_call> not.")}
+    whole, streamed = create(server, **text_body), stream(server, **text_body)[-1]["response"]
+    assert whole["output"][0]["content"] == streamed["output"][0]["content"]
+
+
+def test_input_items_are_listed_through_the_sdk(server, client):
+    """`client.responses.input_items.list(id)`: the request's input as items, newest first, paged."""
+    first = client.responses.create(model=MODEL_ID, input="What is the weather?", max_output_tokens=2)
+    (only,) = client.responses.input_items.list(first.id).data
+    assert only.type == "message" and only.role == "user" and only.content[0].text == "What is the weather?"
+    items = [{"role": "developer", "content": "Be brief."},
+             {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+             {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+             {"role": "user", "content": [{"type": "input_text", "text": "and tomorrow?"}]}]
+    second = client.responses.create(model=MODEL_ID, input=items, tools=[FLAT_WEATHER_TOOL], max_output_tokens=2,
+                                     previous_response_id=first.id)
+    listed = client.responses.input_items.list(second.id, order="asc")
+    assert [i.type for i in listed.data] == ["message", "function_call", "function_call_output", "message"]
+    assert listed.data[2].output == "sunny" and listed.data[1].call_id == "call_1"
+    newest = client.responses.input_items.list(second.id, limit=3)
+    assert [i.id for i in newest.data] == [i.id for i in listed.data[::-1][:3]] and newest.has_more
+    rest = client.responses.input_items.list(second.id, limit=3, after=newest.data[-1].id)
+    assert [i.id for i in rest.data] == [listed.data[0].id] and not rest.has_more
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list("resp_" + "0" * 32)

@@ -1,0 +1,127 @@
+"""Several replicas: prefix-aware routing keeps shared prefixes on one replica; autoscaling up and down
+under load fails no request."""
+
+import asyncio
+import random
+import time
+
+import openai
+from ray import serve
+
+from deployments.app_config import replica_name
+from testing.helpers import wait_until
+from tests.conftest import MODEL_ID, another_app, app_args
+
+WORDS = "alpha beta gamma delta river stone cloud ember frost grove harbor island jungle".split()
+GROUPS = 20
+
+
+def _conversations() -> list[list[dict]]:
+    """Two requests for each of GROUPS long system prompts: the second can reuse the first's prefix."""
+    rng = random.Random(0)
+    systems = [" ".join(rng.choice(WORDS) for _ in range(60)) for _ in range(GROUPS)]
+    return [[{"role": "system", "content": s}, {"role": "user", "content": f"question {turn}"}]
+            for turn in range(2) for s in systems]
+
+
+def _cached_tokens(base_url: str) -> int:
+    client = openai.Client(base_url=base_url, api_key="None")
+    return sum(client.chat.completions.create(model=MODEL_ID, messages=m, max_tokens=2)
+               .usage.prompt_tokens_details.cached_tokens for m in _conversations())
+
+
+def _app_args(server, storage, deployment_config: dict) -> dict:
+    args = app_args(server.model_dir, f"file://{storage}")
+    args["llm_configs"][0]["deployment_config"] = deployment_config
+    return args
+
+
+def test_prefix_aware_routing_reaches_the_single_replica_hit_rate(server, tmp_path):
+    ideal = _cached_tokens(server.openai_url)  # one replica: every second request finds its prefix
+    assert ideal > 0
+    fleet = {}
+    for name, router in [("prefix", {}), ("random", {"request_router_config": {
+            "request_router_class": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"}})]:
+        with another_app(server, name, _app_args(server, tmp_path / name, {"num_replicas": 2, **router})) as url:
+            fleet[name] = _cached_tokens(f"{url}/v1")
+    print(f"cached tokens: ideal {ideal}, prefix-aware {fleet['prefix']}, random {fleet['random']}")
+    assert fleet["prefix"] >= 0.9 * ideal
+    assert fleet["random"] < 0.85 * ideal  # about half: each group's two requests meet by chance
+
+
+def _running_replicas(app: str) -> int:
+    status = serve.status().applications[app].deployments[replica_name(MODEL_ID)]
+    return status.replica_states.get("RUNNING", 0)
+
+
+def test_autoscaling_up_and_down_under_load_fails_nothing(server, tmp_path):
+    args = _app_args(server, tmp_path, {
+        "autoscaling_config": {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 2,
+                               "upscale_delay_s": 1, "downscale_delay_s": 3, "metrics_interval_s": 0.5,
+                               "look_back_period_s": 2},
+        "max_ongoing_requests": 16, "graceful_shutdown_timeout_s": 60})
+    with another_app(server, "scaled", args) as base:
+        url = f"{base}/v1"
+        client = openai.AsyncClient(base_url=url, api_key="None", max_retries=0)
+        outcomes = []
+
+        async def stream(i: int):
+            chunks = await client.chat.completions.create(
+                model=MODEL_ID, messages=[{"role": "user", "content": f"story {i}"}], max_tokens=48, stream=True,
+                stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+            async for chunk in chunks:
+                if chunk.usage is not None:
+                    outcomes.append(chunk.usage.completion_tokens)
+
+        async def load(width: int, until):
+            i = 0
+            while not until():
+                await asyncio.gather(*(stream(i + k) for k in range(width)))
+                i += width
+
+        async def scale_up_then_down() -> int:
+            await load(12, lambda: _running_replicas("scaled") == 2)
+            assert _running_replicas("scaled") == 2
+            before = len(outcomes)
+            # a light load keeps streams in flight while the fleet shrinks back to one replica
+            await asyncio.wait_for(load(2, lambda: _running_replicas("scaled") == 1), timeout=120)
+            return len(outcomes) - before
+
+        assert _running_replicas("scaled") == 1
+        during_scale_down = asyncio.run(scale_up_then_down())
+        assert during_scale_down > 0
+        assert len(outcomes) >= 48 and set(outcomes) == {48}  # every stream ran to the end
+
+
+def test_killed_replica_fails_in_flight_fast_and_is_replaced(server, tmp_path):
+    import ray
+    import requests
+
+    args = _app_args(server, tmp_path, {"num_replicas": 1, "health_check_period_s": 1})
+    with another_app(server, "victim", args) as base:
+        url = f"{base}/v1"
+        body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "long story"}], "max_tokens": 400,
+                "ignore_eos": True, "stream": True}
+        started = time.monotonic()
+        with requests.post(f"{url}/chat/completions", json=body, stream=True, timeout=60) as stream:
+            lines = stream.iter_lines()
+            next(lines)
+            (replica,) = [a for a in ray.util.list_named_actors(all_namespaces=True)
+                          if a["name"].startswith(f"SERVE_REPLICA::victim#{replica_name(MODEL_ID)}")]
+            ray.kill(ray.get_actor(replica["name"], namespace=replica["namespace"]))
+            try:
+                rest = b"\n".join(lines)
+            except requests.RequestException:  # the connection may simply be cut
+                rest = b""
+        assert b"data: [DONE]" not in rest or b'"error"' in rest  # it did not complete as if nothing happened
+        assert time.monotonic() - started < 30  # failed fast, no hang
+        client = openai.Client(base_url=url, api_key="None", max_retries=0)
+
+        def answers():
+            try:
+                return client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "hi"}],
+                                                      max_tokens=2).usage.completion_tokens >= 1
+            except openai.APIError:
+                return False
+
+        wait_until(answers, timeout=180, every=1)

@@ -1,0 +1,193 @@
+"""Every model family against transformers' own class on a tiny random config: greedy tokens under chunked
+prefill, with the prefix cache on and off, TP=2 against TP=1, sliding windows shorter than the prompts, and the
+configs the engine refuses at start."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
+
+from runtime import LLM, InvalidInputError, SamplingParams
+from runtime.core.block_manager import FREED
+from runtime.models import SUPPORTED_ARCHITECTURES
+from testing.model_factory import build_model_dir
+from tests.runtime.test_greedy_parity import WORDS, _reference
+
+# each family's tiny shape beyond build_model_dir's defaults (MoE families: 4 experts, top-2); "arch" when the
+# name is not the architecture's
+FAMILIES = {
+    "mistral": {},
+    "phi3": {},
+    "mixtral": {},
+    "qwen2_moe": {"num_layers": 3, "mlp_only_layers": [1]},  # a dense layer between two sparse ones
+    "qwen3_moe": {"head_dim": 32},
+}
+# Gemma: tied embeddings, a 16-token window on alternate layers (Gemma 3: its own RoPE base there), a query
+# scale off head_dim, caps low enough to bite (transformers' Gemma 3 applies no attention cap)
+GEMMA = {"tie_word_embeddings": True, "sliding_window": 16, "query_pre_attn_scalar": 24, "final_logit_softcapping": 5.0}
+FAMILIES |= {
+    "gemma2": {**GEMMA, "attn_logit_softcapping": 2.0},
+    "gemma3": {**GEMMA, "layer_types": ["sliding_attention", "full_attention"]},
+    "gpt_oss": {"sliding_window": 16},  # sinks, YaRN, biased experts on every layer; alternate layers slide
+}
+# a 16-token window: every layer (Mistral), or layer 1 of 2 (Qwen2 slides from layer `max_window_layers` on)
+SLIDING = {
+    "mistral_sliding": {"arch": "mistral", "sliding_window": 16},
+    "qwen2_sliding": {"arch": "qwen2", "sliding_window": 16, "use_sliding_window": True, "max_window_layers": 1},
+}
+GREEDY = SamplingParams(temperature=0, max_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    """Builds each family's checkpoint once, on first use."""
+    built = {}
+
+    def get(family: str):
+        if family not in built:
+            fields = dict({**FAMILIES, **SLIDING}[family])
+            built[family] = build_model_dir(tmp_path_factory.mktemp(family), fields.pop("arch", family), **fields)
+        return built[family]
+
+    return get
+
+
+def _prompts(tokenizer) -> list[list[int]]:
+    """16 prompts of 3 to 33 words; every other one opens with the same system text (two cache blocks)."""
+    system = tokenizer.encode(" ".join(WORDS * 2))
+    prompts = []
+    for i in range(16):
+        words = tokenizer.encode(" " + " ".join(WORDS[(i * 5 + j) % len(WORDS)] for j in range(3 + 2 * i)))
+        prompts.append(system + words if i % 2 else words)
+    return prompts
+
+
+def _tokens(llm: LLM, prompts) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_greedy_matches_transformers_with_chunked_prefill_and_prefix_cache(model_dirs, family):
+    path = model_dirs(family)
+    options = {"dtype": "float32", "max_model_len": 256, "max_num_batched_tokens": 32}
+    cached = LLM(str(path), **options)
+    prompts = _prompts(cached.tokenizer)
+    outputs = cached.generate(prompts, GREEDY)
+    assert sum(o.num_cached_tokens for o in outputs) > 0
+    expected = _reference(path, prompts, GREEDY.max_tokens)
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+    assert _tokens(LLM(str(path), enable_prefix_caching=False, **options), prompts) == expected
+
+
+@pytest.mark.parametrize("family", SLIDING)
+def test_sliding_window_matches_transformers(model_dirs, family):
+    """Prompts of 53 to 84 tokens, 30 generated, through a 16-token window: prefilled in chunks of 32, after
+    cached prefixes or not. Where every layer slides, blocks before the window are freed as sequences grow."""
+    path = model_dirs(family)
+    params = SamplingParams(temperature=0, max_tokens=30)
+    options = {"dtype": "float32", "max_model_len": 256, "max_num_batched_tokens": 32}
+    llm = LLM(str(path), **options)
+    prompts = [p for p in _prompts(llm.tokenizer) if len(p) > 40][:6]
+    expected = _reference(path, prompts, params.max_tokens)
+    engine = llm.engine
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, params)
+    outputs, freed = {}, 0
+    while engine.has_unfinished_requests():
+        for delta in engine.step():
+            outputs.setdefault(delta.request_id, []).extend(t for s in delta.seqs for t in s.token_ids)
+        freed = max(freed, sum(b == FREED for s in engine.scheduler.running for b in s.block_table))
+    assert [outputs[str(i)] for i in range(len(prompts))] == expected
+    assert (freed > 0) == (family == "mistral_sliding")  # a full layer keeps every block
+    assert engine.block_manager.hit_tokens > 0
+    for backend in ("torch", "cpu"):
+        uncached = LLM(str(path), enable_prefix_caching=False, attention_backend=backend, **options)
+        assert [o.outputs[0].token_ids for o in uncached.generate(prompts, params)] == expected
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3", "gpt_oss", "mistral_sliding"])
+def test_logprobs_match_transformers(model_dirs, family):
+    """Every prompt position's and every generated token's log-probability (chunked prefill, then decode) equal
+    transformers' over the whole sequence: numerics that greedy tokens of a tiny model can hide (a soft cap or a
+    RoPE base off leaves these models' argmax alone)."""
+    path = model_dirs(family)
+    llm = LLM(str(path), dtype="float32", max_model_len=256, max_num_batched_tokens=32)
+    prompts = [p for p in _prompts(llm.tokenizer) if len(p) > 40][:4]
+    params = SamplingParams(temperature=0, max_tokens=20, logprobs=0, prompt_logprobs=0)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    for prompt, output in zip(prompts, llm.generate(prompts, params)):
+        completion = output.outputs[0]
+        tokens = prompt + completion.token_ids
+        with torch.no_grad():
+            logits = model(torch.tensor([tokens]), use_cache=False).logits[0, :-1]
+        expected = logits.float().log_softmax(-1)[torch.arange(len(tokens) - 1), torch.tensor(tokens[1:])]
+        got = [lp.logprob for lp in output.prompt_logprobs[1:] + completion.logprobs]
+        torch.testing.assert_close(torch.tensor(got), expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["qwen2_moe", "phi3", "mistral_sliding", "gemma2", "gemma3", "gpt_oss"])
+# experts and a shared expert; fused q/k/v and gate/up; a window; Gemma's layers; sinks and biased experts
+def test_tp2_matches_tp1(ray_cluster, model_dirs, family):
+    path = model_dirs(family)
+    tp1 = LLM(str(path), max_model_len=256)
+    prompts = _prompts(tp1.tokenizer)
+    expected = _tokens(tp1, prompts)  # before TP=2 joins this process to its group
+    llm = LLM(str(path), max_model_len=256, tensor_parallel_size=2)
+    try:
+        assert _tokens(llm, prompts) == expected
+    finally:
+        llm.shutdown()
+
+
+def test_fused_expert_tensors_load(model_dirs, tmp_path):
+    """A checkpoint holding each layer's experts as fused [E, ...] tensors (transformers' in-memory layout)."""
+    source = model_dirs("mixtral")
+    shutil.copytree(source, tmp_path, dirs_exist_ok=True)
+    state = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).state_dict()
+    assert "model.layers.0.mlp.experts.gate_up_proj" in state
+    save_file({name: t.contiguous() for name, t in state.items()}, tmp_path / "model.safetensors")
+    llm = LLM(str(tmp_path), dtype="float32", max_model_len=256)
+    prompts = _prompts(llm.tokenizer)[:4]
+    assert _tokens(llm, prompts) == _reference(source, prompts, GREEDY.max_tokens)
+
+
+def _edited(source, target, **fields):
+    """A copy of the checkpoint at `source` whose config.json has `fields` replaced."""
+    shutil.copytree(source, target, dirs_exist_ok=True)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, **fields}))
+    return str(target)
+
+
+def test_unknown_architecture_is_refused_naming_it_and_the_supported_ones(model_dirs, tmp_path):
+    path = _edited(model_dirs("mistral"), tmp_path, architectures=["GemmaForCausalLM"])
+    with pytest.raises(InvalidInputError) as e:
+        LLM(path)
+    assert e.value.param == "model" and "GemmaForCausalLM" in str(e.value)
+    assert all(name in str(e.value) for name in SUPPORTED_ARCHITECTURES)
+    assert {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Phi3ForCausalLM"} <= set(SUPPORTED_ARCHITECTURES)
+
+
+def test_unimplemented_rope_is_refused(model_dirs, tmp_path):
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8, "long_factor": [4.0] * 8,
+            "original_max_position_embeddings": 128}
+    path = _edited(model_dirs("phi3"), tmp_path / "longrope", rope_parameters=rope,
+                   original_max_position_embeddings=128)
+    with pytest.raises(InvalidInputError, match="longrope"):
+        LLM(path, max_model_len=256)
+    llm = LLM(path, dtype="float32", max_model_len=128)  # within the original context: the short factors
+    prompts = _prompts(llm.tokenizer)[:4]
+    assert _tokens(llm, prompts) == _reference(path, prompts, GREEDY.max_tokens)
+    partial = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    path = _edited(model_dirs("phi3"), tmp_path / "partial", rope_parameters=partial)
+    with pytest.raises(InvalidInputError, match="partial_rotary_factor"):
+        LLM(path, max_model_len=256)
+
+
+def test_lora_on_a_mixture_of_experts_is_refused(model_dirs):
+    with pytest.raises(InvalidInputError) as e:
+        LLM(str(model_dirs("qwen3_moe")), enable_lora=True)
+    assert e.value.param == "enable_lora" and "Qwen3MoeForCausalLM" in str(e.value)
