@@ -95,9 +95,9 @@ def _replica(config: LLMConfig, server_class: type, prefix_routing: bool = True)
 
 # Spin waits of torch's OpenMP workers between ops, in libgomp's busy-loop iterations (its default is 300,000, a
 # millisecond or so). The replica shares its cores with its own asyncio and tokenizing threads, Serve's proxy and
-# the batch manager; on a 2-core machine its idle workers' spinning took about as much CPU as the engine thread
-# itself during a batch. 10,000 keeps single-stream decode as fast (107 vs 103 tok/s on the CPU benchmark model)
-# and halves the replica's CPU for the same batch.
+# the batch manager; on a small machine its idle workers' spinning took about as much CPU as the engine thread
+# itself during a batch. 10,000 keeps single-stream decode as fast and halves the replica's CPU for the same
+# batch (docs/architecture.md's performance notes).
 _REPLICA_ENV = {"GOMP_SPINCOUNT": "10000"}
 
 

@@ -2,12 +2,10 @@
 
 On CPU the float32 weight is packed once, after loading: into the tiles of our
 C++ grouped product (`kernels.cpu.grouped_matmul`, as a single expert) where it
-serves the shape, else into oneDNN's blocked layout. oneDNN's packed sgemm runs
-about 2.3x the MKL path behind `F.linear` on the AMD machines we measure on;
-on a 2-core AVX2 EPYC the tiles ran 1.0x to 2x oneDNN at 7, 64 and 512 rows
-for every projection shape measured (256 to 4864 inputs, 256 to 8192 outputs,
-one and two threads). `python -m benchmarks.offline_throughput` reports all
-three. Elsewhere the plain weight goes to `F.linear`.
+serves the shape, else into oneDNN's blocked layout: both beat the MKL path
+behind `F.linear` (docs/architecture.md's performance notes have the figures;
+`python -m benchmarks.offline_throughput` reports all three). Elsewhere the
+plain weight goes to `F.linear`.
 """
 
 import torch
@@ -16,7 +14,7 @@ import torch.nn.functional as F
 from kernels.cpu import grouped_matmul as cpu_grouped
 
 _PACKED_DTYPES = (torch.float32,)
-_BATCH_HINT = 64  # rows oneDNN tunes its blocking for; measured insensitive from 16 to 2048
+_BATCH_HINT = 64  # rows oneDNN tunes its blocking for (its speed barely depends on it)
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:

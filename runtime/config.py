@@ -26,43 +26,59 @@ DTYPES = {
 @dataclass
 class EngineConfig:
     model: str
-    tokenizer: str | None = None  # default: the model's directory
-    dtype: str = "auto"  # auto: on GPU the checkpoint's 16-bit dtype, else bfloat16; float32 on CPU
-    device: str = "auto"  # auto: cuda when available, else cpu
+    # default: the model's directory
+    tokenizer: str | None = None
+    # auto: on GPU the checkpoint's 16-bit dtype, else bfloat16; float32 on CPU
+    dtype: str = "auto"
+    # auto: cuda when available, else cpu
+    device: str = "auto"
     tensor_parallel_size: int = 1
-    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    # default: the model's max_position_embeddings
+    max_model_len: int | None = None
     max_num_seqs: int = 256
-    max_num_seqs_per_owner: int | None = None  # running sequences past which an owner (API key) is admitted more
-    # only while no other owner under it waits, and gives such a newcomer a seat back, one a step (a lone owner
-    # still fills the engine); default: max_num_seqs // 2
+    # running sequences past which an owner (API key) is admitted more only while no other owner under it waits,
+    # and gives such a newcomer a seat back, one a step (a lone owner still fills the engine);
+    # default: max_num_seqs // 2
+    max_num_seqs_per_owner: int | None = None
     # running sequences of a lower priority (batch lines) admitted while a higher one (online) runs or waits, and
-    # for scheduler.FOREGROUND_STEPS steps after: short steps for the higher one; default: max_num_seqs // 16 (on
-    # a 2-core CPU, online TTFT during a batch was 1.36-1.44x idle at 16 of 256 seats, 1.64-1.69x at 32)
+    # for scheduler.FOREGROUND_STEPS steps after: short steps for the higher one's latency; more seats give the
+    # batch more throughput and online requests a longer time to first token (figures: docs/architecture.md);
+    # default: max_num_seqs // 16
     max_num_seqs_background: int | None = None
     max_num_batched_tokens: int = 8192
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
-    kv_cache_bytes: int | None = None  # KV budget; default: every sequence at full length (max_num_seqs x
-    # max_model_len), capped at 2 GiB on CPU and on GPU by what gpu_memory_utilization leaves after a profiling step
+    # the KV budget; default: every sequence at full length (max_num_seqs x max_model_len), capped at 2 GiB on
+    # CPU and on GPU by what gpu_memory_utilization leaves after a profiling step
+    kv_cache_bytes: int | None = None
     enable_prefix_caching: bool = True
-    enforce_eager: bool = False  # GPU: no CUDA graphs (every decode step launches its kernels one by one)
+    # GPU: no CUDA graphs (every decode step launches its kernels one by one)
+    enforce_eager: bool = False
     seed: int = 0
-    enable_lora: bool = False  # serve LoRA adapters (runtime.lora), each request with at most one
-    max_loras: int = 4  # adapter slots on the device; the least recently used idle one is replaced
+    # serve LoRA adapters (runtime.lora), each request with at most one
+    enable_lora: bool = False
+    # adapter slots on the device; the least recently used idle one is replaced
+    max_loras: int = 4
     max_lora_rank: int = 16
-    runner: str = "generate"  # what the model serves: generate (chat, completions) | pooling (embeddings); the
-    # engine runs either kind of request, in the same batches
-    pooler_config: PoolerConfig | dict | None = None  # embeddings: {pooling_type: last | mean, normalize: bool};
-    # unset keys from the checkpoint's sentence-transformers files, else last-token pooling, normalised
-    speculative_config: SpeculativeConfig | dict | None = None  # {method: ngram | draft_model,
-    # num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, model (the draft), disable_by_batch_size}
-    async_scheduling: bool = False  # launch each step before the previous one's tokens reach the host, so on a GPU
-    # the host's scheduling and post-processing overlap the device's work (runtime.engine.llm_engine.LLMEngine.step)
-    engine_process: bool = False  # servers (AsyncLLMEngine): step the engine in a process of its own, so the
-    # server's Python does not hold up its steps (runtime.engine.engine_process); on CPU it takes one thread fewer than
-    # the server's, leaving a core to the server. Tensor parallel size 1 only
-    attention_backend: str = "auto"  # torch | cpu | triton | flash; auto: flash, else triton on GPU; cpu (the C++
-    # kernel) on CPU where it applies, else torch
+    # what the model serves: generate (chat, completions) | pooling (embeddings); the engine runs either kind of
+    # request, in the same batches
+    runner: str = "generate"
+    # embeddings: {pooling_type: last | mean, normalize: bool}; unset keys from the checkpoint's
+    # sentence-transformers files, else last-token pooling, normalised
+    pooler_config: PoolerConfig | dict | None = None
+    # {method: ngram | draft_model, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, model (the
+    # draft), disable_by_batch_size}
+    speculative_config: SpeculativeConfig | dict | None = None
+    # launch each step before the previous one's tokens reach the host, so on a GPU the host's scheduling and
+    # post-processing overlap the device's work (runtime.engine.llm_engine.LLMEngine.step)
+    async_scheduling: bool = False
+    # servers (AsyncLLMEngine): step the engine in a process of its own, so the server's Python does not hold up
+    # its steps (runtime.engine.engine_process); on CPU it leaves a quarter of the cores (at least one) to the
+    # server. Tensor parallel size 1 only
+    engine_process: bool = False
+    # torch | cpu | triton | flash; auto: flash, else triton on GPU; cpu (the C++ kernel) on CPU where it
+    # applies, else torch
+    attention_backend: str = "auto"
 
     def __post_init__(self) -> None:
         if self.device == "auto":

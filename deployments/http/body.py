@@ -39,7 +39,7 @@ class BodyParser:
         if len(raw) > self.limit:
             raise OpenAIError(413, f"request body is over {self.limit} bytes")
         # a large body takes up to a second to parse and validate: off the event loop, which other requests
-        # share; a small one on it (10 us, against 130 us for the hop to a thread)
+        # share; a small one on it (parsing it costs less than the hop to a thread)
         large = len(raw) > _SMALL_BODY_BYTES
         data = await off_loop(_load, raw) if large else _load(raw)
         await self._check_conversation_fits(data)

@@ -25,8 +25,8 @@ _ENVIRONMENT = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", 
 
 
 def _client(endpoint_url: str | None):
-    """A client shared by the process's stores with the same settings (clients are thread-safe; the first
-    took 90 ms to build here, later ones 5 ms). The environment that configures boto3 is part of the key,
+    """A client shared by the process's stores with the same settings (clients are thread-safe, and building
+    one costs far more than reusing it). The environment that configures boto3 is part of the key,
     so a changed one takes effect."""
     return _cached_client(endpoint_url, *(os.environ.get(name) for name in _ENVIRONMENT))
 

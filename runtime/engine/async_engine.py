@@ -5,7 +5,7 @@ The thread also builds the engine, so every torch op in this process runs on
 one native thread. libgomp gives each thread that runs a parallel region its
 own team of workers; a second team oversubscribes the cores, which makes libgomp
 put idle workers to sleep at once, and every small op then pays a wake-up (a
-decode step took 1.6x as long when the model was loaded on another thread).
+decode step takes markedly longer when the model was loaded on another thread).
 
 With the engine option `engine_process`, the thread steps an `EngineProcess`
 instead: the same interface, the engine itself in a child process

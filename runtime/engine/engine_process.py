@@ -2,7 +2,7 @@
 
 In one process, a server's Python (its event loop, Ray's threads, chat templates, tokenizing, building
 responses) and the engine's stepping take turns on one interpreter lock, so every step waits for theirs: a
-2-core CPU replica answering a batch stepped 60% slower than the same engine alone, on the same requests.
+CPU replica answering a batch steps markedly slower than the same engine alone, on the same requests.
 With `engine_process`, `AsyncLLMEngine` runs the engine here instead: a fresh interpreter (not a fork of the
 server, whose threads a fork would copy; not multiprocessing's spawn, which reruns the parent's main module,
 a Ray worker's) builds the `LLMEngine` and steps it. The server validates requests with a `RequestValidator`
@@ -42,8 +42,7 @@ COMMAND_MESSAGES_PER_STEP = 16
 def engine_threads(cpus: int) -> int:
     """The child's torch threads on CPU: a quarter of the replica's cores (at least one) is left to the server's
     own Python, Ray's processes and the OS. Every step ends in a barrier of all its threads, so one thread that
-    loses its core holds up the rest: on 16 cores the batch benchmark's engine ran 2,000 lines at 399 lines/s
-    with 15 threads, 986 with 14 and 1,165 with 12; the offline engine gained nothing past 8 threads."""
+    loses its core holds up the rest (docs/architecture.md's performance notes have the figures)."""
     return max(1, cpus - max(1, cpus // 4))
 
 

@@ -2,7 +2,8 @@
 
 What a server builds before it serves (the model's modules, the tokenizer, torch's, transformers' and Ray's
 own objects) lives as long as the process, yet every full collection walks all of it: in an engine process
-those passes took 180-210 ms, one every 3 s while a batch ran, and every request waited them out.
+those passes took a large fraction of a second, every few seconds while a batch ran, and every request waited
+them out.
 `gc.freeze()` moves it to a generation the collector never scans, so a full pass walks only what serving
 allocated since. Only for processes that exist to serve: a script's own objects stay collectable.
 """

@@ -28,8 +28,8 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Te
 
 class FusedExperts(nn.Module):
     """E gated MLPs (SiLU, or another `activation` of [T, 2 I] gate then up) as stacked parameters, stored
-    input-major so each expert's matrix is contiguous as the grouped product reads it (a transposed view ran 100x
-    slower on a busy 2-core CPU): `gate_up_proj` [E, H, 2 I/tp] (gate then up) and `down_proj` [E, I/tp, H];
+    input-major so each expert's matrix is contiguous as the grouped product reads it (a transposed view is
+    far slower): `gate_up_proj` [E, H, 2 I/tp] (gate then up) and `down_proj` [E, I/tp, H];
     with `bias`, `gate_up_proj_bias` [E, 2 I/tp] and `down_proj_bias` [E, H] (added once, on rank 0). After
     loading, `pack` may replace both matrices with the CPU kernel's packed copies."""
 

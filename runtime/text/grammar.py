@@ -13,10 +13,10 @@ time), which is killed, returning its CPU and memory, if it overruns its
 deadline; only a constraint that compiled there in time is compiled again
 here, the same work, so it ends. A new constraint thus costs its compile
 twice (a typical schema's: milliseconds). Shipping the compiled grammar back
-would cost more: xgrammar serializes it to JSON some fifty times its size
-(1.2 MB compiled, 56 MB of JSON for 400 optional properties on the test
-model), and reading that back took six times as long as the compile. A
-cached grammar is answered without waiting for any process.
+would cost more: xgrammar serializes it to JSON many times its size, and
+reading that back takes longer than the compile (docs/architecture.md,
+performance notes). A cached grammar is answered without waiting for any
+process.
 """
 
 import json
