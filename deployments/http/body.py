@@ -7,7 +7,7 @@ The stages a body passes before an engine sees it, each refusing with an `OpenAI
 | content type, size (413) | `BodyParser.parse` | anything but JSON; a body over `max_request_bytes` |
 | strict JSON | api/strict_json.py | bad UTF-8, NaN, lone surrogates, deep nesting |
 | turn count | `BodyParser._check_conversation_fits` | more turns than the model's context has tokens |
-| fields | the request's pydantic model (api/protocol.py) | a known field with a wrong type or value |
+| fields | the request's pydantic model (api/<api>/protocol.py) | a known field with a wrong type or value |
 | tokens | the replica: a handler's `_prepare`, `engine.validate` | a prompt over the context, ids out of vocab |
 | grammar | the replica: `engine.compile` | a schema, regex or grammar that does not compile in time |
 """
