@@ -19,15 +19,20 @@ _TYPES = {
 
 
 class OpenAIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+    """`overflow`: (prompt tokens, max_tokens or None, context length) of a request over the model's context,
+    for APIs whose clients read the numbers back (Anthropic's)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 overflow: tuple[int, int | None, int] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.overflow = overflow
 
     def __reduce__(self):  # crosses Ray process boundaries intact
-        return OpenAIError, (self.status, self.message, self.param, self.code)
+        return OpenAIError, (self.status, self.message, self.param, self.code, self.overflow)
 
     def body(self) -> dict:
         return error_body(self.status, self.message, self.param, self.code)

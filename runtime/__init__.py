@@ -8,7 +8,7 @@ from runtime.engine.async_engine import AsyncLLMEngine, EngineDeadError
 from runtime.engine.llm import LLM
 from runtime.engine.llm_engine import LLMEngine
 from runtime.engine.validator import ValidRequest
-from runtime.errors import InvalidInputError, RequestFailedError
+from runtime.errors import ContextLengthError, InvalidInputError, RequestFailedError
 from runtime.lora import LoRARequest
 from runtime.outputs import CompletionOutput, RequestDelta, RequestOutput, SequenceDelta, TokenLogprob
 from runtime.sampling_params import SamplingParams
@@ -18,6 +18,7 @@ __all__ = [
     "CompletionOutput",
     "EngineConfig",
     "EngineDeadError",
+    "ContextLengthError",
     "InvalidInputError",
     "LLM",
     "LLMEngine",

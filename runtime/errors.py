@@ -13,6 +13,19 @@ class InvalidInputError(ValueError):
         return type(self), (self.param, self.message)
 
 
+class ContextLengthError(InvalidInputError):
+    """A prompt, or a prompt and its max_tokens, over the model's context: the counts, so each API can word it
+    as its clients expect (Anthropic's clients read the numbers back). `max_tokens` None: the prompt alone is too
+    long; `prompt_tokens` may be a lower bound (a text refused before tokenizing)."""
+
+    def __init__(self, param: str, message: str, prompt_tokens: int, max_tokens: int | None, limit: int):
+        super().__init__(param, message)
+        self.prompt_tokens, self.max_tokens, self.limit = prompt_tokens, max_tokens, limit
+
+    def __reduce__(self):
+        return type(self), (self.param, self.message, self.prompt_tokens, self.max_tokens, self.limit)
+
+
 def require(ok: bool, param: str, message: str) -> None:
     if not ok:
         raise InvalidInputError(param, message)

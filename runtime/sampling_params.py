@@ -1,5 +1,6 @@
 """Per-request sampling options (vLLM's names), validated on construction."""
 
+import math
 from dataclasses import dataclass
 
 from runtime.errors import InvalidInputError, require
@@ -35,6 +36,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logprobs: int | None = None  # None: off; k: the sampled token plus the top k
     prompt_logprobs: int | None = None
+    # vLLM's: prompt logprobs from the logits divided by this (lower: more peaked); the sampling temperature
+    # does not apply to them
+    prompt_logprobs_temperature: float = 1.0
     structured_output: Constraint | None = None  # JSON schema, regex or EBNF the output must match
 
     def __post_init__(self) -> None:
@@ -54,8 +58,8 @@ class SamplingParams:
         if self.top_k == 0:
             self.top_k = -1
         require(self.n >= 1, "n", f"must be at least 1, got {self.n}")
-        require(self.max_tokens is None or self.max_tokens >= 1, "max_tokens",
-               f"must be at least 1, got {self.max_tokens}")
+        require(self.max_tokens is None or self.max_tokens >= 0, "max_tokens",
+               f"must be at least 0, got {self.max_tokens}")
         require(self.min_tokens >= 0, "min_tokens", f"must be non-negative, got {self.min_tokens}")
         require(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
                f"({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
@@ -74,6 +78,8 @@ class SamplingParams:
                f"must be in [0, 20], got {self.logprobs}")
         require(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20, "prompt_logprobs",
                f"must be in [0, 20], got {self.prompt_logprobs}")
+        require(math.isfinite(self.prompt_logprobs_temperature) and self.prompt_logprobs_temperature > 0,
+                "prompt_logprobs_temperature", f"must be positive, got {self.prompt_logprobs_temperature}")
 
     @property
     def greedy(self) -> bool:

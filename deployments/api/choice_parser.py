@@ -43,7 +43,9 @@ class ChoiceParser:
         if self.tools is not None:
             delta.content, delta.tool_calls = self.tools.feed(delta.content)
             if final:
-                delta.content += self.tools.finish()
+                rest, partial = self.tools.finish()
+                delta.content += rest
+                delta.tool_calls += partial
         return delta
 
     def _count_reasoning_tokens(self) -> int:

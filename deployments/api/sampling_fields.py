@@ -106,7 +106,7 @@ class SamplingFields(RequestModel):
     guided_grammar: str | None = None
     prompt_logprobs: int | None = Field(None, ge=0, le=20)  # vLLM's: each prompt token's logprob and top ones
     return_token_ids: bool = False  # vLLM's: the prompt's and each choice's token ids in the reply
-    prompt_logprobs_temperature: float | None = None  # vLLM's; refused below: we give the model's own logprobs
+    prompt_logprobs_temperature: float | None = Field(None, gt=0)  # vLLM's: prompt logprobs of logits / it
 
     @model_validator(mode="after")
     def _stream_options_need_a_stream(self):
@@ -114,9 +114,6 @@ class SamplingFields(RequestModel):
             raise ValueError("stream_options: only allowed when stream is true")
         if self.prompt_logprobs is not None and self.stream:
             raise ValueError("prompt_logprobs: not available when streaming (as vLLM)")
-        if self.prompt_logprobs_temperature not in (None, 1.0):
-            raise ValueError("prompt_logprobs_temperature: not supported; prompt logprobs are the model's own "
-                             "(temperature 1)")
         return self
 
     @field_validator("stop")
@@ -184,6 +181,7 @@ class SamplingFields(RequestModel):
             skip_special_tokens=self.skip_special_tokens,
             logprobs=logprobs,
             structured_output=structured_output,
+            prompt_logprobs_temperature=self.prompt_logprobs_temperature or 1.0,
             **extra,
         )
 

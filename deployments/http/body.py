@@ -65,7 +65,8 @@ class BodyParser:
         field = "messages" if "messages" in data else "input"
         if rendered >= limit:
             raise OpenAIError(400, f"{field}: {rendered} turns cannot fit this model's maximum context length of "
-                                   f"{limit} tokens (each takes at least one token)", field)
+                                   f"{limit} tokens (each takes at least one token)", field, "context_length_exceeded",
+                              (rendered, None, limit))
 
 
 def _load(raw: bytes) -> dict:

@@ -2,10 +2,13 @@
 
 Text outside the blocks is content. While streaming, content is released as
 it comes (minus a tail that could open a block), and each call is released
-whole once its closing tag arrives, so a partial tag never leaks.
+whole once its closing tag arrives, so a partial tag never leaks. An output
+that ends inside a block (cut by max_tokens) ends with the call as far as it
+got, never with the block's raw JSON as content.
 """
 
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 
@@ -47,10 +50,15 @@ class ToolCallParser:
         self.calls += calls
         return content, calls
 
-    def finish(self) -> str:
-        """Text left at the end: an unclosed block is returned as content, not lost."""
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """What is left at the end: held text as content; an unclosed block as the call it began, its arguments
+        as far as they got (none when the output ended before the call's name did)."""
         pending, self._pending = self._pending, ""
-        return (OPEN + pending) if self._in_call else pending
+        if not self._in_call:
+            return pending, []
+        call = _parse_partial_call(pending)
+        self.calls += [call] if call else []
+        return "", [call] if call else []
 
 
 def _parse_call(body: str) -> ToolCall:
@@ -61,6 +69,25 @@ def _parse_call(body: str) -> ToolCall:
     except (json.JSONDecodeError, KeyError, TypeError):
         return ToolCall(name="", arguments=body.strip())  # malformed: surfaced, not dropped
     return ToolCall(name=name, arguments=arguments if isinstance(arguments, str) else json.dumps(arguments))
+
+
+_PARTIAL_CALL = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*(?:,\s*"(?:arguments|parameters)"\s*:\s*(.*))?',
+                           re.DOTALL)
+
+
+def _parse_partial_call(body: str) -> ToolCall | None:
+    """The call an unclosed block began: whole if its JSON is, else its name and the arguments' text so far."""
+    try:
+        json.loads(body)
+        return _parse_call(body)
+    except json.JSONDecodeError:
+        pass
+    match = _PARTIAL_CALL.match(body)
+    try:
+        name = json.loads(f'"{match.group(1)}"') if match else None
+    except json.JSONDecodeError:  # an escape the model never finished
+        name = None
+    return None if name is None else ToolCall(name=name, arguments=(match.group(2) or "").rstrip())
 
 
 TOOL_CALL_PARSERS = {"qwen25": ToolCallParser, "hermes": ToolCallParser}

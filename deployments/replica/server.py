@@ -24,7 +24,7 @@ from deployments.app_config import LLMConfig
 from deployments.errors import OpenAIError, StreamError
 from deployments.replica.adapters import adapters_of
 from deployments.replica.metrics import EngineGauges, RequestMetrics
-from runtime import AsyncLLMEngine, EngineDeadError, InvalidInputError, RequestFailedError
+from runtime import AsyncLLMEngine, ContextLengthError, EngineDeadError, InvalidInputError, RequestFailedError
 from runtime.engine.startup_heap import freeze_startup_heap
 
 logger = logging.getLogger("ray.serve")
@@ -153,6 +153,8 @@ def _rss_bytes() -> int:
 def _to_openai(e: Exception) -> OpenAIError:
     if isinstance(e, OpenAIError):
         return e
+    if isinstance(e, ContextLengthError):  # OpenAI's code for it
+        return OpenAIError(400, str(e), e.param, "context_length_exceeded", (e.prompt_tokens, e.max_tokens, e.limit))
     if isinstance(e, InvalidInputError):
         return OpenAIError(400, str(e), param=e.param)
     if isinstance(e, EngineDeadError):

@@ -47,7 +47,7 @@ class ScheduledBatch:
     def sampled(self) -> list[Sequence]:
         """Generating sequences whose chunk reaches their last token, so a new token is sampled."""
         return [s for s, n in zip(self.seqs, self.num_new_tokens)
-                if n == s.num_pending_tokens + len(s.draft_token_ids) and s.request.pooling is None]
+                if n == s.num_pending_tokens + len(s.draft_token_ids) and s.request.samples]
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -105,6 +105,8 @@ class Scheduler:
                     continue  # paused beside the foreground
                 background_seats -= 1
             n = self._fit_drafts(seq, budget)
+            if n == 0:
+                continue  # a prompt computed whole that samples nothing: it finishes as its step completes
             while not self.blocks.can_grow(seq, seq.num_computed_tokens + n):
                 if seq.draft_token_ids:  # short of blocks: verify nothing rather than preempt anyone
                     n -= len(seq.draft_token_ids)

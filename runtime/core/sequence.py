@@ -66,6 +66,12 @@ class Request:
         return self.seqs[0].num_cached_tokens
 
     @property
+    def samples(self) -> bool:
+        """Whether its sequences sample tokens: not an embedding request, nor one with max_tokens 0, whose prompt
+        is prefilled (and scored, when prompt logprobs are asked) and nothing more."""
+        return self.pooling is None and self.max_tokens != 0
+
+    @property
     def needs_every_prompt_position(self) -> bool:
         """Whether every prompt position must be computed (so no prefix-cache hit may stand in for one)."""
         return self.params.prompt_logprobs is not None or (self.pooling is not None and

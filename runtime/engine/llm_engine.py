@@ -180,6 +180,12 @@ class LLMEngine:
         for seq in result.pooled:
             if seq.num_computed_tokens == seq.num_tokens and not seq.is_finished:
                 deltas[seq.request.request_id] = self._embedded(seq)
+        for seq in launched.prefilled:
+            if seq.num_computed_tokens == seq.num_tokens and not seq.is_finished and seq.request not in failed:
+                delta = deltas.get(seq.request.request_id) or self._request_delta(seq.request)
+                deltas[seq.request.request_id] = delta
+                self._finish(seq, "length", None)
+                delta.seqs.append(SequenceDelta(seq.index, [], "", None, "length", num_output_tokens=0))
         for request, error in failed.items():
             if not request.finished:
                 deltas[request.request_id] = self._fail(request, error)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from runtime.config import EngineConfig
-from runtime.errors import InvalidInputError, require
+from runtime.errors import ContextLengthError, InvalidInputError, require
 from runtime.lora import LoRAAdapter, LoRARequest, load_adapter
 from runtime.models.spec import ModelSpec
 from runtime.pooling import PoolerConfig
@@ -58,8 +58,9 @@ class RequestValidator:
             fewest = self.token_count_bound.fewest_tokens(text)
         except UnicodeEncodeError as e:  # a lone surrogate, which no tokenizer takes
             raise InvalidInputError("prompt", f"not valid Unicode: {e.reason} at character {e.start}") from None
-        require(fewest < limit, "prompt",
-                f"this model's maximum context length is {limit} tokens, and the prompt has at least {fewest} tokens")
+        if fewest >= limit:
+            raise ContextLengthError("prompt", f"this model's maximum context length is {limit} tokens, and the "
+                                     f"prompt has at least {fewest} tokens", fewest, None, limit)
         return encode(self.tokenizer, text, add_special_tokens)
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams,
@@ -71,9 +72,10 @@ class RequestValidator:
         adapter = self._adapter(lora)
         limit = self.spec.max_model_len
         n = len(prompt_token_ids)
-        require(n < limit, "prompt",
-                f"this model's maximum context length is {limit} tokens, and the prompt has {n} tokens; "
-                "at least one token must be left for the completion")
+        if n >= limit:
+            raise ContextLengthError("prompt", f"this model's maximum context length is {limit} tokens, and the "
+                                     f"prompt has {n} tokens; at least one token must be left for the completion",
+                                     n, None, limit)
         self._check_prompt(prompt_token_ids)
         vocab = self.spec.vocab_size
         for field, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids)):
@@ -84,9 +86,10 @@ class RequestValidator:
                     f"({params.min_tokens}) must not exceed the {limit - n} tokens the context leaves after the "
                     f"prompt's {n} (this model's maximum context length is {limit})")
             return ValidRequest(list(prompt_token_ids), params, limit - n, adapter=adapter)
-        require(n + params.max_tokens <= limit, "max_tokens",
-                f"this model's maximum context length is {limit} tokens; the prompt has {n} tokens and "
-                f"max_tokens is {params.max_tokens}, {n + params.max_tokens} in total")
+        if n + params.max_tokens > limit:
+            raise ContextLengthError("max_tokens", f"this model's maximum context length is {limit} tokens; the "
+                                     f"prompt has {n} tokens and max_tokens is {params.max_tokens}, "
+                                     f"{n + params.max_tokens} in total", n, params.max_tokens, limit)
         return ValidRequest(list(prompt_token_ids), params, params.max_tokens, adapter=adapter)
 
     def validate_embedding(self, prompt_token_ids: list[int], lora: LoRARequest | None = None) -> ValidRequest:

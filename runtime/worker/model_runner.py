@@ -52,6 +52,7 @@ class LaunchedStep:
     prompt_logits: list[tuple[Sequence, int, torch.Tensor]]  # (sequence, first position, logits) of prompt spans
     pooled: dict[Sequence, torch.Tensor]
     failed: dict[Request, str]
+    prefilled: list[Sequence]  # sequences of requests that sample nothing (max_tokens 0): they end with their prompt
 
     def row_of(self) -> dict[Sequence, int]:
         """Each sampled sequence's (first) row."""
@@ -222,7 +223,8 @@ class ModelRunner:
         tokens, raw_logprobs = self._sample(logits, rows, failed)
         return LaunchedStep(seqs, rows, tokens, raw_logprobs, rewind, vocab,
                             [(seq, start, chunk) for (seq, start), chunk in zip(prompt_seqs, prompt_logits)],
-                            dict(zip(pool_seqs, pooled)), failed)
+                            dict(zip(pool_seqs, pooled)), failed,
+                            [s for s in batch.seqs if not s.request.samples and s.request.pooling is None])
 
     def collect(self, step: LaunchedStep) -> StepResult:
         """Wait for a launched step; its tokens, logprobs and prompt logprobs on the host."""
@@ -233,7 +235,7 @@ class ModelRunner:
         for seq, start, chunk in step.prompt_logits:
             targets = seq.token_ids[start + 1 : start + 1 + chunk.shape[0]]
             try:
-                rows = torch.log_softmax(chunk.float(), dim=-1)
+                rows = torch.log_softmax(chunk.float() / seq.params.prompt_logprobs_temperature, dim=-1)
                 k = seq.params.prompt_logprobs
                 prompt_logprobs[seq.request] = [token_logprob(rows[i], t, k) for i, t in enumerate(targets)]
             except Exception as e:
@@ -297,7 +299,7 @@ class ModelRunner:
                 elif start + n == seq.num_tokens:
                     inputs.pool_spans.append((offset + n - 1, 1))
                     pool_seqs.append(seq)
-            elif n == seq.num_pending_tokens + len(drafts):
+            elif seq.request.samples and n == seq.num_pending_tokens + len(drafts):
                 inputs.logit_rows.extend(range(offset + n - 1 - len(drafts), offset + n))
             if seq.params.prompt_logprobs is not None and seq.index == 0 and start < seq.num_prompt_tokens - 1:
                 last = min(start + n, seq.num_prompt_tokens - 1)  # the position predicting the last prompt token

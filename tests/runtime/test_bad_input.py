@@ -14,7 +14,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
         ({"top_p": 0.0}, "top_p"),
         ({"temperature": -0.1}, "temperature"),
         ({"n": 0}, "n"),
-        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -1}, "max_tokens"),
         ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
         ({"top_k": -3}, "top_k"),
         ({"min_p": 2.0}, "min_p"),

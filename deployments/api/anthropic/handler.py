@@ -25,6 +25,18 @@ def anthropic_error(status: int, message: str) -> dict:
     return {"type": "error", "error": {"type": _ERROR_TYPES.get(status, "api_error"), "message": message}}
 
 
+def anthropic_error_of(e: OpenAIError) -> dict:
+    """An error in Anthropic's shape; one over the context in Anthropic's words, which its clients parse: Claude
+    Code lowers max_tokens and retries on the first, and compacts the conversation on the second."""
+    if e.overflow is not None:
+        prompt, max_tokens, limit = e.overflow
+        if max_tokens is None or prompt >= limit:
+            return anthropic_error(e.status, f"prompt is too long: {prompt} tokens > {limit} maximum")
+        return anthropic_error(e.status, f"input length and `max_tokens` exceed context limit: {prompt} + "
+                                         f"{max_tokens} > {limit}, decrease input length or `max_tokens` and try again")
+    return anthropic_error(e.status, e.message)
+
+
 def chat_request(req: CountTokensRequest):
     """The chat completion request of a Messages request; a bad value names the Messages field."""
     try:
@@ -55,8 +67,14 @@ def usage(chat_usage: dict | None) -> dict:
 
 
 def _tool_use(call: dict) -> dict:
+    """A chat tool call as a tool_use block; a call cut by max_tokens keeps the arguments that are whole JSON
+    (none, when they were cut: `input` is an object, not text)."""
+    try:
+        arguments = json.loads(call["function"]["arguments"] or "{}")
+    except json.JSONDecodeError:
+        arguments = {}
     return {"type": "tool_use", "id": call.get("id") or new_id("toolu_"), "name": call["function"]["name"],
-            "input": json.loads(call["function"]["arguments"] or "{}")}
+            "input": arguments if isinstance(arguments, dict) else {}}
 
 
 class AnthropicMessages:

@@ -56,7 +56,8 @@ Block = Annotated[
 
 
 class Message(RequestModel):
-    role: Literal["user", "assistant"]
+    # a system turn inside the conversation, as Claude Code sends (its text blocks; rendered where it stands)
+    role: Literal["user", "assistant", "system"]
     content: str | list[Block]
 
     @field_validator("content", mode="before")
@@ -72,6 +73,8 @@ class Message(RequestModel):
         if isinstance(self.content, str):
             return [{"role": self.role, "content": self.content}]
         text = "".join(b.text for b in self.content if isinstance(b, TextBlock))
+        if self.role == "system":
+            return [{"role": "system", "content": text}]
         results = [{"role": "tool", "tool_call_id": b.tool_use_id, "content": b.text()}
                    for b in self.content if isinstance(b, ToolResultBlock)]
         calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}

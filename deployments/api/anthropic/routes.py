@@ -3,7 +3,7 @@
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from deployments.api.anthropic.handler import AnthropicMessages, anthropic_error
+from deployments.api.anthropic.handler import AnthropicMessages, anthropic_error_of
 from deployments.api.anthropic.protocol import CountTokensRequest, MessagesRequest
 from deployments.api.routing import Front, json_body, respond
 from deployments.api.sse import event_stream
@@ -23,7 +23,7 @@ async def create_message(request: Request, front: OpenAIFront = Front):
         return await respond(request, body, lambda b: _ANTHROPIC.create(b, model, model_id, owner),
                              lambda b: _ANTHROPIC.stream(b, model, model_id, owner), event_stream)
     except OpenAIError as e:
-        return JSONResponse(anthropic_error(e.status, e.message), status_code=e.status)
+        return JSONResponse(anthropic_error_of(e), status_code=e.status)
 
 
 @router.post("/v1/messages/count_tokens", openapi_extra=json_body(CountTokensRequest))
@@ -32,5 +32,5 @@ async def count_message_tokens(request: Request, front: OpenAIFront = Front):
         body, model, _ = await front.generation(request, CountTokensRequest)
         return await _ANTHROPIC.count_tokens(body, model)
     except OpenAIError as e:
-        return JSONResponse(anthropic_error(e.status, e.message), status_code=e.status)
+        return JSONResponse(anthropic_error_of(e), status_code=e.status)
 

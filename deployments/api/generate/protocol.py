@@ -13,7 +13,7 @@ MAX_GENERATE_STOPS = 64  # /generate's `stop` (OpenAI's routes allow 4)
 class GenerateSamplingParams(RequestModel):
     """SGLang's `sampling_params` for /generate."""
 
-    max_new_tokens: int = Field(128, ge=1)
+    max_new_tokens: int = Field(128, ge=0)
     min_new_tokens: int = Field(0, ge=0)
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)

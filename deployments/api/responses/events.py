@@ -144,7 +144,7 @@ class ResponseEvents:
     def _call(self, call: dict) -> list[dict]:
         self.held_space = ""
         events = self._close()
-        item = function_call_item(new_id("fc_"), call)
+        item = function_call_item(new_id("fc_"), call, self.req.tool_names)
         index, arguments = len(self.output), item["arguments"]
         where = {"item_id": item["id"], "output_index": index}
         events += [self.event("response.output_item.added", output_index=index,

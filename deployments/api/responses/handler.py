@@ -30,7 +30,7 @@ class ResponsesAPI:
         completion = await model.chat(chat, owner=owner)
         choice = completion["choices"][0]
         logprobs = (choice["logprobs"] or {}).get("content") if req.wants_logprobs else None
-        output = output_items(choice["message"], logprobs)
+        output = output_items(choice["message"], logprobs, req.tool_names)
         response = response_object(req, new_id("resp_"), now(), model_id, status_of(choice["finish_reason"]),
                                    output, response_usage(completion["usage"]))
         await self._save(req, owner, response, history)
@@ -91,8 +91,8 @@ class ResponsesAPI:
 
     async def _save(self, req: ResponsesRequest, owner: str | None, response: dict, history: list[dict]) -> None:
         if req.store:
-            await self.store.save(owner, response, history + req.input_messages() + turn_messages(response["output"]),
-                                  req.input_items())
+            turn = turn_messages(response["output"], req.tool_names)
+            await self.store.save(owner, response, history + req.input_messages() + turn, req.input_items())
 
 
 # The chat request's fields, as the Responses request names them

@@ -2,6 +2,7 @@
 
 from deployments.api.ids import new_id
 from deployments.api.responses.protocol import ResponsesRequest
+from deployments.api.responses.tools import ToolNames
 
 
 def response_object(req: ResponsesRequest, response_id: str, created_at: int, model: str, status: str,
@@ -62,13 +63,14 @@ def text_part(text: str, logprobs: list[dict] | None) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
-def function_call_item(item_id: str, call: dict, status: str = "completed") -> dict:
-    """`call` is a chat tool call: {id, function: {name, arguments}}."""
-    return {"id": item_id, "type": "function_call", "call_id": call["id"], "name": call["function"]["name"],
-            "arguments": call["function"]["arguments"], "status": status}
+def function_call_item(item_id: str, call: dict, names: ToolNames, status: str = "completed") -> dict:
+    """`call` is a chat tool call: {id, function: {name, arguments}}; named as the client named the function."""
+    return {"id": item_id, "type": "function_call", "call_id": call["id"],
+            **names.client_fields(call["function"]["name"]), "arguments": call["function"]["arguments"],
+            "status": status}
 
 
-def output_items(message: dict, logprobs: list[dict] | None) -> list[dict]:
+def output_items(message: dict, logprobs: list[dict] | None, names: ToolNames) -> list[dict]:
     """A chat completion's message as output items: its reasoning, its text, then each function call. A
     reply that is only calls has no message item, as OpenAI's."""
     items = []
@@ -77,7 +79,7 @@ def output_items(message: dict, logprobs: list[dict] | None) -> list[dict]:
     calls = message.get("tool_calls") or []
     if message.get("content") or not calls:
         items.append(message_item(new_id("msg_"), message.get("content") or "", logprobs))
-    items += [function_call_item(new_id("fc_"), call) for call in calls]
+    items += [function_call_item(new_id("fc_"), call, names) for call in calls]
     return items
 
 
@@ -93,11 +95,12 @@ def response_usage(chat_usage: dict) -> dict:
     }
 
 
-def turn_messages(output: list[dict]) -> list[dict]:
-    """The response's output as the assistant turn of a chat conversation (for `previous_response_id`)."""
+def turn_messages(output: list[dict], names: ToolNames) -> list[dict]:
+    """The response's output as the assistant turn of a chat conversation (for `previous_response_id`), its calls
+    named as the model called them."""
     text = "".join(part["text"] for item in output if item["type"] == "message" for part in item["content"])
-    calls = [{"id": item["call_id"], "type": "function",
-              "function": {"name": item["name"], "arguments": item["arguments"]}}
+    calls = [{"id": item["call_id"], "type": "function", "function": {
+        "name": names.model_name(item.get("namespace"), item["name"]), "arguments": item["arguments"]}}
              for item in output if item["type"] == "function_call"]
     message: dict = {"role": "assistant", "content": text or (None if calls else "")}
     if calls:

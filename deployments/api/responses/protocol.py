@@ -3,11 +3,13 @@
 A response is a chat completion underneath: `instructions` become the system
 message, the input items (and the stored conversation that
 `previous_response_id` names) become the messages, `text.format` becomes a
-response format, flat function tools become chat tools. Our sampling
+response format, function tools (flat or in namespaces: tools.py) become chat
+tools. Our sampling
 extensions (`top_k`, `seed`, `ebnf`, ...) are accepted here as on the chat
 route.
 """
 
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator
@@ -15,6 +17,7 @@ from pydantic import Discriminator, Field, Tag, field_validator
 from deployments.api.chat.protocol import ChatCompletionRequest
 from deployments.api.ids import new_id
 from deployments.api.request_model import RequestModel
+from deployments.api.responses.tools import HostedTool, NamedFunction, ResponsesTool, ToolNames, forced_hosted_tool
 from deployments.api.sampling_fields import SamplingFields
 
 # Fields passed to the chat request as they are (the rest are Responses' own, mapped in `to_chat`)
@@ -47,6 +50,7 @@ class FunctionCallItem(RequestModel):
     call_id: str
     name: str
     arguments: str
+    namespace: str | None = None  # the namespace tool the function is in (Codex sends it back)
 
 
 class FunctionCallOutputItem(RequestModel):
@@ -72,19 +76,6 @@ InputItem = Annotated[
     Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
     | Annotated[FunctionCallOutputItem, Tag("function_call_output")] | Annotated[ReasoningItem, Tag("reasoning")],
     Discriminator(_item_kind)]
-
-
-class FunctionTool(RequestModel):
-    type: Literal["function"]
-    name: str = Field(min_length=1, max_length=64)
-    description: str | None = None
-    parameters: dict | None = None
-    strict: bool | None = None
-
-
-class NamedFunction(RequestModel):
-    type: Literal["function"]
-    name: str
 
 
 class TextFormat(RequestModel):
@@ -118,7 +109,7 @@ class ResponsesRequest(SamplingFields):
     store: bool = True
     metadata: dict[str, str] | None = None
     text: TextConfig | None = None
-    tools: list[FunctionTool] | None = None
+    tools: list[ResponsesTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunction = "auto"
     parallel_tool_calls: bool = True
     reasoning: dict | None = None
@@ -141,16 +132,21 @@ class ResponsesRequest(SamplingFields):
                                  "are)")
         return v
 
-    @field_validator("tools", mode="before")
+    @field_validator("tool_choice", mode="before")
     @classmethod
-    def _function_tools_only(cls, v):
-        if not isinstance(v, list):
-            return v  # pydantic's own type error
-        for tool in v:
-            kind = tool.get("type") if isinstance(tool, dict) else None
-            if kind != "function":
-                raise ValueError(f"tools of type {kind!r} are not supported; only function tools are")
+    def _no_forced_hosted_tool(cls, v):
+        kind = forced_hosted_tool(v)
+        if kind is not None:
+            raise ValueError(f"forces a tool of type {kind!r}, which this server cannot run; only function tools")
         return v
+
+    @cached_property
+    def tool_names(self) -> ToolNames:
+        return ToolNames(self.tools or [])
+
+    def ignored_tools(self) -> list[str]:
+        """The hosted tools dropped, as the `x-ignored-fields` header names them."""
+        return [f"tools.{t.type}" for t in self.tools or [] if isinstance(t, HostedTool)]
 
     @field_validator("background")
     @classmethod
@@ -171,8 +167,8 @@ class ResponsesRequest(SamplingFields):
                 role = "system" if item.role == "developer" else item.role
                 messages.append({"role": role, "content": item.text()})
             elif isinstance(item, FunctionCallItem):
-                call = {"id": item.call_id, "type": "function",
-                        "function": {"name": item.name, "arguments": item.arguments}}
+                name = self.tool_names.model_name(item.namespace, item.name)
+                call = {"id": item.call_id, "type": "function", "function": {"name": name, "arguments": item.arguments}}
                 last = messages[-1] if messages else None
                 if last is not None and last["role"] == "assistant":
                     last.setdefault("tool_calls", []).append(call)
@@ -196,7 +192,8 @@ class ResponsesRequest(SamplingFields):
                 items.append({"id": new_id("msg_"), "type": "message", "role": item.role, "content": parts,
                               "status": "completed"})
             elif isinstance(item, FunctionCallItem):
-                items.append({"id": new_id("fc_"), **item.model_dump(include={"type", "call_id", "name", "arguments"}),
+                items.append({"id": new_id("fc_"), **item.model_dump(include={"type", "call_id", "name", "arguments",
+                                                                               "namespace"}, exclude_none=True),
                               "status": "completed"})
             elif isinstance(item, FunctionCallOutputItem):
                 output = item.output if isinstance(item.output, str) else "".join(p.text for p in item.output)
@@ -223,14 +220,14 @@ class ResponsesRequest(SamplingFields):
             "parallel_tool_calls": self.parallel_tool_calls,
             "stream_options": {"include_usage": True} if self.stream else None,
             "chat_template_kwargs": self.chat_template_kwargs,
-            "tool_choice": self.tool_choice if isinstance(self.tool_choice, str) else
-            {"type": "function", "function": {"name": self.tool_choice.name}},
+            "tool_choice": self.tool_choice if isinstance(self.tool_choice, str) else {"type": "function", "function": {
+                "name": self.tool_names.model_name(self.tool_choice.namespace, self.tool_choice.name)}},
         }
         if self.text is not None and self.text.format is not None:
             chat["response_format"] = self.text.format.response_format()
-        if self.tools:
-            chat["tools"] = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
-                             for t in self.tools]
+        if self.tool_names.functions:
+            chat["tools"] = [{"type": "function", "function": {**t.model_dump(exclude={"type"}, exclude_none=True),
+                                                               "name": name}} for name, t in self.tool_names.functions]
         if self.wants_logprobs:
             chat["logprobs"], chat["top_logprobs"] = True, self.top_logprobs or 0
         return ChatCompletionRequest.model_validate(chat)

@@ -15,6 +15,7 @@ router = APIRouter()
 async def create_response(request: Request, front: OpenAIFront = Front):
     owner = front.auth.owner(request)
     body = await front.body.parse(request, ResponsesRequest)
+    request.state.ignored_fields = [*request.state.ignored_fields, *body.ignored_tools()]
     model, responses = front.models.client(body.model), front.responses
     model_id = front.models.reply_name(body.model)
     return await respond(request, body, lambda b: responses.create(b, model, model_id, owner),

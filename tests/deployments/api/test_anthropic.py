@@ -3,6 +3,7 @@ tool_use blocks (outputs forced by a grammar), the streamed event sequence and i
 count_tokens, and errors in Anthropic's shape."""
 
 import json
+import re
 
 import anthropic
 import pytest
@@ -101,3 +102,32 @@ def test_errors_are_in_anthropics_shape(server, claude):
     body = reply.json()
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
     assert "image" in body["error"]["message"]
+
+
+def test_a_system_turn_inside_the_conversation_is_rendered_where_it_stands(claude, client):
+    """Claude Code sends a `system` message inside `messages`; it renders as the chat route renders the same
+    conversation, and count_tokens counts it."""
+    turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+             {"role": "system", "content": [{"type": "text", "text": "Answer in French."}]},
+             {"role": "user", "content": "What is the capital of France?"}]
+    message = claude.messages.create(model=MODEL_ID, max_tokens=6, messages=turns, extra_body={"temperature": 0})
+    chat_turns = [{**t, "content": t["content"][0]["text"]} if isinstance(t["content"], list) else t for t in turns]
+    chat = client.chat.completions.create(model=MODEL_ID, max_tokens=6, temperature=0, messages=chat_turns)
+    assert message.content[0].text == chat.choices[0].message.content
+    assert claude.messages.count_tokens(model=MODEL_ID, messages=turns).input_tokens == chat.usage.prompt_tokens
+
+
+def test_context_overflow_is_worded_as_anthropics_so_claude_code_recovers(server, claude):
+    """Claude Code parses these two messages: it lowers max_tokens on the first and compacts on the second."""
+    counted = claude.messages.count_tokens(model=MODEL_ID, messages=[{"role": "user", "content": "hi"}]).input_tokens
+    with pytest.raises(anthropic.BadRequestError) as over:
+        claude.messages.create(model=MODEL_ID, max_tokens=8000, messages=[{"role": "user", "content": "hi"}])
+    assert over.value.body["error"]["message"] == (
+        f"input length and `max_tokens` exceed context limit: {counted} + 8000 > 512, decrease input length or "
+        "`max_tokens` and try again")
+    long = " ".join(["word"] * 600)
+    with pytest.raises(anthropic.BadRequestError) as too_long:
+        claude.messages.create(model=MODEL_ID, max_tokens=8, messages=[{"role": "user", "content": long}])
+    message = too_long.value.body["error"]["message"]
+    assert re.fullmatch(r"prompt is too long: (\d+) tokens > 512 maximum", message)
+    assert int(re.fullmatch(r"prompt is too long: (\d+) tokens > 512 maximum", message).group(1)) >= 512

@@ -5,7 +5,6 @@ vLLM's prompt_logprobs keys. Each through the served app."""
 import json
 
 import jsonschema
-import openai
 import pytest
 import requests
 
@@ -57,6 +56,35 @@ def test_chat_forced_call_with_response_format_is_the_call(client):
     jsonschema.validate(json.loads(call.function.arguments), NESTED)
 
 
+def test_a_forced_call_cut_by_max_tokens_is_a_call_never_text(server, client):
+    """Cut inside the call's arguments: chat returns the call so far in tool_calls with finish_reason length
+    (streamed the same); Anthropic's Messages a tool_use block with stop_reason max_tokens; no raw call JSON in
+    any text."""
+    import anthropic
+
+    weather = {"type": "object", "properties": {"city": {"type": "string", "minLength": 200}}, "required": ["city"]}
+    messages = [{"role": "user", "content": "x"}]
+    # 60 tokens: past the call's name (35 characters in), short of a city of 200
+    forced = {"model": MODEL_ID, "messages": messages, "tools": [tool("get_weather", weather)],
+              "tool_choice": "required", "max_tokens": 60, "temperature": 0}
+    r = client.chat.completions.create(**forced)
+    choice = r.choices[0]
+    (call,) = choice.message.tool_calls
+    assert (choice.finish_reason, choice.message.content, call.function.name) == ("length", None, "get_weather")
+    assert call.function.arguments.startswith("{") and '"name"' not in call.function.arguments
+    chunks = list(client.chat.completions.create(**forced, stream=True))
+    streamed = [c for chunk in chunks if chunk.choices for c in chunk.choices[0].delta.tool_calls or []]
+    assert [(c.function.name, c.function.arguments) for c in streamed] == [("get_weather", call.function.arguments)]
+    assert not "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    assert chunks[-1].choices[0].finish_reason == "length"
+    claude = anthropic.Anthropic(base_url=server.base_url, api_key="None")
+    message = claude.messages.create(
+        model=MODEL_ID, max_tokens=60, messages=messages, tool_choice={"type": "any"}, extra_body={"temperature": 0},
+        tools=[{"name": "get_weather", "input_schema": weather}])
+    assert message.stop_reason == "max_tokens"
+    assert [(b.type, b.name) for b in message.content] == [("tool_use", "get_weather")]
+
+
 def test_response_created_at_is_stamped_once(server):
     events = stream(server, input="x", max_output_tokens=4)
     stamps = {e["response"]["created_at"] for e in events if "response" in e}
@@ -103,7 +131,25 @@ def test_prompt_logprobs_key_is_always_there(client):
     assert asked.choices[0].prompt_logprobs[0] is None and len(asked.choices[0].prompt_logprobs) > 1
 
 
-def test_prompt_logprobs_temperature_is_refused_clearly(client):
-    with pytest.raises(openai.BadRequestError, match="prompt_logprobs_temperature"):
-        client.completions.create(model=MODEL_ID, prompt="x", max_tokens=1,
-                                  extra_body={"prompt_logprobs": 1, "prompt_logprobs_temperature": 0.5})
+def test_prompt_logprobs_temperature_divides_the_logits(server):
+    """vLLM's prompt_logprobs_temperature: each prompt token's logprob is transformers' log_softmax(logits / T),
+    whatever the sampling temperature; a temperature of 0 or below is a 400."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ids = [5, 17, 29, 41, 53, 65]
+    model = AutoModelForCausalLM.from_pretrained(server.model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0]
+    for temperature in (0.5, 2.0):
+        reply = requests.post(f"{server.base_url}/v1/completions", json={
+            "prompt": ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 0,
+            "prompt_logprobs_temperature": temperature}).json()
+        ref = torch.log_softmax(logits / temperature, dim=-1)
+        entries = reply["choices"][0]["prompt_logprobs"]
+        assert [entries[i][str(ids[i])]["logprob"] for i in range(1, len(ids))] == \
+            pytest.approx([ref[i - 1, ids[i]].item() for i in range(1, len(ids))], abs=1e-4)
+    for bad in (0, -1):
+        refused = requests.post(f"{server.base_url}/v1/completions", json={
+            "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0, "prompt_logprobs_temperature": bad})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt_logprobs_temperature"

@@ -168,7 +168,7 @@ def test_a_conversation_continues_on_another_app_sharing_the_storage(server, cli
 
 @pytest.mark.parametrize("body, param", [
     ({"input": [{"type": "input_image", "image_url": "http://x"}]}, "input"),
-    ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
+    ({"input": "x", "tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}}, "tool_choice"),
     ({"input": "x", "background": True}, "background"),
     ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format.type"),
@@ -237,3 +237,42 @@ def test_input_items_are_listed_through_the_sdk(server, client):
     assert [i.id for i in rest.data] == [listed.data[0].id] and not rest.has_more
     with pytest.raises(openai.NotFoundError):
         client.responses.input_items.list("resp_" + "0" * 32)
+
+
+# what Codex CLI sends: plain functions, a namespace of them, and a hosted web search it does not need us to run
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}
+NAMESPACE = {"type": "namespace", "name": "agents", "description": "Sub-agents.", "tools": [
+    {"type": "function", "name": "wait", "strict": False, "parameters": {"type": "object"}},
+    {"type": "function", "name": "get_weather", "parameters": CITY}]}
+CODEX_TOOLS = [{"type": "function", "name": "get_weather", "parameters": CITY}, NAMESPACE,
+               {"type": "web_search", "external_web_access": False}]
+
+
+def test_namespaced_tools_are_flattened_and_hosted_tools_dropped(server):
+    """A function in a namespace is called back by its own name with its namespace (get_weather is in both
+    places: the model tells them apart by the qualified name, the client by the namespace field); a hosted tool
+    is dropped and named in x-ignored-fields; forcing one is a 400."""
+    body = {"model": MODEL_ID, "input": "x", "tools": CODEX_TOOLS, "max_output_tokens": 120, "temperature": 0,
+            "tool_choice": {"type": "function", "name": "get_weather", "namespace": "agents"}}
+    r = requests.post(f"{server.base_url}/v1/responses", json=body)
+    assert r.status_code == 200 and r.headers["x-ignored-fields"] == "tools.web_search", r.text
+    Response.model_validate(r.json())
+    (call,) = [item for item in r.json()["output"] if item["type"] == "function_call"]
+    assert (call["name"], call["namespace"]) == ("get_weather", "agents")
+    assert r.json()["tools"][2] == CODEX_TOOLS[2]
+    events = stream(server, **{k: v for k, v in body.items() if k != "model"})
+    (done,) = [e["item"] for e in events if e["type"] == "response.output_item.done"
+               and e["item"]["type"] == "function_call"]
+    assert (done["name"], done["namespace"], done["arguments"]) == ("get_weather", "agents", call["arguments"])
+    # Codex sends the call back with its namespace, and the tool's output
+    follow = create(server, tools=CODEX_TOOLS, max_output_tokens=4, input=[
+        {"role": "user", "content": "x"}, {k: call[k] for k in ("type", "call_id", "name", "arguments", "namespace")},
+        {"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}])
+    assert follow["status"] in ("completed", "incomplete")
+    plain = create(server, input="x", tools=CODEX_TOOLS, max_output_tokens=120, temperature=0,
+                   tool_choice={"type": "function", "name": "get_weather"})
+    (top,) = [item for item in plain["output"] if item["type"] == "function_call"]
+    assert top["name"] == "get_weather" and "namespace" not in top
+    forced_hosted = requests.post(f"{server.base_url}/v1/responses", json={
+        "model": MODEL_ID, "input": "x", "tools": CODEX_TOOLS, "tool_choice": {"type": "web_search"}})
+    assert forced_hosted.status_code == 400 and forced_hosted.json()["error"]["param"] == "tool_choice"

@@ -59,6 +59,28 @@ def test_echo_and_integer_logprobs(server, offline):
     assert lp.token_logprobs[1:n_prompt] == pytest.approx([e.logprob for e in ref.prompt_logprobs[1:]], abs=1e-4)
 
 
+def test_max_tokens_zero_with_echo_scores_the_prompt(server, offline):
+    """OpenAI's spec allows max_tokens 0 on completions: with echo and logprobs it is how a prompt is scored
+    (lm-eval's loglikelihood); streamed or not, the prompt comes back with its logprobs and nothing is generated.
+    SGLang's /generate takes max_new_tokens 0 too."""
+    client = openai.Client(base_url=server.openai_url, api_key="None")
+    prompt = "Question: what is 2 + 2?"
+    ref = offline.generate([prompt], SamplingParams(max_tokens=0, prompt_logprobs=1))[0]
+    out = client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=0, logprobs=1, echo=True)
+    choice = out.choices[0]
+    assert (choice.text, choice.finish_reason, out.usage.completion_tokens) == (prompt, "length", 0)
+    assert choice.logprobs.token_logprobs[0] is None
+    assert choice.logprobs.token_logprobs[1:] == pytest.approx([e.logprob for e in ref.prompt_logprobs[1:]], abs=1e-4)
+    chunks = list(client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=0, logprobs=1, echo=True,
+                                            stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == prompt
+    assert [c.choices[0].finish_reason for c in chunks][-1] == "length"
+    generated = requests.post(f"{server.base_url}/generate", json={
+        "text": prompt, "sampling_params": {"max_new_tokens": 0}}).json()
+    assert generated["text"] == "" and generated["meta_info"]["completion_tokens"] == 0
+    assert generated["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
+
+
 def test_repeated_long_prefix_reports_cached_tokens(server):
     client = openai.Client(base_url=server.openai_url, api_key="None")
     system = "You are a careful assistant. " * 20
