@@ -199,3 +199,26 @@ if __name__ == "__main__":
     parser.add_argument("--arch", choices=sorted(ARCHITECTURES), default="qwen2")
     args = parser.parse_args()
     print(build_model_dir(args.out, args.arch))
+
+
+def end_answers_early(path: Path, stop_logit: float = 0.7, carrier: float = 100.0) -> None:
+    """Make a tiny random Qwen2/Llama-shaped checkpoint end its answers after a few tokens, so an agent's turn
+    (sent with max_tokens of tens of thousands) completes on a CPU. The last hidden dimension of the residual
+    stream is made a constant carrier: every embedding holds `carrier` there and no layer writes to it, so after
+    the final norm it is nearly all of the hidden state, at every position. The LM head reads it into the
+    end-of-turn token's logit alone (`stop_logit` per unit), whatever the prompt; every other token keeps its
+    random logit."""
+    from safetensors.torch import load_file, save_file
+
+    file = Path(path) / "model.safetensors"
+    weights = load_file(file)
+    eos = json.loads((Path(path) / "config.json").read_text())["eos_token_id"]
+    weights["model.embed_tokens.weight"][:, -1] = carrier
+    for name, tensor in weights.items():
+        if name.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight")):
+            tensor[-1] = 0.0  # the layers' outputs never reach the carrier
+    head = weights["lm_head.weight"]
+    head[:, -1] = 0.0
+    head[eos] = 0.0
+    head[eos, -1] = stop_logit
+    save_file(weights, file, metadata={"format": "pt"})

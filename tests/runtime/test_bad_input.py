@@ -1,8 +1,10 @@
 """Bad options and requests raise errors naming the field; the engine keeps serving."""
 
+import pickle
+
 import pytest
 
-from runtime import LLM, EngineConfig, InvalidInputError, SamplingParams
+from runtime import LLM, ContextLengthError, EngineConfig, InvalidInputError, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 
@@ -45,6 +47,12 @@ def test_bad_requests_are_rejected_and_others_still_run(qwen2_model):
         with pytest.raises(InvalidInputError) as e:
             engine.add_request(f"bad-{param}", prompt, params)
         assert e.value.param == param and text in str(e.value)
+    overflows = [([5] * 64, GREEDY, (64, None, 64)), ([5] * 10, SamplingParams(max_tokens=60), (10, 60, 64))]
+    for prompt, params, counts in overflows:  # the counts, also as they cross from an engine process
+        with pytest.raises(ContextLengthError) as e:
+            engine.add_request("over", prompt, params)
+        for error in (e.value, pickle.loads(pickle.dumps(e.value))):
+            assert (error.prompt_tokens, error.max_tokens, error.limit) == counts and str(error) == str(e.value)
     with pytest.raises(InvalidInputError, match="already in flight"):
         engine.add_request("good", [1], GREEDY)
     outputs = []
