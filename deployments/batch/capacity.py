@@ -3,13 +3,15 @@
 Every batch the manager runs takes its lines' slots from the model's one
 `Capacity`, so several batches share the replicas rather than each adding
 its own fan-out. A batch asks for one slot at a time (it waits for a slot
-before it reads on), and waiters are served first come, first served, so
-batches waiting together get slots in turn.
+before it reads on). Waiting slots go to the owners (API keys) in turn, and
+within an owner to its batches in turn: a key's share does not grow with the
+number of batches it splits its work into, and one key's backlog never stands
+in front of another key's first line.
 """
 
 import asyncio
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 
 from ray import serve
 
@@ -17,26 +19,27 @@ logger = logging.getLogger(__name__)
 
 
 class Capacity:
-    """A counting semaphore whose limit can change while it is held."""
+    """A counting semaphore whose limit can change while it is held, fair among owners, then among batches."""
 
     def __init__(self, limit: int):
         self.limit = limit
         self.used = 0
-        self._waiters: deque[asyncio.Future] = deque()
+        # owner -> batch -> its waiters; dict order is the turn order
+        self._waiters: OrderedDict[str | None, OrderedDict[str | None, deque[asyncio.Future]]] = OrderedDict()
 
-    async def acquire(self) -> None:
+    async def acquire(self, owner: str | None = None, batch: str | None = None) -> None:
         if self.used < self.limit and not self._waiters:
             self.used += 1
             return
         waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        self._waiters.setdefault(owner, OrderedDict()).setdefault(batch, deque()).append(waiter)
         try:
             await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():  # granted as it was cancelled: hand the slot on
                 self.release()
-            elif waiter in self._waiters:  # (a grant may already have passed over it, cancelled)
-                self._waiters.remove(waiter)
+            else:  # (a grant may already have passed over it, cancelled)
+                self._forget(owner, batch, waiter)
             raise
 
     def release(self) -> None:
@@ -50,10 +53,28 @@ class Capacity:
 
     def _grant(self) -> None:
         while self._waiters and self.used < self.limit:
-            waiter = self._waiters.popleft()
+            owner, batches = next(iter(self._waiters.items()))
+            batch, queue = next(iter(batches.items()))
+            waiter = queue.popleft()
+            self._waiters.move_to_end(owner)  # the next slot goes to the next owner, and this owner's to its next
+            batches.move_to_end(batch)
+            self._drop_empty(owner, batch)
             if not waiter.done():
                 self.used += 1
                 waiter.set_result(None)
+
+    def _forget(self, owner: str | None, batch: str | None, waiter: asyncio.Future) -> None:
+        queue = self._waiters.get(owner, {}).get(batch)
+        if queue is not None and waiter in queue:
+            queue.remove(waiter)
+            self._drop_empty(owner, batch)
+
+    def _drop_empty(self, owner: str | None, batch: str | None) -> None:
+        batches = self._waiters[owner]
+        if not batches[batch]:
+            del batches[batch]
+            if not batches:
+                del self._waiters[owner]
 
 
 def running_replicas(app_name: str, deployments: dict[str, str]) -> dict[str, int]:

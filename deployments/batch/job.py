@@ -286,7 +286,7 @@ class BatchJob:
             await self._room.wait()
             if committer.done():
                 committer.result()  # its error ends the run; a clean end cannot come before the last window
-        await slots.acquire()
+        await slots.acquire(self.progress.owner, self.id)
         task = asyncio.get_running_loop().create_task(self._request(request, request_id, slots))
         self._in_flight.add(task)
         task.add_done_callback(self._in_flight.discard)

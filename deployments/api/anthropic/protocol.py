@@ -124,6 +124,16 @@ class CountTokensRequest(RequestModel):
     regex: str | None = None
     ebnf: str | None = None
 
+    @model_validator(mode="after")
+    def _tool_choice_names_a_tool(self):
+        """As Anthropic's: a forced tool is one of the tools given."""
+        choice, names = self.tool_choice, [t.name for t in self.tools or []]
+        if choice is not None and choice.type in ("any", "tool") and not names:
+            raise ValueError(f"tool_choice {choice.type!r} needs tools")
+        if choice is not None and choice.type == "tool" and choice.name not in names:
+            raise ValueError(f"tool_choice names {str(choice.name)[:64]!r}, not one of the tools {names[:8]}")
+        return self
+
     def system_text(self) -> str | None:
         return self.system if isinstance(self.system, str) or self.system is None else \
             "".join(b.text for b in self.system)

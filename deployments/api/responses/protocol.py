@@ -114,7 +114,8 @@ class ResponsesRequest(SamplingFields):
     parallel_tool_calls: bool = True
     reasoning: dict | None = None
     truncation: Literal["auto", "disabled"] = "disabled"
-    include: list[str] | None = None
+    # OpenAI's values (a handful); unknown ones are ignored, and a list longer than any real one is refused
+    include: list[Annotated[str, Field(max_length=128)]] | None = Field(None, max_length=32)
     top_logprobs: int | None = Field(None, ge=0, le=20)
     background: bool = False
     stream_options: ResponsesStreamOptions | None = None

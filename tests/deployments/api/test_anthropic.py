@@ -96,6 +96,12 @@ def test_errors_are_in_anthropics_shape(server, claude):
     with pytest.raises(anthropic.BadRequestError, match="budget_tokens"):  # as Anthropic's: below max_tokens
         claude.messages.create(model=MODEL_ID, max_tokens=100, messages=[{"role": "user", "content": "x"}],
                                thinking={"type": "enabled", "budget_tokens": 100})
+    for choice, tools in (({"type": "tool", "name": "nowhere"}, [WEATHER]), ({"type": "any"}, None)):
+        for route in ("/v1/messages", "/v1/messages/count_tokens"):
+            refused = requests.post(f"{server.base_url}{route}", json={
+                "model": MODEL_ID, "max_tokens": 1, "messages": [{"role": "user", "content": "x"}],
+                "tool_choice": choice, **({"tools": tools} if tools else {})})
+            assert refused.status_code == 400 and "tool_choice" in refused.json()["error"]["message"], refused.text
     reply = requests.post(f"{server.base_url}/v1/messages", json={"model": MODEL_ID, "max_tokens": 1, "messages": [
         {"role": "user", "content": [{"type": "image", "source": {}}]}]})
     assert reply.status_code == 400

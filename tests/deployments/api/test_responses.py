@@ -177,6 +177,7 @@ def test_a_conversation_continues_on_another_app_sharing_the_storage(server, cli
     ({"input": "x", "previous_response_id": "../public/resp_" + "0" * 32}, "previous_response_id"),  # no paths
     ({"input": "x", "model": "no-such-model"}, "model"),
     ({"input": "x", "tools": 5}, "tools"),
+    ({"input": "x", "include": ["message.output_text.logprobs"] * 10_000}, "include"),
     ({"input": []}, "input"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input"),  # nothing to answer
 ])

@@ -299,6 +299,38 @@ def test_batches_share_their_model_capacity_in_turn_and_it_follows_a_resize(tmp_
     assert 2 < peak_after_resize <= 6 and capacity.used == 0
 
 
+def test_a_keys_share_of_batch_slots_does_not_grow_with_its_batches():
+    """Slots go to the owners in turn, then to each owner's batches in turn: with key A's 20 batches and key B's
+    one waiting, B gets every other slot until it has all it asked for, and A's batches share the rest evenly."""
+    import asyncio
+
+    from deployments.batch.capacity import Capacity
+
+    async def scenario() -> list[tuple[str, str]]:
+        capacity = Capacity(1)
+        await capacity.acquire("A", "a0")
+        granted: list[tuple[str, str]] = []
+
+        async def line(owner: str, batch: str) -> None:
+            await capacity.acquire(owner, batch)
+            granted.append((owner, batch))
+            capacity.release()
+
+        waiting = [line("A", f"a{i}") for i in range(20) for _ in range(5)] + [line("B", "b") for _ in range(10)]
+        tasks = [asyncio.get_running_loop().create_task(w) for w in waiting]
+        await asyncio.sleep(0)  # every line queues its waiter
+        capacity.release()
+        await asyncio.gather(*tasks)
+        return granted
+
+    granted = asyncio.run(asyncio.wait_for(scenario(), timeout=30))
+    owners = [owner for owner, _ in granted]
+    assert owners[:20] == ["A", "B"] * 10  # B's ten lines within A's next ten, not after A's hundred
+    a_batches = [batch for owner, batch in granted if owner == "A"]
+    assert a_batches[:20] == [f"a{i}" for i in range(20)]  # A's own batches in turn
+    assert sorted(granted) == sorted([("A", f"a{i}") for i in range(20) for _ in range(5)] + [("B", "b")] * 10)
+
+
 def test_a_waiter_cancelled_after_a_grant_passed_over_it_leaves_quietly():
     """A slot's waiter cancelled, then skipped by a release before its task resumes: no error, no slot lost."""
     import asyncio
@@ -311,7 +343,8 @@ def test_a_waiter_cancelled_after_a_grant_passed_over_it_leaves_quietly():
         waiting = asyncio.get_running_loop().create_task(capacity.acquire())
         await asyncio.sleep(0)  # it queues its waiter
         waiting.cancel()  # its waiter is cancelled; the task has not run its handler yet
-        capacity._waiters[0].cancel()
+        (waiter,) = capacity._waiters[None][None]
+        waiter.cancel()
         capacity.release()  # the grant passes over the cancelled waiter
         results = await asyncio.gather(waiting, return_exceptions=True)
         assert isinstance(results[0], asyncio.CancelledError)
