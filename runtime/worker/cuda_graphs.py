@@ -61,9 +61,8 @@ class DecodeGraphs:
             self.graphs[batch] = graph
         torch.cuda.synchronize(self.device)
 
-    def fits(self, num_seqs: int, num_decodes: int, max_blocks: int, needs_prompt_logits: bool) -> bool:
-        return num_seqs == num_decodes and 0 < num_seqs <= self.buckets[-1] and max_blocks <= self.max_blocks \
-            and not needs_prompt_logits
+    def fits(self, num_seqs: int, num_decodes: int, max_blocks: int) -> bool:
+        return num_seqs == num_decodes and 0 < num_seqs <= self.buckets[-1] and max_blocks <= self.max_blocks
 
     def run(self, input_ids: torch.Tensor, positions: list[int], context_lens: list[int],
             block_tables: list[list[int]], block_size: int) -> torch.Tensor:

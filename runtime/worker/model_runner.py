@@ -80,6 +80,12 @@ class StepInputs:
     # (row, row of the previous step's tokens) of input tokens still on the device (async scheduling; rank 0 only)
     in_flight: list[tuple[int, int]] = field(default_factory=list)
 
+    @property
+    def one_sampled_row_each(self) -> bool:
+        """Whether the step's only outputs are one sampled logit row per sequence, in order (what a decode graph
+        computes): no prompt logprobs, no pooled states, no sequence that samples nothing."""
+        return not (self.prompt_spans or self.pool_spans) and self.logit_rows == list(range(len(self.query_lens)))
+
 
 class ModelRunner:
     """Owns one rank's model shard and KV cache. Rank 0 prepares each step, broadcasts it to the
@@ -211,7 +217,7 @@ class ModelRunner:
     def launch(self, batch: ScheduledBatch, previous: LaunchedStep | None = None) -> LaunchedStep:
         """Queue the step's forward pass and sampling; on a GPU, without waiting for them (or for `previous`,
         whose tokens still in flight this step's inputs read on the device)."""
-        inputs, prompt_seqs, pool_seqs = self.prepare(batch, previous)
+        inputs, prompt_seqs, pool_seqs, prefilled = self.prepare(batch, previous)
         if self.config.tensor_parallel_size > 1:
             broadcast_from_rank0(inputs)
         logits, prompt_logits, pooled = self.execute(inputs, None if previous is None else previous.tokens)
@@ -223,8 +229,7 @@ class ModelRunner:
         tokens, raw_logprobs = self._sample(logits, rows, failed)
         return LaunchedStep(seqs, rows, tokens, raw_logprobs, rewind, vocab,
                             [(seq, start, chunk) for (seq, start), chunk in zip(prompt_seqs, prompt_logits)],
-                            dict(zip(pool_seqs, pooled)), failed,
-                            [s for s in batch.seqs if not s.request.samples and s.request.pooling is None])
+                            dict(zip(pool_seqs, pooled)), failed, prefilled)
 
     def collect(self, step: LaunchedStep) -> StepResult:
         """Wait for a launched step; its tokens, logprobs and prompt logprobs on the host."""
@@ -269,12 +274,13 @@ class ModelRunner:
         return torch.cat(tokens), raw_logprobs
 
     def prepare(self, batch: ScheduledBatch, previous: LaunchedStep | None = None
-                ) -> tuple[StepInputs, list[tuple[Sequence, int]], list[Sequence]]:
-        """The step's inputs, the sequences (with their first position) whose prompt logprobs it computes, and
-        the embedding requests' sequences it pools rows of. A sequence's newest token may still be in flight:
-        `previous` sampled it, and the forward pass reads it from there."""
+                ) -> tuple[StepInputs, list[tuple[Sequence, int]], list[Sequence], list[Sequence]]:
+        """The step's inputs, the sequences (with their first position) whose prompt logprobs it computes, the
+        embedding requests' sequences it pools rows of, and the sequences that sample nothing (max_tokens 0). A
+        sequence's newest token may still be in flight: `previous` sampled it, and the forward pass reads it from
+        there."""
         inputs = StepInputs([], [], [], [], [], batch.num_decodes, [], [], lora_loads=batch.lora_loads)
-        prompt_seqs, pool_seqs = [], []
+        prompt_seqs, pool_seqs, prefilled = [], [], []
         previous_rows = {} if previous is None else previous.row_of()
         offset = 0
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
@@ -299,14 +305,16 @@ class ModelRunner:
                 elif start + n == seq.num_tokens:
                     inputs.pool_spans.append((offset + n - 1, 1))
                     pool_seqs.append(seq)
-            elif seq.request.samples and n == seq.num_pending_tokens + len(drafts):
+            elif not seq.request.samples:
+                prefilled.append(seq)
+            elif n == seq.num_pending_tokens + len(drafts):
                 inputs.logit_rows.extend(range(offset + n - 1 - len(drafts), offset + n))
             if seq.params.prompt_logprobs is not None and seq.index == 0 and start < seq.num_prompt_tokens - 1:
                 last = min(start + n, seq.num_prompt_tokens - 1)  # the position predicting the last prompt token
                 inputs.prompt_spans.append((offset, last - start))
                 prompt_seqs.append((seq, start))
             offset += n
-        return inputs, prompt_seqs, pool_seqs
+        return inputs, prompt_seqs, pool_seqs, prefilled
 
     def shutdown(self) -> None:
         """Release the workers and leave the process group, even when a worker is already gone."""
@@ -330,9 +338,8 @@ class ModelRunner:
             for slot, adapter in inputs.lora_loads:
                 load_into_slot(self.model, slot, adapter)
             self.lora_batch.set(inputs.lora_slots, inputs.query_lens, self.device)
-        if self.graphs is not None and self.graphs.fits(len(inputs.query_lens), inputs.num_decodes,
-                                                        max(map(len, inputs.block_tables)),
-                                                        bool(inputs.prompt_spans or inputs.pool_spans)):
+        if self.graphs is not None and inputs.one_sampled_row_each and self.graphs.fits(
+                len(inputs.query_lens), inputs.num_decodes, max(map(len, inputs.block_tables))):
             return self.graphs.run(self._input_ids(inputs, previous_tokens), inputs.positions, inputs.context_lens,
                                    inputs.block_tables, self.config.block_size), [], []
         hidden = self.model(*self._tensors(inputs, previous_tokens), self.attention_metadata(inputs))

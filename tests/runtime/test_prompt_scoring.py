@@ -49,3 +49,18 @@ def test_prompt_logprobs_temperature_divides_the_logits(qwen2_model, reference):
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(InvalidInputError, match="prompt_logprobs_temperature"):
             SamplingParams(prompt_logprobs=0, prompt_logprobs_temperature=bad)
+
+
+def test_a_decode_shaped_step_holding_a_prompt_that_samples_nothing_is_not_graphed(qwen2_model):
+    """The last 1-token chunk of a max_tokens 0 prompt beside a decode makes a step of 1-token rows, but not one
+    logit row per sequence: a decode graph, which returns a logit row for every sequence, must not run it."""
+    llm = LLM(str(qwen2_model), dtype="float32", max_model_len=256, max_num_batched_tokens=4)
+    engine, seen = llm.engine, []
+    execute = engine.runner.execute
+    engine.runner.execute = lambda inputs, *rest: seen.append(inputs) or execute(inputs, *rest)
+    engine.add_request("decode", [7, 8, 9], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    engine.add_request("score", [11, 12, 13, 14, 15], SamplingParams(max_tokens=0))
+    while engine.has_unfinished_requests():
+        engine.step()
+    decode_shaped = [s for s in seen if s.num_decodes == len(s.query_lens)]
+    assert [(s.query_lens, s.one_sampled_row_each) for s in decode_shaped[:2]] == [([1, 1], False), ([1], True)]

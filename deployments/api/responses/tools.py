@@ -8,6 +8,7 @@ The model sees every function flat, as chat tools; a function inside a namespace
 named it: the bare name, with the namespace in the call's `namespace` field (what Codex routes by).
 """
 
+from collections import Counter
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Discriminator, Field, Tag
@@ -70,13 +71,14 @@ class ToolNames:
 
     def __init__(self, tools: list):
         functions = [(None, t) for t in tools if isinstance(t, FunctionTool)]
-        functions += [(n.name, t) for n in tools if isinstance(n, NamespaceTool) for t in n.tools]
-        bare = [t.name for _, t in functions]
+        functions += [(None if n.name in _DEFAULT_NAMESPACES else n.name, t)
+                      for n in tools if isinstance(n, NamespaceTool) for t in n.tools]
+        bare = Counter(t.name for _, t in functions)
         self.functions: list[tuple[str, FunctionTool]] = []  # (the model's name, the tool)
         self._client: dict[str, tuple[str | None, str]] = {}
         self._model: dict[tuple[str | None, str], str] = {}
         for namespace, tool in functions:
-            model_name = tool.name if namespace is None or bare.count(tool.name) == 1 else f"{namespace}__{tool.name}"
+            model_name = tool.name if namespace is None or bare[tool.name] == 1 else f"{namespace}__{tool.name}"
             self.functions.append((model_name, tool))
             self._client[model_name] = (namespace, tool.name)
             self._model[(namespace, tool.name)] = model_name
