@@ -24,9 +24,11 @@ QWEN25_05B = dict(arch="qwen2", hidden_size=896, intermediate_size=4864, num_lay
                   init_std=0.02, tokenizer_vocab=512, dtype=torch.bfloat16, rope_theta=1_000_000.0)
 
 
-def workload(n: int, seed: int = 0) -> list[tuple[list[int], int]]:
+def workload(n: int, seed: int = 0, lengths: tuple[int, int] = (100, 1024), vocab: int = 151936
+             ) -> list[tuple[list[int], int]]:
+    """`n` (prompt, output length) pairs, both lengths uniform in `lengths`."""
     rng = random.Random(seed)
-    return [([rng.randrange(3, 151936) for _ in range(rng.randint(100, 1024))], rng.randint(100, 1024))
+    return [([rng.randrange(3, vocab) for _ in range(rng.randint(*lengths))], rng.randint(*lengths))
             for _ in range(n)]
 
 

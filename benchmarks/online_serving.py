@@ -84,10 +84,11 @@ def median_pass(run_pass, tokenizer) -> dict:
     return {**results[PASSES // 2], "passes_tok_s": [r["output_tok_s"] for r in results]}
 
 
-async def drive(base_url: str, model: str, conversations, extra_body: dict) -> dict:
-    """Stream every conversation, CONCURRENCY at a time. Tokens are counted from each stream's usage chunk
+async def drive(base_url: str, model: str, conversations, extra_body: dict, concurrency: int = CONCURRENCY,
+                output: int = OUTPUT) -> dict:
+    """Stream every conversation, `concurrency` at a time. Tokens are counted from each stream's usage chunk
     where the server sends one (a chunk may carry several tokens), else as one per content chunk."""
-    limit = asyncio.Semaphore(CONCURRENCY)
+    limit = asyncio.Semaphore(concurrency)
     ttfts, per_token, tokens, chunks = [], [], 0, 0
 
     async def one(client, messages):
@@ -97,7 +98,7 @@ async def drive(base_url: str, model: str, conversations, extra_body: dict) -> d
             first = last = None
             content_chunks, usage = 0, None
             stream = await client.chat.completions.create(
-                model=model, messages=messages, max_tokens=OUTPUT, temperature=0, stream=True,
+                model=model, messages=messages, max_tokens=output, temperature=0, stream=True,
                 stream_options={"include_usage": True}, extra_body=extra_body)
             async for chunk in stream:
                 usage = chunk.usage or usage

@@ -1,6 +1,6 @@
 """Every model family against transformers' own class on a tiny random config: greedy tokens under chunked
-prefill, with the prefix cache on and off, TP=2 against TP=1, sliding windows shorter than the prompts, and the
-configs the engine refuses at start."""
+prefill, with the prefix cache on and off, bfloat16 tokens as the reference's argmax, TP=2 against TP=1, sliding
+windows shorter than the prompts, and the configs the engine refuses at start."""
 
 import json
 import shutil
@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 from runtime import LLM, InvalidInputError, SamplingParams
 from runtime.core.block_manager import FREED
 from runtime.models import SUPPORTED_ARCHITECTURES
+from testing.bf16_reference import assert_tokens_are_bf16_argmax
 from testing.model_factory import build_model_dir
 from tests.runtime.test_greedy_parity import WORDS, _reference
 
@@ -80,6 +81,18 @@ def test_greedy_matches_transformers_with_chunked_prefill_and_prefix_cache(model
     expected = _reference(path, prompts, GREEDY.max_tokens)
     assert [o.outputs[0].token_ids for o in outputs] == expected
     assert _tokens(LLM(str(path), enable_prefix_caching=False, **options), prompts) == expected
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gemma3", "mistral_sliding"])
+def test_bf16_greedy_tokens_are_the_references_argmax(model_dirs, family):
+    """An MoE, alternate sliding and full layers, and a sliding window, in bfloat16 (decode steps
+    replaying CUDA graphs on a GPU): every token is transformers' bf16 argmax, up to rounding."""
+    path = model_dirs(family)
+    llm = LLM(str(path), dtype="bfloat16", max_model_len=256)
+    prompts = _prompts(llm.tokenizer)[:10]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    assert (llm.engine.runner.graphs is not None) == (device == "cuda")
+    assert_tokens_are_bf16_argmax(path, prompts, _tokens(llm, prompts), device)
 
 
 @pytest.mark.parametrize("family", SLIDING)

@@ -1,0 +1,70 @@
+"""The sizes the suite's checks run at: on the GPU, and in the CPU dry run."""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from benchmarks.gpu_throughput import QWEN25_05B
+
+TINY = dict(arch="qwen2", dtype=torch.float32)  # testing.model_factory's defaults: 2 layers, hidden 64
+
+
+@dataclass(frozen=True)
+class Sizes:
+    dry_run: bool
+    model: dict  # build_model_dir's arguments for the benchmark model
+    engine: dict  # engine options every check's engine shares
+    # engine tests: pytest's arguments
+    tests: tuple[str, ...]
+    # throughput (nano-vllm's benchmark shape): sequences, input/output length range, transformers' share
+    sequences: int
+    lengths: tuple[int, int]
+    hf_sequences: int
+    # decode profile
+    decode_batch: int
+    decode_context: int
+    decode_steps: int
+    # served path: stream concurrencies (2x as many requests each) and output tokens per stream
+    concurrencies: tuple[int, ...]
+    served_output: int
+    # LoRA, structured outputs, speculative decoding
+    adapters: int
+    rank: int
+    feature_requests: int
+    feature_output: int
+    structured_concurrency: int
+    speculative_requests: int
+    targets: dict = field(default_factory=dict)
+
+    @property
+    def device(self) -> str:
+        return "cpu" if self.dry_run else "cuda"
+
+
+ENGINE_TEST_FILES = ("tests/kernels/test_triton_kernels.py", "tests/runtime/test_greedy_parity.py",
+                     "tests/runtime/test_async_scheduling.py", "tests/runtime/test_model_families.py")
+
+GPU = Sizes(
+    dry_run=False, model=QWEN25_05B,
+    engine=dict(dtype="bfloat16", max_model_len=2048, max_num_seqs=256, max_num_batched_tokens=16384,
+                gpu_memory_utilization=0.45),
+    tests=(*ENGINE_TEST_FILES, "-k", "not tp2"),  # tensor parallel needs two GPUs
+    sequences=256, lengths=(100, 1024), hf_sequences=16,
+    decode_batch=256, decode_context=512, decode_steps=20,
+    concurrencies=(64, 256), served_output=128,
+    adapters=8, rank=16, feature_requests=128, feature_output=128, structured_concurrency=64,
+    speculative_requests=8,
+    targets=dict(output_tok_s=40_000, served_over_offline=0.85, lora_over_base=0.8,
+                 structured_over_unconstrained=0.9),
+)
+
+DRY = Sizes(
+    dry_run=True, model=TINY,
+    engine=dict(dtype="float32", max_model_len=512, max_num_seqs=8, kv_cache_bytes=16 << 20),
+    tests=("tests/kernels/test_triton_kernels.py::test_rotary",),
+    sequences=6, lengths=(8, 24), hf_sequences=2,
+    decode_batch=4, decode_context=16, decode_steps=2,
+    concurrencies=(2, 4), served_output=8,
+    adapters=2, rank=4, feature_requests=4, feature_output=8, structured_concurrency=2,
+    speculative_requests=2,
+)
