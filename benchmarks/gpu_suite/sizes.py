@@ -13,13 +13,18 @@ TINY = dict(arch="qwen2", dtype=torch.float32)  # testing.model_factory's defaul
 class Sizes:
     dry_run: bool
     model: dict  # build_model_dir's arguments for the benchmark model
+    # the served path's: its vocabulary the tokenizer's, so every token streams as text (the benchmark model's
+    # tokenizer covers only the first 512 of its 151,936 ids)
+    served_model: dict
     engine: dict  # engine options every check's engine shares
     # engine tests: pytest's arguments
     tests: tuple[str, ...]
-    # throughput (nano-vllm's benchmark shape): sequences, input/output length range, transformers' share
+    # throughput (nano-vllm's benchmark shape): sequences, input/output length range; transformers' share of
+    # the sequences and its cap on their output lengths (its static batches run to the longest)
     sequences: int
     lengths: tuple[int, int]
     hf_sequences: int
+    hf_max_output: int
     # decode profile
     decode_batch: int
     decode_context: int
@@ -45,11 +50,11 @@ ENGINE_TEST_FILES = ("tests/kernels/test_triton_kernels.py", "tests/runtime/test
                      "tests/runtime/test_async_scheduling.py", "tests/runtime/test_model_families.py")
 
 GPU = Sizes(
-    dry_run=False, model=QWEN25_05B,
+    dry_run=False, model=QWEN25_05B, served_model={**QWEN25_05B, "vocab_size": 512, "tokenizer_vocab": None},
     engine=dict(dtype="bfloat16", max_model_len=2048, max_num_seqs=256, max_num_batched_tokens=16384,
                 gpu_memory_utilization=0.45),
     tests=(*ENGINE_TEST_FILES, "-k", "not tp2"),  # tensor parallel needs two GPUs
-    sequences=256, lengths=(100, 1024), hf_sequences=16,
+    sequences=256, lengths=(100, 1024), hf_sequences=16, hf_max_output=256,
     decode_batch=256, decode_context=512, decode_steps=20,
     concurrencies=(64, 256), served_output=128,
     adapters=8, rank=16, feature_requests=128, feature_output=128, structured_concurrency=64,
@@ -59,10 +64,10 @@ GPU = Sizes(
 )
 
 DRY = Sizes(
-    dry_run=True, model=TINY,
+    dry_run=True, model=TINY, served_model=TINY,
     engine=dict(dtype="float32", max_model_len=512, max_num_seqs=8, kv_cache_bytes=16 << 20),
     tests=("tests/kernels/test_triton_kernels.py::test_rotary",),
-    sequences=6, lengths=(8, 24), hf_sequences=2,
+    sequences=6, lengths=(8, 24), hf_sequences=2, hf_max_output=16,
     decode_batch=4, decode_context=16, decode_steps=2,
     concurrencies=(2, 4), served_output=8,
     adapters=2, rank=4, feature_requests=4, feature_output=8, structured_concurrency=2,

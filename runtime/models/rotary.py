@@ -52,7 +52,8 @@ class RotaryTables(nn.Module):
             inv_freq, scaling = 1.0 / (rope["rope_theta"] ** exponents), 1.0
         else:
             by_type = {"layer_type": key} if key != "default" else {}
-            inv_freq, scaling = ROPE_INIT_FUNCTIONS[kind](config, "cpu", **by_type)
+            # on the device the model is being built on (a `torch.device` context), as the positions below are
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[kind](config, torch.get_default_device(), **by_type)
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq.float())
         self.register_buffer("cos", angles.cos() * scaling, persistent=False)
         self.register_buffer("sin", angles.sin() * scaling, persistent=False)

@@ -106,8 +106,12 @@ def test_seeded_sampling_and_logprobs_equal_without_it(engines):
     for w, g in zip(want, got):
         for wc, gc in zip(w.outputs, g.outputs):
             assert gc.token_ids == wc.token_ids
-            assert [(lp.token_id, lp.rank, lp.top) for lp in gc.logprobs] == \
-                [(lp.token_id, lp.rank, lp.top) for lp in wc.logprobs]
+            assert [(lp.token_id, lp.rank, [t for t, _ in lp.top]) for lp in gc.logprobs] == \
+                [(lp.token_id, lp.rank, [t for t, _ in lp.top]) for lp in wc.logprobs]
+            # to 1e-5, not bit for bit: on a GPU a step's batch shape picks the GEMM kernel, and the two modes do
+            # not always put the same sequences in the same step
+            assert [v for lp in gc.logprobs for _, v in lp.top] == \
+                pytest.approx([v for lp in wc.logprobs for _, v in lp.top], abs=1e-5)
 
 
 def test_penalties_and_grammars_wait_for_their_tokens_and_equal_without_it(engines):

@@ -8,11 +8,12 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from runtime import LLM, InvalidInputError, SamplingParams
 from runtime.core.block_manager import FREED
 from runtime.models import SUPPORTED_ARCHITECTURES
+from runtime.models.rotary import RotaryTables
 from testing.bf16_reference import assert_tokens_are_bf16_argmax
 from testing.model_factory import build_model_dir
 from tests.runtime.test_greedy_parity import WORDS, _reference
@@ -116,7 +117,7 @@ def test_sliding_window_matches_transformers(model_dirs, family):
     assert [outputs[str(i)] for i in range(len(prompts))] == expected
     assert (freed > 0) == (family == "mistral_sliding")  # a full layer keeps every block
     assert engine.block_manager.hit_tokens > 0
-    for backend in ("torch", "cpu"):
+    for backend in ("torch", "triton") if torch.cuda.is_available() else ("torch", "cpu"):
         uncached = LLM(str(path), enable_prefix_caching=False, attention_backend=backend, **options)
         assert [o.outputs[0].token_ids for o in uncached.generate(prompts, params)] == expected
 
@@ -194,6 +195,9 @@ def test_unimplemented_rope_is_refused(model_dirs, tmp_path):
     llm = LLM(path, dtype="float32", max_model_len=128)  # within the original context: the short factors
     prompts = _prompts(llm.tokenizer)[:4]
     assert _tokens(llm, prompts) == _reference(path, prompts, GREEDY.max_tokens)
+    with torch.device("meta"):  # a model is built under its device: the tables too, whatever the rope type
+        tables = RotaryTables(AutoConfig.from_pretrained(path), 16, 128)
+    assert tables.cos.is_meta and tables.sin.is_meta
     partial = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
     path = _edited(model_dirs("phi3"), tmp_path / "partial", rope_parameters=partial)
     with pytest.raises(InvalidInputError, match="partial_rotary_factor"):
