@@ -17,6 +17,7 @@ from transformers import (
     Gemma3TextConfig,
     GenerationConfig,
     GptOssConfig,
+    GraniteConfig,
     LlamaConfig,
     MistralConfig,
     MixtralConfig,
@@ -26,6 +27,7 @@ from transformers import (
     Qwen2MoeConfig,
     Qwen3Config,
     Qwen3MoeConfig,
+    SmolLM3Config,
 )
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -77,6 +79,8 @@ ARCHITECTURES = {
     "gemma2": Gemma2Config,
     "gemma3": Gemma3TextConfig,
     "gpt_oss": GptOssConfig,
+    "granite": GraniteConfig,
+    "smollm3": SmolLM3Config,
 }
 
 # config fields a family needs beyond the shared ones: no sliding window, no pad id outside the tiny
@@ -84,6 +88,7 @@ ARCHITECTURES = {
 FAMILY_FIELDS = {
     "mistral": {"sliding_window": None},
     "phi3": {"pad_token_id": None},
+    "smollm3": {"pad_token_id": None},
     "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
     "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                   "shared_expert_intermediate_size": 96, "norm_topk_prob": False},

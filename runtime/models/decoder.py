@@ -33,12 +33,12 @@ def head_dim_of(config: PretrainedConfig) -> int:
 
 class Attention(nn.Module):
     """Self-attention over the paged cache. Beyond the plain layer: a sliding `window`, a `scale` other than
-    head_dim ** -0.5, soft-capped scores (`softcap`), per-head q/k norms of class `qk_norm`, and learned
-    per-head attention `sinks` (gpt-oss)."""
+    head_dim ** -0.5, soft-capped scores (`softcap`), per-head q/k norms of class `qk_norm`, learned
+    per-head attention `sinks` (gpt-oss), and no rotary embedding (`rope` False: SmolLM3's NoPE layers)."""
 
     def __init__(self, config: PretrainedConfig, qkv_bias: bool, o_bias: bool, qk_norm: type[nn.Module] | None,
                  window: int | None = None, scale: float | None = None, softcap: float | None = None,
-                 sinks: bool = False):
+                 sinks: bool = False, rope: bool = True):
         super().__init__()
         head_dim = head_dim_of(config)
         self.qkv_proj = QKVParallelLinear(
@@ -48,7 +48,7 @@ class Attention(nn.Module):
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.head_dim = head_dim
         self.scale = scale or head_dim**-0.5
-        self.window, self.softcap = window, softcap
+        self.window, self.softcap, self.rope = window, softcap, rope
         self.o_proj = RowParallelLinear(config.num_attention_heads * head_dim, config.hidden_size, o_bias)
         self.q_norm = self.k_norm = None
         if qk_norm is not None:
@@ -69,7 +69,8 @@ class Attention(nn.Module):
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, k, *cos_sin)
+        if self.rope:
+            q, k = apply_rotary(q, k, *cos_sin)
         meta.backend.store_kv(k, v, self.k_cache, self.v_cache, meta)
         out = meta.backend.attend(q, self.k_cache, self.v_cache, meta, self.scale, self.window, self.softcap,
                                   self.sinks)
@@ -172,7 +173,7 @@ class CausalLM(nn.Module):
     def __init__(self, config: PretrainedConfig, max_positions: int):
         super().__init__()
         windows = layer_windows(config, max_positions)
-        layers = [self.make_layer(config, self.make_attention(config, windows[i]), self.make_mlp(config, i))
+        layers = [self.make_layer(config, self.make_attention(config, windows[i], i), self.make_mlp(config, i))
                   for i in range(config.num_hidden_layers)]
         self.model = self.make_model(config, layers, max_positions)
         self.lm_head = None if self.headless else ParallelLMHead(config.vocab_size, config.hidden_size)
@@ -190,8 +191,8 @@ class CausalLM(nn.Module):
         bias = bool(getattr(config, "attention_bias", False))
         return bias, bias
 
-    def make_attention(self, config: PretrainedConfig, window: int | None) -> Attention:
-        """A decoder layer's attention, sliding over the last `window` positions unless None."""
+    def make_attention(self, config: PretrainedConfig, window: int | None, layer: int) -> Attention:
+        """Decoder layer `layer`'s attention, sliding over the last `window` positions unless None."""
         qkv_bias, o_bias = self.attention_biases(config)
         return Attention(config, qkv_bias, o_bias, self.qk_norm, window)
 

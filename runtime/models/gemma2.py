@@ -52,7 +52,7 @@ class Gemma2ForCausalLM(CausalLM):
     def attention_softcap(self, config: PretrainedConfig) -> float | None:
         return config.attn_logit_softcapping
 
-    def make_attention(self, config: PretrainedConfig, window: int | None) -> Attention:
+    def make_attention(self, config: PretrainedConfig, window: int | None, layer: int) -> Attention:
         return Attention(config, *self.attention_biases(config), self.qk_norm, window,
                          scale=config.query_pre_attn_scalar**-0.5, softcap=self.attention_softcap(config))
 

@@ -50,7 +50,7 @@ class GptOssForCausalLM(MoeCausalLM):
             raise InvalidInputError("model", "quantized gpt-oss checkpoints (MXFP4) are not supported; use a bf16 "
                                     "or fp32 one")
 
-    def make_attention(self, config: PretrainedConfig, window: int | None) -> Attention:
+    def make_attention(self, config: PretrainedConfig, window: int | None, layer: int) -> Attention:
         return Attention(config, *self.attention_biases(config), self.qk_norm, window, sinks=True)
 
     def make_mlp(self, config: PretrainedConfig, layer: int) -> nn.Module:

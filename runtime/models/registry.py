@@ -8,6 +8,7 @@ from runtime.models.decoder import CausalLM
 from runtime.models.gemma2 import Gemma2ForCausalLM
 from runtime.models.gemma3 import Gemma3ForCausalLM
 from runtime.models.gpt_oss import GptOssForCausalLM
+from runtime.models.granite import GraniteForCausalLM
 from runtime.models.llama import LlamaForCausalLM
 from runtime.models.mistral import MistralForCausalLM
 from runtime.models.mixtral import MixtralForCausalLM
@@ -16,6 +17,7 @@ from runtime.models.qwen2 import Qwen2ForCausalLM
 from runtime.models.qwen2_moe import Qwen2MoeForCausalLM
 from runtime.models.qwen3 import Qwen3ForCausalLM
 from runtime.models.qwen3_moe import Qwen3MoeForCausalLM
+from runtime.models.smollm3 import SmolLM3ForCausalLM
 
 
 def _base_model(family: type[CausalLM]) -> type[CausalLM]:
@@ -26,7 +28,8 @@ def _base_model(family: type[CausalLM]) -> type[CausalLM]:
 # families whose base model serves embeddings (Gemma's embedding models attend both ways: not built)
 _EMBEDDABLE = (LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM,
                Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)
-_CAUSAL_LMS = (Gemma2ForCausalLM, Gemma3ForCausalLM, GptOssForCausalLM, *_EMBEDDABLE)
+_CAUSAL_LMS = (Gemma2ForCausalLM, Gemma3ForCausalLM, GptOssForCausalLM, GraniteForCausalLM, SmolLM3ForCausalLM,
+               *_EMBEDDABLE)
 _FAMILIES: dict[str, type[CausalLM]] = {cls.__name__: cls for cls in (*_CAUSAL_LMS, *map(_base_model, _EMBEDDABLE))}
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_FAMILIES))

@@ -34,6 +34,10 @@ FAMILIES |= {
     "gemma2": {**GEMMA, "attn_logit_softcapping": 2.0},
     "gemma3": {**GEMMA, "layer_types": ["sliding_attention", "full_attention"]},
     "gpt_oss": {"sliding_window": 16},  # sinks, YaRN, biased experts on every layer; alternate layers slide
+    # multipliers far enough from 1 to show; NoPE on layers 2 and 4 of 4
+    "granite": {"embedding_multiplier": 6.0, "attention_multiplier": 0.1, "residual_multiplier": 0.5,
+                "logits_scaling": 4.0},
+    "smollm3": {"num_layers": 4, "no_rope_layer_interval": 2},
 }
 # a 16-token window: every layer (Mistral), or layer 1 of 2 (Qwen2 slides from layer `max_window_layers` on)
 SLIDING = {
@@ -122,7 +126,7 @@ def test_sliding_window_matches_transformers(model_dirs, family):
         assert [o.outputs[0].token_ids for o in uncached.generate(prompts, params)] == expected
 
 
-@pytest.mark.parametrize("family", ["gemma2", "gemma3", "gpt_oss", "mistral_sliding"])
+@pytest.mark.parametrize("family", ["gemma2", "gemma3", "gpt_oss", "mistral_sliding", "granite", "smollm3"])
 def test_logprobs_match_transformers(model_dirs, family):
     """Every prompt position's and every generated token's log-probability (chunked prefill, then decode) equal
     transformers' over the whole sequence: numerics that greedy tokens of a tiny model can hide (a soft cap or a
