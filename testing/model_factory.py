@@ -21,6 +21,7 @@ from transformers import (
     LlamaConfig,
     MistralConfig,
     MixtralConfig,
+    Olmo2Config,
     Phi3Config,
     PreTrainedTokenizerFast,
     Qwen2Config,
@@ -80,6 +81,7 @@ ARCHITECTURES = {
     "gemma3": Gemma3TextConfig,
     "gpt_oss": GptOssConfig,
     "granite": GraniteConfig,
+    "olmo2": Olmo2Config,
     "smollm3": SmolLM3Config,
 }
 
@@ -89,6 +91,7 @@ FAMILY_FIELDS = {
     "mistral": {"sliding_window": None},
     "phi3": {"pad_token_id": None},
     "smollm3": {"pad_token_id": None},
+    "olmo2": {"pad_token_id": None},
     "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
     "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                   "shared_expert_intermediate_size": 96, "norm_topk_prob": False},

@@ -67,14 +67,19 @@ class Attention(nn.Module):
         q = q.reshape(-1, self.num_heads, self.head_dim)
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.norm_qk(q, k)
         if self.rope:
             q, k = apply_rotary(q, k, *cos_sin)
         meta.backend.store_kv(k, v, self.k_cache, self.v_cache, meta)
         out = meta.backend.attend(q, self.k_cache, self.v_cache, meta, self.scale, self.window, self.softcap,
                                   self.sinks)
         return self.o_proj(out.reshape(-1, q_size))
+
+    def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [T, heads, head_dim] and k [T, kv_heads, head_dim] after their norms (none, or per head)."""
+        if self.q_norm is None:
+            return q, k
+        return self.q_norm(q), self.k_norm(k)
 
 
 # On CPU a long prefill goes through the MLP this many rows at a time, so the wide gate/up activations

@@ -12,6 +12,7 @@ from runtime.models.granite import GraniteForCausalLM
 from runtime.models.llama import LlamaForCausalLM
 from runtime.models.mistral import MistralForCausalLM
 from runtime.models.mixtral import MixtralForCausalLM
+from runtime.models.olmo2 import Olmo2ForCausalLM
 from runtime.models.phi3 import Phi3ForCausalLM
 from runtime.models.qwen2 import Qwen2ForCausalLM
 from runtime.models.qwen2_moe import Qwen2MoeForCausalLM
@@ -28,8 +29,8 @@ def _base_model(family: type[CausalLM]) -> type[CausalLM]:
 # families whose base model serves embeddings (Gemma's embedding models attend both ways: not built)
 _EMBEDDABLE = (LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM,
                Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)
-_CAUSAL_LMS = (Gemma2ForCausalLM, Gemma3ForCausalLM, GptOssForCausalLM, GraniteForCausalLM, SmolLM3ForCausalLM,
-               *_EMBEDDABLE)
+_CAUSAL_LMS = (Gemma2ForCausalLM, Gemma3ForCausalLM, GptOssForCausalLM, GraniteForCausalLM, Olmo2ForCausalLM,
+               SmolLM3ForCausalLM, *_EMBEDDABLE)
 _FAMILIES: dict[str, type[CausalLM]] = {cls.__name__: cls for cls in (*_CAUSAL_LMS, *map(_base_model, _EMBEDDABLE))}
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_FAMILIES))

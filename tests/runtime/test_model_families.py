@@ -38,6 +38,7 @@ FAMILIES |= {
     "granite": {"embedding_multiplier": 6.0, "attention_multiplier": 0.1, "residual_multiplier": 0.5,
                 "logits_scaling": 4.0},
     "smollm3": {"num_layers": 4, "no_rope_layer_interval": 2},
+    "olmo2": {},  # norms after attention and MLP; q/k norms over every head
 }
 # a 16-token window: every layer (Mistral), or layer 1 of 2 (Qwen2 slides from layer `max_window_layers` on)
 SLIDING = {
@@ -126,7 +127,8 @@ def test_sliding_window_matches_transformers(model_dirs, family):
         assert [o.outputs[0].token_ids for o in uncached.generate(prompts, params)] == expected
 
 
-@pytest.mark.parametrize("family", ["gemma2", "gemma3", "gpt_oss", "mistral_sliding", "granite", "smollm3"])
+@pytest.mark.parametrize("family", ["gemma2", "gemma3", "gpt_oss", "mistral_sliding", "granite", "smollm3",
+                                    "olmo2"])
 def test_logprobs_match_transformers(model_dirs, family):
     """Every prompt position's and every generated token's log-probability (chunked prefill, then decode) equal
     transformers' over the whole sequence: numerics that greedy tokens of a tiny model can hide (a soft cap or a
@@ -146,8 +148,10 @@ def test_logprobs_match_transformers(model_dirs, family):
         torch.testing.assert_close(torch.tensor(got), expected, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("family", ["qwen2_moe", "phi3", "mistral_sliding", "gemma2", "gemma3", "gpt_oss"])
-# experts and a shared expert; fused q/k/v and gate/up; a window; Gemma's layers; sinks and biased experts
+@pytest.mark.parametrize("family", ["qwen2_moe", "phi3", "mistral_sliding", "gemma2", "gemma3", "gpt_oss", "granite",
+                                    "smollm3", "olmo2"])
+# experts and a shared expert; fused q/k/v and gate/up; a window; Gemma's layers; sinks and biased experts;
+# multipliers; NoPE layers; q/k norms across the ranks
 def test_tp2_matches_tp1(ray_cluster, model_dirs, family):
     path = model_dirs(family)
     tp1 = LLM(str(path), max_model_len=256)
