@@ -30,7 +30,7 @@ def choose_attention_backend(requested: str, device: str, dtype: torch.dtype, he
 def _best(device: str, dtype: torch.dtype, head_dim: int) -> str:
     if device != "cuda":
         return "cpu" if cpu_attention.supports(dtype, head_dim) else "torch"
-    return "flash" if _flash_available() else "triton"
+    return "flash" if head_dim <= 256 and _flash_available() else "triton"  # flash's largest head size
 
 
 def _flash_available() -> bool:

@@ -13,6 +13,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModel,
     AutoModelForCausalLM,
+    DeepseekV3Config,
     Gemma2Config,
     Gemma3TextConfig,
     GenerationConfig,
@@ -82,6 +83,7 @@ ARCHITECTURES = {
     "gpt_oss": GptOssConfig,
     "granite": GraniteConfig,
     "olmo2": Olmo2Config,
+    "deepseek_v3": DeepseekV3Config,
     "smollm3": SmolLM3Config,
 }
 
@@ -92,6 +94,12 @@ FAMILY_FIELDS = {
     "phi3": {"pad_token_id": None},
     "smollm3": {"pad_token_id": None},
     "olmo2": {"pad_token_id": None},
+    # latent attention with a q latent, 8 experts in 4 groups (the best 2 groups kept), a shared expert, the
+    # first layer dense; a rotary part smaller than hidden/heads, so the two head sizes differ
+    "deepseek_v3": {"n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2,
+                    "moe_intermediate_size": 32, "n_shared_experts": 1, "first_k_dense_replace": 1,
+                    "kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
+                    "v_head_dim": 24, "head_dim": 8, "pad_token_id": None},  # head_dim: the rotary part's, as saved
     "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
     "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                   "shared_expert_intermediate_size": 96, "norm_topk_prob": False},
@@ -171,6 +179,9 @@ def build_model_dir(
     )
     torch.manual_seed(seed)
     model = (AutoModel if base_model else AutoModelForCausalLM).from_config(config, dtype=dtype)
+    for name, buffer in model.named_buffers():  # initialised to zero, where it would leave routing untested
+        if name.endswith("e_score_correction_bias"):
+            buffer.normal_(0, 0.1)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]

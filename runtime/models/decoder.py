@@ -36,6 +36,8 @@ class Attention(nn.Module):
     head_dim ** -0.5, soft-capped scores (`softcap`), per-head q/k norms of class `qk_norm`, learned
     per-head attention `sinks` (gpt-oss), and no rotary embedding (`rope` False: SmolLM3's NoPE layers)."""
 
+    kv_planes = 2  # the KV cache's planes: keys, values
+
     def __init__(self, config: PretrainedConfig, qkv_bias: bool, o_bias: bool, qk_norm: type[nn.Module] | None,
                  window: int | None = None, scale: float | None = None, softcap: float | None = None,
                  sinks: bool = False, rope: bool = True):
@@ -185,6 +187,11 @@ class CausalLM(nn.Module):
         self.tie_word_embeddings = not self.headless and bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    @classmethod
+    def cache_head_dim(cls, config: PretrainedConfig) -> int:
+        """The head size of the KV cache and of the attention kernels."""
+        return head_dim_of(config)
 
     @classmethod
     def check_config(cls, config: PretrainedConfig, max_model_len: int) -> None:

@@ -26,6 +26,8 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
                 if "rotary_emb" in name:
                     continue
                 target, shard = model.param_for(f"model.{name}" if model.headless else name)
+                if target is None:  # a tensor the family leaves out (DeepSeek's multi-token-prediction layers)
+                    continue
                 if target not in params:
                     if model.tie_word_embeddings and target == "lm_head.weight":
                         continue

@@ -14,7 +14,6 @@ from transformers import AutoConfig, PretrainedConfig
 from runtime.config import DTYPES, EngineConfig
 from runtime.errors import InvalidInputError, require
 from runtime.models import CausalLM, model_class
-from runtime.models.decoder import head_dim_of
 from runtime.models.files import resolve_model_path
 
 
@@ -46,7 +45,8 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
-        return head_dim_of(self.hf_config)
+        """The KV cache's head size (a latent-attention model's latent plus rotary part)."""
+        return self.model_class.cache_head_dim(self.hf_config)
 
     @property
     def vocab_size(self) -> int:

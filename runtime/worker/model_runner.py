@@ -131,9 +131,10 @@ class ModelRunner:
 
     def _allocate_kv_cache(self, use_graphs: bool) -> int:
         cfg, max_model_len, dtype = self.config, self.spec.max_model_len, self.spec.dtype
-        layers = len(self.model.model.layers)
+        layers, planes = len(self.model.model.layers), self._kv_planes()
         shape = self._block_shape()
-        bytes_per_block = 2 * layers * shape[0] * shape[1] * shape[2] * dtype.itemsize
+        bytes_per_block = planes * layers * shape[0] * shape[1] * shape[2] * dtype.itemsize
+        self.kv_bytes_per_token = bytes_per_block // cfg.block_size
         budget = cfg.kv_cache_bytes
         if budget is None:  # enough for every sequence at full length, within what the device can give
             full = -(-cfg.max_num_seqs * max_model_len // cfg.block_size) * bytes_per_block
@@ -146,10 +147,10 @@ class ModelRunner:
                 f"{budget} bytes hold {num_blocks * cfg.block_size} tokens, "
                 f"fewer than max_model_len ({max_model_len}); raise the budget or lower max_model_len"
             )
-        self.kv_cache = torch.zeros((2, layers, num_blocks, *shape), dtype=dtype, device=self.device)
+        self.kv_cache = torch.zeros((planes, layers, num_blocks, *shape), dtype=dtype, device=self.device)
         for i, layer in enumerate(self.model.model.layers):
             layer.self_attn.k_cache = self.kv_cache[0, i]
-            layer.self_attn.v_cache = self.kv_cache[1, i]
+            layer.self_attn.v_cache = self.kv_cache[planes - 1, i]
         return num_blocks
 
     @torch.inference_mode()
@@ -164,10 +165,10 @@ class ModelRunner:
         tokens, seq_len = cfg.max_num_batched_tokens, min(self.spec.max_model_len, cfg.max_num_batched_tokens)
         lens = [seq_len] * (tokens // seq_len) + ([tokens % seq_len] if tokens % seq_len else [])
         blocks_per_seq = -(-seq_len // cfg.block_size)
-        scratch = torch.empty((2, len(lens) * blocks_per_seq, *self._block_shape()), dtype=self.spec.dtype,
-                              device=self.device)
+        scratch = torch.empty((self._kv_planes(), len(lens) * blocks_per_seq, *self._block_shape()),
+                              dtype=self.spec.dtype, device=self.device)
         for layer in self.model.model.layers:
-            layer.self_attn.k_cache, layer.self_attn.v_cache = scratch[0], scratch[1]
+            layer.self_attn.k_cache, layer.self_attn.v_cache = scratch[0], scratch[-1]
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
@@ -189,6 +190,10 @@ class ModelRunner:
         if use_graphs:  # room for the decode graphs' pool: their largest batch's logits and activations, twice
             budget -= 2 * cfg.max_num_seqs * (self.model.lm_head.vocab_size * 4 + 64 * 1024)
         return budget
+
+    def _kv_planes(self) -> int:
+        """2 (keys, values), or 1 where values are read from the keys (latent attention)."""
+        return self.model.model.layers[0].self_attn.kv_planes
 
     def _block_shape(self) -> tuple[int, int, int]:
         """One KV-cache block of one layer: (block_size, this rank's KV heads, head size)."""

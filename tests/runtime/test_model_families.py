@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from runtime import LLM, InvalidInputError, SamplingParams
@@ -39,6 +39,7 @@ FAMILIES |= {
                 "logits_scaling": 4.0},
     "smollm3": {"num_layers": 4, "no_rope_layer_interval": 2},
     "olmo2": {},  # norms after attention and MLP; q/k norms over every head
+    "deepseek_v3": {},  # latent attention, grouped sigmoid routing with a correction bias, a dense first layer
 }
 # a 16-token window: every layer (Mistral), or layer 1 of 2 (Qwen2 slides from layer `max_window_layers` on)
 SLIDING = {
@@ -128,7 +129,7 @@ def test_sliding_window_matches_transformers(model_dirs, family):
 
 
 @pytest.mark.parametrize("family", ["gemma2", "gemma3", "gpt_oss", "mistral_sliding", "granite", "smollm3",
-                                    "olmo2"])
+                                    "olmo2", "deepseek_v3"])
 def test_logprobs_match_transformers(model_dirs, family):
     """Every prompt position's and every generated token's log-probability (chunked prefill, then decode) equal
     transformers' over the whole sequence: numerics that greedy tokens of a tiny model can hide (a soft cap or a
@@ -149,9 +150,9 @@ def test_logprobs_match_transformers(model_dirs, family):
 
 
 @pytest.mark.parametrize("family", ["qwen2_moe", "phi3", "mistral_sliding", "gemma2", "gemma3", "gpt_oss", "granite",
-                                    "smollm3", "olmo2"])
+                                    "smollm3", "olmo2", "deepseek_v3"])
 # experts and a shared expert; fused q/k/v and gate/up; a window; Gemma's layers; sinks and biased experts;
-# multipliers; NoPE layers; q/k norms across the ranks
+# multipliers; NoPE layers; q/k norms across the ranks; latent attention (its latent replicated, heads split)
 def test_tp2_matches_tp1(ray_cluster, model_dirs, family):
     path = model_dirs(family)
     tp1 = LLM(str(path), max_model_len=256)
@@ -172,6 +173,27 @@ def test_fused_expert_tensors_load(model_dirs, tmp_path):
     assert "model.layers.0.mlp.experts.gate_up_proj" in state
     save_file({name: t.contiguous() for name, t in state.items()}, tmp_path / "model.safetensors")
     llm = LLM(str(tmp_path), dtype="float32", max_model_len=256)
+    prompts = _prompts(llm.tokenizer)[:4]
+    assert _tokens(llm, prompts) == _reference(source, prompts, GREEDY.max_tokens)
+
+
+def test_latent_attention_caches_the_latent_not_per_head_keys_and_values(model_dirs, tmp_path):
+    """A DeepSeek-V3 token costs each layer its latent and rotary key part, once (keys and values are one
+    plane), not heads x (key + value); the checkpoint's multi-token-prediction layer is passed over."""
+    source = model_dirs("deepseek_v3")
+    config = AutoConfig.from_pretrained(source)
+    shutil.copytree(source, tmp_path, dirs_exist_ok=True)
+    state = load_file(source / "model.safetensors")
+    layers = config.num_hidden_layers  # DeepSeek saves its prediction layer after the last decoder layer
+    state |= {name.replace(f"layers.{layers - 1}.", f"layers.{layers}."): t.clone() for name, t in state.items()
+              if f"layers.{layers - 1}." in name}
+    save_file(state, tmp_path / "model.safetensors")
+    llm = LLM(str(tmp_path), dtype="float32", max_model_len=256)
+    per_token = llm.engine.runner.kv_bytes_per_token
+    assert per_token == layers * (config.kv_lora_rank + config.qk_rope_head_dim) * 4
+    per_head = layers * config.num_attention_heads * (config.qk_nope_head_dim + config.qk_rope_head_dim
+                                                       + config.v_head_dim) * 4
+    assert per_token * 4 < per_head
     prompts = _prompts(llm.tokenizer)[:4]
     assert _tokens(llm, prompts) == _reference(source, prompts, GREEDY.max_tokens)
 
