@@ -17,6 +17,7 @@ from transformers import (
     Gemma2Config,
     Gemma3TextConfig,
     GenerationConfig,
+    Glm4MoeConfig,
     GptOssConfig,
     GraniteConfig,
     LlamaConfig,
@@ -84,6 +85,7 @@ ARCHITECTURES = {
     "granite": GraniteConfig,
     "olmo2": Olmo2Config,
     "deepseek_v3": DeepseekV3Config,
+    "glm4_moe": Glm4MoeConfig,
     "smollm3": SmolLM3Config,
 }
 
@@ -100,6 +102,10 @@ FAMILY_FIELDS = {
                     "moe_intermediate_size": 32, "n_shared_experts": 1, "first_k_dense_replace": 1,
                     "kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
                     "v_head_dim": 24, "head_dim": 8, "pad_token_id": None},  # head_dim: the rotary part's, as saved
+    # DeepSeek's routing over 8 experts in 2 groups, half of each head rotated, biased q/k/v, q/k norms
+    "glm4_moe": {"n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1,
+                 "moe_intermediate_size": 32, "n_shared_experts": 1, "first_k_dense_replace": 1,
+                 "attention_bias": True, "use_qk_norm": True, "pad_token_id": None},
     "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
     "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                   "shared_expert_intermediate_size": 96, "norm_topk_prob": False},

@@ -71,7 +71,7 @@ class Attention(nn.Module):
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
         q, k = self.norm_qk(q, k)
         if self.rope:
-            q, k = apply_rotary(q, k, *cos_sin)
+            q, k = rotate(q, k, *cos_sin)
         meta.backend.store_kv(k, v, self.k_cache, self.v_cache, meta)
         out = meta.backend.attend(q, self.k_cache, self.v_cache, meta, self.scale, self.window, self.softcap,
                                   self.sinks)
@@ -82,6 +82,16 @@ class Attention(nn.Module):
         if self.q_norm is None:
             return q, k
         return self.q_norm(q), self.k_norm(k)
+
+
+def rotate(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotary embedding over each head's first 2 x cos.shape[-1] features (all of them but where the model's
+    `partial_rotary_factor` is below 1); the rest pass as they are."""
+    rotated = 2 * cos.shape[-1]
+    if rotated == q.shape[-1]:
+        return apply_rotary(q, k, cos, sin)
+    q_rot, k_rot = apply_rotary(q[..., :rotated].contiguous(), k[..., :rotated].contiguous(), cos, sin)
+    return torch.cat([q_rot, q[..., rotated:]], dim=-1), torch.cat([k_rot, k[..., rotated:]], dim=-1)
 
 
 # On CPU a long prefill goes through the MLP this many rows at a time, so the wide gate/up activations

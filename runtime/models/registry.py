@@ -8,6 +8,7 @@ from runtime.models.decoder import CausalLM
 from runtime.models.deepseek_v3 import DeepseekV3ForCausalLM
 from runtime.models.gemma2 import Gemma2ForCausalLM
 from runtime.models.gemma3 import Gemma3ForCausalLM
+from runtime.models.glm4_moe import Glm4MoeForCausalLM
 from runtime.models.gpt_oss import GptOssForCausalLM
 from runtime.models.granite import GraniteForCausalLM
 from runtime.models.llama import LlamaForCausalLM
@@ -30,8 +31,8 @@ def _base_model(family: type[CausalLM]) -> type[CausalLM]:
 # families whose base model serves embeddings (Gemma's embedding models attend both ways: not built)
 _EMBEDDABLE = (LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM,
                Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)
-_CAUSAL_LMS = (DeepseekV3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, GptOssForCausalLM, GraniteForCausalLM,
-               Olmo2ForCausalLM, SmolLM3ForCausalLM, *_EMBEDDABLE)
+_CAUSAL_LMS = (DeepseekV3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM,
+               GraniteForCausalLM, Olmo2ForCausalLM, SmolLM3ForCausalLM, *_EMBEDDABLE)
 _FAMILIES: dict[str, type[CausalLM]] = {cls.__name__: cls for cls in (*_CAUSAL_LMS, *map(_base_model, _EMBEDDABLE))}
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_FAMILIES))

@@ -25,13 +25,11 @@ def _parameters(config: PretrainedConfig, key: str) -> dict:
 
 
 def check_rope(config: PretrainedConfig, max_model_len: int) -> None:
-    """Refuse RoPE settings these tables would get wrong: a partial rotary dimension, an unknown type, and
-    longrope past its original context (there transformers switches to the long factors by sequence length)."""
+    """Refuse RoPE settings these tables would get wrong: an unknown type, and longrope past its original context
+    (there transformers switches to the long factors by sequence length)."""
     for key in {rope_key(config, i) for i in range(config.num_hidden_layers)}:
         rope = _parameters(config, key)
         kind = rope.get("rope_type", "default")
-        if (rope.get("partial_rotary_factor") or 1.0) != 1.0:
-            raise InvalidInputError("model", f"partial_rotary_factor {rope['partial_rotary_factor']} is not supported")
         if kind != "default" and kind not in ROPE_INIT_FUNCTIONS:
             raise InvalidInputError("model", f"rope type {kind!r} is not supported; supported: "
                                     f"{', '.join(['default', *ROPE_INIT_FUNCTIONS])}")
@@ -47,8 +45,9 @@ class RotaryTables(nn.Module):
         super().__init__()
         rope = _parameters(config, key)
         kind = rope.get("rope_type", "default")
-        if kind == "default":
-            exponents = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
+        if kind == "default":  # over the first `partial_rotary_factor` of each head (the other types read it too)
+            dim = int(head_dim * (rope.get("partial_rotary_factor") or 1.0))
+            exponents = torch.arange(0, dim, 2, dtype=torch.float32) / dim
             inv_freq, scaling = 1.0 / (rope["rope_theta"] ** exponents), 1.0
         else:
             by_type = {"layer_type": key} if key != "default" else {}

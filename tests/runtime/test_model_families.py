@@ -40,6 +40,7 @@ FAMILIES |= {
     "smollm3": {"num_layers": 4, "no_rope_layer_interval": 2},
     "olmo2": {},  # norms after attention and MLP; q/k norms over every head
     "deepseek_v3": {},  # latent attention, grouped sigmoid routing with a correction bias, a dense first layer
+    "glm4_moe": {},  # that routing under grouped-query attention with half of each head rotated
 }
 # a 16-token window: every layer (Mistral), or layer 1 of 2 (Qwen2 slides from layer `max_window_layers` on)
 SLIDING = {
@@ -129,7 +130,7 @@ def test_sliding_window_matches_transformers(model_dirs, family):
 
 
 @pytest.mark.parametrize("family", ["gemma2", "gemma3", "gpt_oss", "mistral_sliding", "granite", "smollm3",
-                                    "olmo2", "deepseek_v3"])
+                                    "olmo2", "deepseek_v3", "glm4_moe"])
 def test_logprobs_match_transformers(model_dirs, family):
     """Every prompt position's and every generated token's log-probability (chunked prefill, then decode) equal
     transformers' over the whole sequence: numerics that greedy tokens of a tiny model can hide (a soft cap or a
@@ -150,7 +151,7 @@ def test_logprobs_match_transformers(model_dirs, family):
 
 
 @pytest.mark.parametrize("family", ["qwen2_moe", "phi3", "mistral_sliding", "gemma2", "gemma3", "gpt_oss", "granite",
-                                    "smollm3", "olmo2", "deepseek_v3"])
+                                    "smollm3", "olmo2", "deepseek_v3", "glm4_moe"])
 # experts and a shared expert; fused q/k/v and gate/up; a window; Gemma's layers; sinks and biased experts;
 # multipliers; NoPE layers; q/k norms across the ranks; latent attention (its latent replicated, heads split)
 def test_tp2_matches_tp1(ray_cluster, model_dirs, family):
@@ -215,7 +216,7 @@ def test_unknown_architecture_is_refused_naming_it_and_the_supported_ones(model_
     assert {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Phi3ForCausalLM"} <= set(SUPPORTED_ARCHITECTURES)
 
 
-def test_unimplemented_rope_is_refused(model_dirs, tmp_path):
+def test_longrope_past_its_original_context_is_refused_and_partial_rotary_runs(model_dirs, tmp_path):
     rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8, "long_factor": [4.0] * 8,
             "original_max_position_embeddings": 128}
     path = _edited(model_dirs("phi3"), tmp_path / "longrope", rope_parameters=rope,
@@ -228,10 +229,10 @@ def test_unimplemented_rope_is_refused(model_dirs, tmp_path):
     with torch.device("meta"):  # a model is built under its device: the tables too, whatever the rope type
         tables = RotaryTables(AutoConfig.from_pretrained(path), 16, 128)
     assert tables.cos.is_meta and tables.sin.is_meta
-    partial = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    partial = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75}  # as Phi-4-mini
     path = _edited(model_dirs("phi3"), tmp_path / "partial", rope_parameters=partial)
-    with pytest.raises(InvalidInputError, match="partial_rotary_factor"):
-        LLM(path, max_model_len=256)
+    llm = LLM(path, dtype="float32", max_model_len=256)
+    assert _tokens(llm, prompts) == _reference(path, prompts, GREEDY.max_tokens)
 
 
 def test_lora_on_a_mixture_of_experts_is_refused(model_dirs):
