@@ -21,6 +21,7 @@ from transformers import (
     GptOssConfig,
     GraniteConfig,
     LlamaConfig,
+    MiniMaxM2Config,
     MistralConfig,
     MixtralConfig,
     Olmo2Config,
@@ -86,6 +87,7 @@ ARCHITECTURES = {
     "olmo2": Olmo2Config,
     "deepseek_v3": DeepseekV3Config,
     "glm4_moe": Glm4MoeConfig,
+    "minimax_m2": MiniMaxM2Config,
     "smollm3": SmolLM3Config,
 }
 
@@ -106,6 +108,8 @@ FAMILY_FIELDS = {
     "glm4_moe": {"n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1,
                  "moe_intermediate_size": 32, "n_shared_experts": 1, "first_k_dense_replace": 1,
                  "attention_bias": True, "use_qk_norm": True, "pad_token_id": None},
+    # 4 experts (top 2) on every layer, half of each head rotated (the released configs' `rotary_dim`)
+    "minimax_m2": {"num_local_experts": 4, "num_experts_per_tok": 2, "rotary_dim": 8, "pad_token_id": None},
     "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
     "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                   "shared_expert_intermediate_size": 96, "norm_topk_prob": False},

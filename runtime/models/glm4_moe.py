@@ -1,14 +1,14 @@
-"""GLM-4.5 / GLM-4.6: DeepSeek-V3's mixture of experts (deepseek_v3.py: grouped sigmoid routing with a
-correction bias, shared experts, dense first layers) under grouped-query attention with biased q/k/v, optional
+"""GLM-4.5 / GLM-4.6: DeepSeek-V3's mixture of experts (sigmoid_moe.py: grouped sigmoid routing with a
+correction bias, shared experts; dense first layers) under grouped-query attention with biased q/k/v, optional
 per-head q/k norms and a rotary embedding over part of each head (`partial_rotary_factor`)."""
 
 from torch import nn
 from transformers import PretrainedConfig
 
 from runtime.models.decoder import MLP, Attention
-from runtime.models.deepseek_v3 import DeepseekMoE
 from runtime.models.layers import RMSNorm
 from runtime.models.moe import MoeCausalLM
+from runtime.models.sigmoid_moe import SigmoidMoE
 
 
 class Glm4MoeForCausalLM(MoeCausalLM):
@@ -21,5 +21,5 @@ class Glm4MoeForCausalLM(MoeCausalLM):
 
     def make_mlp(self, config: PretrainedConfig, layer: int) -> nn.Module:
         if layer >= config.first_k_dense_replace:
-            return DeepseekMoE(config)
+            return SigmoidMoE(config, config.moe_intermediate_size)
         return MLP(config.hidden_size, config.intermediate_size)

@@ -12,6 +12,7 @@ from runtime.models.glm4_moe import Glm4MoeForCausalLM
 from runtime.models.gpt_oss import GptOssForCausalLM
 from runtime.models.granite import GraniteForCausalLM
 from runtime.models.llama import LlamaForCausalLM
+from runtime.models.minimax_m2 import MiniMaxM2ForCausalLM
 from runtime.models.mistral import MistralForCausalLM
 from runtime.models.mixtral import MixtralForCausalLM
 from runtime.models.olmo2 import Olmo2ForCausalLM
@@ -32,7 +33,7 @@ def _base_model(family: type[CausalLM]) -> type[CausalLM]:
 _EMBEDDABLE = (LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM,
                Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)
 _CAUSAL_LMS = (DeepseekV3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM,
-               GraniteForCausalLM, Olmo2ForCausalLM, SmolLM3ForCausalLM, *_EMBEDDABLE)
+               GraniteForCausalLM, MiniMaxM2ForCausalLM, Olmo2ForCausalLM, SmolLM3ForCausalLM, *_EMBEDDABLE)
 _FAMILIES: dict[str, type[CausalLM]] = {cls.__name__: cls for cls in (*_CAUSAL_LMS, *map(_base_model, _EMBEDDABLE))}
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_FAMILIES))
