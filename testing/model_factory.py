@@ -170,7 +170,9 @@ def build_model_dir(
     path = Path(path)
     tokenizer = build_tokenizer(tokenizer_vocab or vocab_size)
     # head_dim always: Mistral's config class would otherwise default it to 128
-    extra = {"head_dim": head_dim or hidden_size // num_heads, **FAMILY_FIELDS.get(arch, {}), **fields}
+    extra = {"head_dim": hidden_size // num_heads, **FAMILY_FIELDS.get(arch, {}), **fields}
+    if head_dim:
+        extra["head_dim"] = head_dim
     if rope_theta:
         extra["rope_theta"] = rope_theta
     config = ARCHITECTURES[arch](
