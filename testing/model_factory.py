@@ -14,6 +14,8 @@ from transformers import (
     AutoModel,
     AutoModelForCausalLM,
     DeepseekV3Config,
+    Ernie4_5_MoeConfig,
+    Ernie4_5Config,
     Gemma2Config,
     Gemma3TextConfig,
     GenerationConfig,
@@ -88,6 +90,8 @@ ARCHITECTURES = {
     "deepseek_v3": DeepseekV3Config,
     "glm4_moe": Glm4MoeConfig,
     "minimax_m2": MiniMaxM2Config,
+    "ernie4_5": Ernie4_5Config,
+    "ernie4_5_moe": Ernie4_5_MoeConfig,
     "smollm3": SmolLM3Config,
 }
 
@@ -110,6 +114,10 @@ FAMILY_FIELDS = {
                  "attention_bias": True, "use_qk_norm": True, "pad_token_id": None},
     # 4 experts (top 2) on every layer, half of each head rotated (the released configs' `rotary_dim`)
     "minimax_m2": {"num_local_experts": 4, "num_experts_per_tok": 2, "rotary_dim": 8, "pad_token_id": None},
+    "ernie4_5": {"use_bias": True, "pad_token_id": None},
+    # 4 experts (top 2) and a shared one on layers 2 and 3 of 3
+    "ernie4_5_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                     "moe_num_shared_experts": 1, "moe_layer_start_index": 1, "pad_token_id": None},
     "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
     "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                   "shared_expert_intermediate_size": 96, "norm_topk_prob": False},
@@ -191,9 +199,9 @@ def build_model_dir(
     )
     torch.manual_seed(seed)
     model = (AutoModel if base_model else AutoModelForCausalLM).from_config(config, dtype=dtype)
-    for name, buffer in model.named_buffers():  # initialised to zero, where it would leave routing untested
-        if name.endswith("e_score_correction_bias"):
-            buffer.normal_(0, 0.1)
+    for name, tensor in [*model.named_buffers(), *model.named_parameters()]:
+        if name.endswith("e_score_correction_bias"):  # initialised to zero, where it would leave routing untested
+            tensor.data.normal_(0, 0.1)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]

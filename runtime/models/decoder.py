@@ -23,7 +23,7 @@ from runtime.models.layers import (
     VocabParallelEmbedding,
     head_parameter,
 )
-from runtime.models.rotary import RotaryTables, check_rope, rope_key
+from runtime.models.rotary import RotaryTables, check_rope, deinterleave_pairs, rope_key
 from runtime.models.sliding_window import layer_windows
 
 
@@ -34,13 +34,14 @@ def head_dim_of(config: PretrainedConfig) -> int:
 class Attention(nn.Module):
     """Self-attention over the paged cache. Beyond the plain layer: a sliding `window`, a `scale` other than
     head_dim ** -0.5, soft-capped scores (`softcap`), per-head q/k norms of class `qk_norm`, learned
-    per-head attention `sinks` (gpt-oss), and no rotary embedding (`rope` False: SmolLM3's NoPE layers)."""
+    per-head attention `sinks` (gpt-oss), no rotary embedding (`rope` False: SmolLM3's NoPE layers), and a
+    rotary embedding over interleaved pairs (`interleaved`: ERNIE)."""
 
     kv_planes = 2  # the KV cache's planes: keys, values
 
     def __init__(self, config: PretrainedConfig, qkv_bias: bool, o_bias: bool, qk_norm: type[nn.Module] | None,
                  window: int | None = None, scale: float | None = None, softcap: float | None = None,
-                 sinks: bool = False, rope: bool = True):
+                 sinks: bool = False, rope: bool = True, interleaved: bool = False):
         super().__init__()
         head_dim = head_dim_of(config)
         self.qkv_proj = QKVParallelLinear(
@@ -50,7 +51,7 @@ class Attention(nn.Module):
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.head_dim = head_dim
         self.scale = scale or head_dim**-0.5
-        self.window, self.softcap, self.rope = window, softcap, rope
+        self.window, self.softcap, self.rope, self.interleaved = window, softcap, rope, interleaved
         self.o_proj = RowParallelLinear(config.num_attention_heads * head_dim, config.hidden_size, o_bias)
         self.q_norm = self.k_norm = None
         if qk_norm is not None:
@@ -71,7 +72,7 @@ class Attention(nn.Module):
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
         q, k = self.norm_qk(q, k)
         if self.rope:
-            q, k = rotate(q, k, *cos_sin)
+            q, k = rotate(q, k, *cos_sin, self.interleaved)
         meta.backend.store_kv(k, v, self.k_cache, self.v_cache, meta)
         out = meta.backend.attend(q, self.k_cache, self.v_cache, meta, self.scale, self.window, self.softcap,
                                   self.sinks)
@@ -84,13 +85,17 @@ class Attention(nn.Module):
         return self.q_norm(q), self.k_norm(k)
 
 
-def rotate(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rotate(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False
+           ) -> tuple[torch.Tensor, torch.Tensor]:
     """The rotary embedding over each head's first 2 x cos.shape[-1] features (all of them but where the model's
-    `partial_rotary_factor` is below 1); the rest pass as they are."""
+    `partial_rotary_factor` is below 1), as halves or as `interleaved` pairs; the rest pass as they are."""
     rotated = 2 * cos.shape[-1]
-    if rotated == q.shape[-1]:
+    if rotated == q.shape[-1] and not interleaved:
         return apply_rotary(q, k, cos, sin)
-    q_rot, k_rot = apply_rotary(q[..., :rotated].contiguous(), k[..., :rotated].contiguous(), cos, sin)
+    q_rot, k_rot = q[..., :rotated], k[..., :rotated]
+    if interleaved:
+        q_rot, k_rot = deinterleave_pairs(q_rot), deinterleave_pairs(k_rot)
+    q_rot, k_rot = apply_rotary(q_rot.contiguous(), k_rot.contiguous(), cos, sin)
     return torch.cat([q_rot, q[..., rotated:]], dim=-1), torch.cat([k_rot, k[..., rotated:]], dim=-1)
 
 

@@ -18,6 +18,7 @@ from transformers import PretrainedConfig
 from kernels import AttentionMetadata, apply_rotary
 from runtime.distributed import tp_rank, tp_size
 from runtime.models.layers import ColumnParallelLinear, ReplicatedLinear, RMSNorm, RowParallelLinear
+from runtime.models.rotary import deinterleave_pairs
 
 _LATENT_NORM_EPS = 1e-6  # transformers' DeepSeek normalises the q and kv latents with its RMSNorm's default
 
@@ -89,8 +90,8 @@ class LatentAttention(nn.Module):
         latent, k_pe = self.kv_a_proj_with_mqa(hidden).split([self.rank, self.rope], dim=-1)
         latent = self.kv_a_layernorm(latent.contiguous())
         q_pe, k_pe = q_pe.contiguous(), k_pe.reshape(-1, 1, self.rope)
-        if self.interleaved:  # pairs (x0, x1), (x2, x3), ... rotate together: as halves, the same rotation
-            q_pe, k_pe = _deinterleave(q_pe), _deinterleave(k_pe)
+        if self.interleaved:
+            q_pe, k_pe = deinterleave_pairs(q_pe), deinterleave_pairs(k_pe)
         q_pe, k_pe = apply_rotary(q_pe, k_pe, *cos_sin)
         w_uk, w_uv = self.kv_b_proj.halves()
         q_latent = torch.einsum("thn,hnr->thr", q_nope, w_uk)
@@ -100,8 +101,3 @@ class LatentAttention(nn.Module):
                                   self.scale)
         values = torch.einsum("thr,hvr->thv", out[..., : self.rank], w_uv)
         return self.o_proj(values.reshape(-1, self.num_heads * self.v))
-
-
-def _deinterleave(x: torch.Tensor) -> torch.Tensor:
-    tokens, heads, size = x.shape
-    return x.view(tokens, heads, size // 2, 2).transpose(-1, -2).reshape(tokens, heads, size)

@@ -40,6 +40,14 @@ def check_rope(config: PretrainedConfig, max_model_len: int) -> None:
                                     f"context ({original}), past which its long factors are not implemented")
 
 
+def deinterleave_pairs(x: torch.Tensor) -> torch.Tensor:
+    """[..., D] laid out in rotary pairs (x0, x1), (x2, x3), ... (DeepSeek, ERNIE) as halves (x0, x2, ...),
+    (x1, x3, ...): rotating halves then rotates each pair as the checkpoint means, and q and k permuted alike
+    leave every attention score as it was."""
+    *lead, size = x.shape
+    return x.reshape(*lead, size // 2, 2).transpose(-1, -2).reshape(*lead, size)
+
+
 class RotaryTables(nn.Module):
     def __init__(self, config: PretrainedConfig, head_dim: int, max_positions: int, key: str = "default"):
         super().__init__()

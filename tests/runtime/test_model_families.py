@@ -43,6 +43,8 @@ FAMILIES |= {
     "glm4_moe": {},  # that routing under grouped-query attention with half of each head rotated
     # sigmoid routing without groups, q/k norms across heads, half of each head rotated; experts of 32 features
     "minimax_m2": {"intermediate_size": 32},
+    "ernie4_5": {},  # biases on every projection, rotary over interleaved pairs
+    "ernie4_5_moe": {"num_layers": 3},  # softmax routing with a selection bias, a dense first layer
 }
 # a 16-token window: every layer (Mistral), or layer 1 of 2 (Qwen2 slides from layer `max_window_layers` on)
 SLIDING = {
@@ -132,7 +134,7 @@ def test_sliding_window_matches_transformers(model_dirs, family):
 
 
 @pytest.mark.parametrize("family", ["gemma2", "gemma3", "gpt_oss", "mistral_sliding", "granite", "smollm3",
-                                    "olmo2", "deepseek_v3", "glm4_moe", "minimax_m2"])
+                                    "olmo2", "deepseek_v3", "glm4_moe", "minimax_m2", "ernie4_5_moe"])
 def test_logprobs_match_transformers(model_dirs, family):
     """Every prompt position's and every generated token's log-probability (chunked prefill, then decode) equal
     transformers' over the whole sequence: numerics that greedy tokens of a tiny model can hide (a soft cap or a
@@ -153,7 +155,7 @@ def test_logprobs_match_transformers(model_dirs, family):
 
 
 @pytest.mark.parametrize("family", ["qwen2_moe", "phi3", "mistral_sliding", "gemma2", "gemma3", "gpt_oss", "granite",
-                                    "smollm3", "olmo2", "deepseek_v3", "glm4_moe", "minimax_m2"])
+                                    "smollm3", "olmo2", "deepseek_v3", "glm4_moe", "minimax_m2", "ernie4_5_moe"])
 # experts and a shared expert; fused q/k/v and gate/up; a window; Gemma's layers; sinks and biased experts;
 # multipliers; NoPE layers; q/k norms across the ranks; latent attention (its latent replicated, heads split)
 def test_tp2_matches_tp1(ray_cluster, model_dirs, family):
