@@ -27,6 +27,7 @@ from transformers import (
     MistralConfig,
     MixtralConfig,
     Olmo2Config,
+    Olmo3Config,
     Phi3Config,
     PreTrainedTokenizerFast,
     Qwen2Config,
@@ -87,6 +88,7 @@ ARCHITECTURES = {
     "gpt_oss": GptOssConfig,
     "granite": GraniteConfig,
     "olmo2": Olmo2Config,
+    "olmo3": Olmo3Config,
     "deepseek_v3": DeepseekV3Config,
     "glm4_moe": Glm4MoeConfig,
     "minimax_m2": MiniMaxM2Config,
@@ -102,6 +104,7 @@ FAMILY_FIELDS = {
     "phi3": {"pad_token_id": None},
     "smollm3": {"pad_token_id": None},
     "olmo2": {"pad_token_id": None},
+    "olmo3": {"pad_token_id": None},
     # latent attention with a q latent, 8 experts in 4 groups (the best 2 groups kept), a shared expert, the
     # first layer dense; a rotary part smaller than hidden/heads, so the two head sizes differ
     "deepseek_v3": {"n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2,

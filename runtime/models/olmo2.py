@@ -1,5 +1,5 @@
-"""OLMo 2: norms after the attention and the MLP (before each joins the residual stream) and none before them,
-and q/k norms over the whole projection (cross_head_norm.py)."""
+"""OLMo 2 and 3: norms after the attention and the MLP (before each joins the residual stream) and none before
+them, and q/k norms over the whole projection (cross_head_norm.py); OLMo 3 slides on most layers."""
 
 from torch import nn
 from transformers import PretrainedConfig
@@ -31,3 +31,8 @@ class Olmo2ForCausalLM(CausalLM):
 
     def make_layer(self, config: PretrainedConfig, attention: Attention, mlp: nn.Module) -> nn.Module:
         return Olmo2DecoderLayer(config, attention, mlp)
+
+
+class Olmo3ForCausalLM(Olmo2ForCausalLM):
+    """OLMo 3: OLMo 2's layers, three of every four sliding (`layer_types`), each layer type with its own rotary
+    parameters."""

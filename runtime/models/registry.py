@@ -16,7 +16,7 @@ from runtime.models.llama import LlamaForCausalLM
 from runtime.models.minimax_m2 import MiniMaxM2ForCausalLM
 from runtime.models.mistral import MistralForCausalLM
 from runtime.models.mixtral import MixtralForCausalLM
-from runtime.models.olmo2 import Olmo2ForCausalLM
+from runtime.models.olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
 from runtime.models.phi3 import Phi3ForCausalLM
 from runtime.models.qwen2 import Qwen2ForCausalLM
 from runtime.models.qwen2_moe import Qwen2MoeForCausalLM
@@ -35,7 +35,7 @@ _EMBEDDABLE = (LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3For
                Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)
 _CAUSAL_LMS = (DeepseekV3ForCausalLM, Ernie4_5ForCausalLM, Ernie4_5_MoeForCausalLM, Gemma2ForCausalLM,
                Gemma3ForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM, GraniteForCausalLM, MiniMaxM2ForCausalLM,
-               Olmo2ForCausalLM, SmolLM3ForCausalLM, *_EMBEDDABLE)
+               Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, *_EMBEDDABLE)
 _FAMILIES: dict[str, type[CausalLM]] = {cls.__name__: cls for cls in (*_CAUSAL_LMS, *map(_base_model, _EMBEDDABLE))}
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_FAMILIES))

@@ -39,6 +39,7 @@ FAMILIES |= {
                 "logits_scaling": 4.0},
     "smollm3": {"num_layers": 4, "no_rope_layer_interval": 2},
     "olmo2": {},  # norms after attention and MLP; q/k norms over every head
+    "olmo3": {"num_layers": 4, "sliding_window": 16},  # OLMo 2's layers, three of four sliding
     "deepseek_v3": {},  # latent attention, grouped sigmoid routing with a correction bias, a dense first layer
     "glm4_moe": {},  # that routing under grouped-query attention with half of each head rotated
     # sigmoid routing without groups, q/k norms across heads, half of each head rotated; experts of 32 features
@@ -134,7 +135,7 @@ def test_sliding_window_matches_transformers(model_dirs, family):
 
 
 @pytest.mark.parametrize("family", ["gemma2", "gemma3", "gpt_oss", "mistral_sliding", "granite", "smollm3",
-                                    "olmo2", "deepseek_v3", "glm4_moe", "minimax_m2", "ernie4_5_moe"])
+                                    "olmo2", "olmo3", "deepseek_v3", "glm4_moe", "minimax_m2", "ernie4_5_moe"])
 def test_logprobs_match_transformers(model_dirs, family):
     """Every prompt position's and every generated token's log-probability (chunked prefill, then decode) equal
     transformers' over the whole sequence: numerics that greedy tokens of a tiny model can hide (a soft cap or a
