@@ -16,6 +16,7 @@ from transformers import (
     DeepseekV3Config,
     Ernie4_5_MoeConfig,
     Ernie4_5Config,
+    Exaone4Config,
     Gemma2Config,
     Gemma3TextConfig,
     GenerationConfig,
@@ -34,6 +35,7 @@ from transformers import (
     Qwen2MoeConfig,
     Qwen3Config,
     Qwen3MoeConfig,
+    SeedOssConfig,
     SmolLM3Config,
 )
 
@@ -93,6 +95,8 @@ ARCHITECTURES = {
     "glm4_moe": Glm4MoeConfig,
     "minimax_m2": MiniMaxM2Config,
     "ernie4_5": Ernie4_5Config,
+    "exaone4": Exaone4Config,
+    "seed_oss": SeedOssConfig,
     "ernie4_5_moe": Ernie4_5_MoeConfig,
     "smollm3": SmolLM3Config,
 }
@@ -118,6 +122,8 @@ FAMILY_FIELDS = {
     # 4 experts (top 2) on every layer, half of each head rotated (the released configs' `rotary_dim`)
     "minimax_m2": {"num_local_experts": 4, "num_experts_per_tok": 2, "rotary_dim": 8, "pad_token_id": None},
     "ernie4_5": {"use_bias": True, "pad_token_id": None},
+    "exaone4": {"pad_token_id": None},
+    "seed_oss": {"attention_bias": True, "attention_out_bias": True, "pad_token_id": None},
     # 4 experts (top 2) and a shared one on layers 2 and 3 of 3
     "ernie4_5_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                      "moe_num_shared_experts": 1, "moe_layer_start_index": 1, "pad_token_id": None},

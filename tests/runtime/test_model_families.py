@@ -45,6 +45,9 @@ FAMILIES |= {
     # sigmoid routing without groups, q/k norms across heads, half of each head rotated; experts of 32 features
     "minimax_m2": {"intermediate_size": 32},
     "ernie4_5": {},  # biases on every projection, rotary over interleaved pairs
+    "seed_oss": {},  # biases on q/k/v and on o_proj
+    # post-norm layers, per-head q/k norms; layers 1-3 of 4 slide and rotate, layer 4 attends fully without RoPE
+    "exaone4": {"num_layers": 4, "sliding_window": 16, "sliding_window_pattern": 4},
     "ernie4_5_moe": {"num_layers": 3},  # softmax routing with a selection bias, a dense first layer
 }
 # a 16-token window: every layer (Mistral), or layer 1 of 2 (Qwen2 slides from layer `max_window_layers` on)
@@ -134,8 +137,8 @@ def test_sliding_window_matches_transformers(model_dirs, family):
         assert [o.outputs[0].token_ids for o in uncached.generate(prompts, params)] == expected
 
 
-@pytest.mark.parametrize("family", ["gemma2", "gemma3", "gpt_oss", "mistral_sliding", "granite", "smollm3",
-                                    "olmo2", "olmo3", "deepseek_v3", "glm4_moe", "minimax_m2", "ernie4_5_moe"])
+@pytest.mark.parametrize("family", ["gemma2", "gemma3", "gpt_oss", "mistral_sliding", "granite", "smollm3", "olmo2",
+                                    "olmo3", "exaone4", "deepseek_v3", "glm4_moe", "minimax_m2", "ernie4_5_moe"])
 def test_logprobs_match_transformers(model_dirs, family):
     """Every prompt position's and every generated token's log-probability (chunked prefill, then decode) equal
     transformers' over the whole sequence: numerics that greedy tokens of a tiny model can hide (a soft cap or a
