@@ -9,10 +9,10 @@ tokens are the argmax, and logprobs are the target's. A seeded sequence's genera
 stands after the rows it emitted, so its tokens equal plain decoding's whatever was proposed.
 """
 
-import torch
 
 from runtime.core.sequence import Sequence
 from runtime.outputs import TokenLogprob
+from runtime.worker.sampler import draw_uniform
 
 
 def accepted_length(drafts: list[int], samples: list[int]) -> int:
@@ -31,8 +31,8 @@ class GeneratorRewind:
         self._states = {s: None if s.generator is None else s.generator.get_state()
                         for s in seqs if s.draft_token_ids and s.params.seed is not None and not s.params.greedy}
 
-    def rewind(self, seq: Sequence, rows: int, vocab: int) -> None:
-        """Leave `seq`'s generator as if it had drawn for `rows` rows of `vocab` since the snapshot."""
+    def rewind(self, seq: Sequence, rows: int) -> None:
+        """Leave `seq`'s generator as if it had drawn for `rows` sampled rows since the snapshot."""
         if seq not in self._states:
             return
         state = self._states[seq]
@@ -40,19 +40,19 @@ class GeneratorRewind:
             seq.generator = self._make(seq)
         else:
             seq.generator.set_state(state)
-        for _ in range(rows):  # the sampler draws one exponential row of the vocabulary per sampled row
-            torch.empty(vocab, device=seq.generator.device).exponential_(generator=seq.generator)
+        for _ in range(rows):  # the sampler draws once per sampled row
+            draw_uniform(seq.generator)
 
 
 def split_rows(seqs: list[Sequence], tokens: list[int], logprobs: list[TokenLogprob | None],
-               rewind: GeneratorRewind, vocab: int) -> tuple[list[list[int]], list[list[TokenLogprob | None]]]:
+               rewind: GeneratorRewind) -> tuple[list[list[int]], list[list[TokenLogprob | None]]]:
     """Each sequence's emitted tokens and their logprobs, from the sampled rows (1 + its drafts each)."""
     out_tokens, out_logprobs, row = [], [], 0
     for seq in seqs:
         drafts = seq.draft_token_ids
         samples = tokens[row : row + 1 + len(drafts)]
         emitted = accepted_length(drafts, samples) + 1
-        rewind.rewind(seq, emitted, vocab)
+        rewind.rewind(seq, emitted)
         out_tokens.append(samples[:emitted])
         out_logprobs.append(logprobs[row : row + emitted])
         row += 1 + len(drafts)

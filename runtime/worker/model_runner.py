@@ -48,7 +48,6 @@ class LaunchedStep:
     tokens: torch.Tensor | None  # each row's token, on the device (-1 where sampling failed); None: no rows
     raw_logprobs: torch.Tensor | list | None  # what `Sampler.logprobs` reads, per row
     rewind: GeneratorRewind
-    vocab: int
     prompt_logits: list[tuple[Sequence, int, torch.Tensor]]  # (sequence, first position, logits) of prompt spans
     pooled: dict[Sequence, torch.Tensor]
     failed: dict[Request, str]
@@ -178,9 +177,9 @@ class ModelRunner:
         workspace = []
         if self.model.lm_head is not None:  # a base (embedding) model samples nothing
             logits = self.model.compute_logits(hidden[: min(cfg.max_num_seqs, tokens)]).float()
-            # the sampler's worst case: raw logprobs, processed logits, probabilities and the exponential draws
+            # the sampler's worst case: raw logprobs, processed logits, probabilities and their float64 CDF
             workspace = [logits, torch.log_softmax(logits, -1), logits.clone(), torch.softmax(logits, -1),
-                         torch.empty_like(logits)]
+                         torch.empty_like(logits, dtype=torch.float64)]
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - before  # the scratch cache was already in `before`
         del hidden, workspace, scratch
@@ -230,9 +229,8 @@ class ModelRunner:
         seqs = batch.sampled
         rewind = GeneratorRewind(seqs, self.sampler.seeded_generator)
         rows = [s for s in seqs for _ in range(1 + len(s.draft_token_ids))]  # a verified draft adds a row
-        vocab = 0 if logits is None else logits.shape[-1]  # no logits: a step of embedding requests only
         tokens, raw_logprobs = self._sample(logits, rows, failed)
-        return LaunchedStep(seqs, rows, tokens, raw_logprobs, rewind, vocab,
+        return LaunchedStep(seqs, rows, tokens, raw_logprobs, rewind,
                             [(seq, start, chunk) for (seq, start), chunk in zip(prompt_seqs, prompt_logits)],
                             dict(zip(pool_seqs, pooled)), failed, prefilled)
 
@@ -240,7 +238,7 @@ class ModelRunner:
         """Wait for a launched step; its tokens, logprobs and prompt logprobs on the host."""
         token_list = [] if step.tokens is None else step.tokens.tolist()
         logprobs = self.sampler.logprobs(token_list, step.raw_logprobs, step.rows)
-        token_ids, logprobs = split_rows(step.sampled, token_list, logprobs, step.rewind, step.vocab)
+        token_ids, logprobs = split_rows(step.sampled, token_list, logprobs, step.rewind)
         failed, prompt_logprobs = step.failed, {}
         for seq, start, chunk in step.prompt_logits:
             targets = seq.token_ids[start + 1 : start + 1 + chunk.shape[0]]

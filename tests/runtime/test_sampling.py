@@ -1,11 +1,14 @@
-"""The sampler: seeded determinism independent of the batch, each option's effect, logprobs."""
+"""The sampler: seeded determinism independent of the batch, each option's effect and the distribution it
+samples, logprobs."""
 
+import pytest
 import torch
+from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM
 
 from runtime import LLM, SamplingParams
 from runtime.core.sequence import Request
-from runtime.worker.sampler import Sampler
+from runtime.worker.sampler import Sampler, _sorted_top_k_top_p, _top_k_top_p
 
 
 def _llm(path):
@@ -131,3 +134,45 @@ def test_values_that_used_to_stop_the_engine_are_refused_or_handled_and_the_engi
     greedy = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     assert len(llm.generate(["hi"], greedy)[0].outputs[0].token_ids) == 3
     assert llm.engine.stats()["num_free_blocks"] == llm.engine.stats()["num_blocks"]
+
+
+@pytest.mark.parametrize("fields", [dict(temperature=0.7), dict(temperature=1.3, top_k=5),
+                                    dict(temperature=1.0, top_p=0.6), dict(temperature=1.0, min_p=0.3),
+                                    dict(temperature=0.8, top_k=8, top_p=0.9, seed=11)])
+def test_sampled_tokens_follow_the_processed_distribution(fields):
+    """20,000 draws from one row of logits: only tokens the options keep, at the frequencies softmax gives the kept
+    ones (a chi-square test at a fixed seed), whether rows draw from the batch's generator or each from its own
+    (a seed per row)."""
+    torch.manual_seed(0)
+    logits = torch.randn(40) * 2
+    params = SamplingParams(max_tokens=1, **fields)
+    probs = torch.softmax(logits / params.temperature, dim=-1).double()
+    order = probs.argsort(descending=True).tolist()
+    top_k_mass = probs[order[: params.top_k if params.top_k > 0 else 40]].sum().item()  # top-p renormalises over it
+    keep = torch.zeros(40, dtype=torch.bool)
+    mass = 0.0
+    for rank, token in enumerate(order):  # from the most likely token down
+        if (params.top_k > 0 and rank >= params.top_k) or mass >= params.top_p:
+            break
+        keep[token] = probs[token] >= params.min_p * probs.max()
+        mass += probs[token].item() / top_k_mass
+    draws = 20_000
+    seeds = [None if params.seed is None else params.seed + i for i in range(draws)]
+    rows = [_sequence(SamplingParams(max_tokens=1, **{**fields, "seed": seed}), [1, 2], []) for seed in seeds]
+    tokens, _ = Sampler({0}, torch.device("cpu"))(logits.expand(draws, 40).clone(), rows)
+    counts = torch.bincount(torch.tensor(tokens), minlength=40).double()
+    assert not counts[~keep].any()
+    expected = probs[keep] / probs[keep].sum() * draws
+    assert chisquare(counts[keep].numpy(), expected.numpy()).pvalue > 1e-3
+
+
+def test_top_k_top_p_thresholds_equal_a_full_sort():
+    """Each row's kept tokens by thresholds among its most likely candidates equal those a full sort keeps, for
+    nuclei inside the candidates and wider ones (a flat row over a vocabulary larger than the candidates)."""
+    torch.manual_seed(3)
+    logits = torch.cat([torch.randn(4, 3000) * 4, torch.randn(4, 3000) * 0.05])
+    top_ks = [0, 7, 2000, 0, 0, 2500, 0, 5]
+    top_ps = [0.5, 1.0, 0.95, 1e-6, 0.9, 0.9, 1.0, 0.99]
+    got = _top_k_top_p(logits, top_ks, top_ps)
+    assert torch.equal(got.isinf(), _sorted_top_k_top_p(logits, top_ks, top_ps).isinf())
+    assert torch.equal(got[~got.isinf()], logits[~got.isinf()])
