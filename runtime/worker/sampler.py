@@ -3,8 +3,8 @@
 Order: penalties, logit bias, min-tokens masking, the structured-output
 grammar bitmask, greedy argmax, then
 temperature, top-k, top-p, min-p and sampling. Top-k and top-p cut each row at a
-threshold found among its most likely tokens (a sort of the whole vocabulary
-only for a nucleus wider than those); sampling is inverse transform sampling,
+threshold found among its most likely tokens on CPU (a sort of the whole
+vocabulary only for a nucleus wider than those; on a GPU, a sort); sampling is inverse transform sampling,
 one uniform per row, an exact draw from p; seeded sequences draw their uniform
 from their own generator, so their tokens do not depend on the rest of the
 batch. Logprobs are taken from the raw model
@@ -188,6 +188,8 @@ def _top_k_top_p(logits: torch.Tensor, top_ks: list[int], top_ps: list[float]) -
     """Mask everything outside each row's top-k and its top-p nucleus (the fewest most likely tokens whose mass,
     renormalised over the top k, reaches p), by a threshold per row found among its most likely tokens rather
     than a sort of the vocabulary; a row whose k or nucleus reaches past those is sorted."""
+    if logits.is_cuda:  # a GPU sorts fast, and the search below would wait for the device to find wide rows
+        return _sorted_top_k_top_p(logits, top_ks, top_ps)
     rows, vocab = logits.shape
     ks = [min(k, vocab) if k > 0 else vocab for k in top_ks]
     nucleus = any(p < 1 for p in top_ps)
