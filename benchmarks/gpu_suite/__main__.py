@@ -25,7 +25,7 @@ from benchmarks.gpu_suite.sizes import DRY, GPU
 # in the order they run (the most telling first, so a short lease still gets them): (check, seconds allowed)
 CHECKS = {
     "environment": (checks.environment, 60),
-    "engine_tests": (checks.engine_tests, 180),
+    "engine_tests": (checks.engine_tests, 240),
     "throughput_sync": (partial(checks.throughput, async_scheduling=False), 120),
     "throughput_async": (partial(checks.throughput, async_scheduling=True), 120),
     "served": (served_path, 180),
