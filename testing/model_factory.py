@@ -13,6 +13,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModel,
     AutoModelForCausalLM,
+    DeepseekV2Config,
     DeepseekV3Config,
     Ernie4_5_MoeConfig,
     Ernie4_5Config,
@@ -91,6 +92,7 @@ ARCHITECTURES = {
     "granite": GraniteConfig,
     "olmo2": Olmo2Config,
     "olmo3": Olmo3Config,
+    "deepseek_v2": DeepseekV2Config,
     "deepseek_v3": DeepseekV3Config,
     "glm4_moe": Glm4MoeConfig,
     "minimax_m2": MiniMaxM2Config,
@@ -115,6 +117,12 @@ FAMILY_FIELDS = {
                     "moe_intermediate_size": 32, "n_shared_experts": 1, "first_k_dense_replace": 1,
                     "kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
                     "v_head_dim": 24, "head_dim": 8, "pad_token_id": None},  # head_dim: the rotary part's, as saved
+    # V2-Lite's shape: no q latent; softmax routing over 8 experts in 4 groups (the top 2 from the best group's 2)
+    "deepseek_v2": {"n_routed_experts": 8, "num_experts_per_tok": 2, "topk_method": "group_limited_greedy",
+                    "n_group": 4, "topk_group": 1, "routed_scaling_factor": 1.5, "moe_intermediate_size": 32,
+                    "n_shared_experts": 1, "first_k_dense_replace": 1, "kv_lora_rank": 32, "q_lora_rank": None,
+                    "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 24, "head_dim": 8,
+                    "pad_token_id": None},
     # DeepSeek's routing over 8 experts in 2 groups, half of each head rotated, biased q/k/v, q/k norms
     "glm4_moe": {"n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1,
                  "moe_intermediate_size": 32, "n_shared_experts": 1, "first_k_dense_replace": 1,

@@ -12,7 +12,7 @@ from runtime.errors import InvalidInputError
 from runtime.models.decoder import MLP
 from runtime.models.mla import LatentAttention, latent_cache_head_dim
 from runtime.models.moe import MoeCausalLM
-from runtime.models.sigmoid_moe import SigmoidMoE
+from runtime.models.sigmoid_moe import GroupedTopkRouter, SigmoidMoE
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -44,8 +44,11 @@ class DeepseekV3ForCausalLM(MoeCausalLM):
 
     def make_mlp(self, config: PretrainedConfig, layer: int) -> nn.Module:
         if layer >= config.first_k_dense_replace:
-            return SigmoidMoE(config, config.moe_intermediate_size)
+            return SigmoidMoE(config, config.moe_intermediate_size, self.make_router(config))
         return MLP(config.hidden_size, config.intermediate_size)
+
+    def make_router(self, config: PretrainedConfig) -> nn.Module:
+        return GroupedTopkRouter(config)
 
     def param_for(self, name: str) -> tuple[str | None, tuple]:
         layer = _LAYER.match(name)

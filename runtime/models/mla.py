@@ -58,7 +58,8 @@ class LatentAttention(nn.Module):
     kv_planes = 1  # keys and values share the cache: the model runner binds v_cache to k_cache
     num_kv_heads = 1
 
-    def __init__(self, config: PretrainedConfig):
+    def __init__(self, config: PretrainedConfig, interleaved: bool | None = None):
+        """`interleaved`: rotary pairs (x0, x1), (x2, x3), ...; by default as the config's `rope_interleave`."""
         super().__init__()
         heads, hidden, bias = config.num_attention_heads, config.hidden_size, bool(config.attention_bias)
         self.num_heads = heads // tp_size()
@@ -78,7 +79,7 @@ class LatentAttention(nn.Module):
         self.kv_b_proj = LatentUpProjection(heads, self.nope, self.v, self.rank)
         self.o_proj = RowParallelLinear(heads * self.v, hidden, bias)
         self.scale = softmax_scale(config)
-        self.interleaved = bool(getattr(config, "rope_interleave", False))
+        self.interleaved = bool(getattr(config, "rope_interleave", False) if interleaved is None else interleaved)
         self.k_cache = self.v_cache = torch.empty(0)  # bound by the model runner
 
     def forward(self, hidden: torch.Tensor, cos_sin, meta: AttentionMetadata) -> torch.Tensor:

@@ -5,6 +5,7 @@ from transformers import PretrainedConfig
 
 from runtime.errors import InvalidInputError
 from runtime.models.decoder import CausalLM
+from runtime.models.deepseek_v2 import DeepseekV2ForCausalLM
 from runtime.models.deepseek_v3 import DeepseekV3ForCausalLM
 from runtime.models.ernie4_5_moe import Ernie4_5_MoeForCausalLM, Ernie4_5ForCausalLM
 from runtime.models.exaone4 import Exaone4ForCausalLM
@@ -35,10 +36,10 @@ def _base_model(family: type[CausalLM]) -> type[CausalLM]:
 # families whose base model serves embeddings (Gemma's embedding models attend both ways: not built)
 _EMBEDDABLE = (LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM,
                Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)
-_CAUSAL_LMS = (DeepseekV3ForCausalLM, Ernie4_5ForCausalLM, Ernie4_5_MoeForCausalLM, Exaone4ForCausalLM,
-               Gemma2ForCausalLM, Gemma3ForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM, GraniteForCausalLM,
-               MiniMaxM2ForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, SeedOssForCausalLM, SmolLM3ForCausalLM,
-               *_EMBEDDABLE)
+_CAUSAL_LMS = (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Ernie4_5ForCausalLM, Ernie4_5_MoeForCausalLM,
+               Exaone4ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM,
+               GraniteForCausalLM, MiniMaxM2ForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, SeedOssForCausalLM,
+               SmolLM3ForCausalLM, *_EMBEDDABLE)
 _FAMILIES: dict[str, type[CausalLM]] = {cls.__name__: cls for cls in (*_CAUSAL_LMS, *map(_base_model, _EMBEDDABLE))}
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_FAMILIES))

@@ -46,9 +46,11 @@ class GroupedTopkRouter(nn.Module):
 
 
 class SigmoidMoE(nn.Module):
-    def __init__(self, config: PretrainedConfig, expert_size: int):
+    """The block, with `router` in place of the sigmoid one where a family's is another (DeepSeek-V2's softmax)."""
+
+    def __init__(self, config: PretrainedConfig, expert_size: int, router: nn.Module | None = None):
         super().__init__()
-        self.gate = GroupedTopkRouter(config)
+        self.gate = router or GroupedTopkRouter(config)
         self.experts = FusedExperts(num_experts(config), config.hidden_size, expert_size)
         self.shared_experts = None
         if getattr(config, "n_shared_experts", None):

@@ -41,6 +41,7 @@ FAMILIES |= {
     "olmo2": {},  # norms after attention and MLP; q/k norms over every head
     "olmo3": {"num_layers": 4, "sliding_window": 16},  # OLMo 2's layers, three of four sliding
     "deepseek_v3": {},  # latent attention, grouped sigmoid routing with a correction bias, a dense first layer
+    "deepseek_v2": {},  # latent attention without a q latent, group-limited softmax routing
     "glm4_moe": {},  # that routing under grouped-query attention with half of each head rotated
     # sigmoid routing without groups, q/k norms across heads, half of each head rotated; experts of 32 features
     "minimax_m2": {"intermediate_size": 32},
@@ -138,7 +139,8 @@ def test_sliding_window_matches_transformers(model_dirs, family):
 
 
 @pytest.mark.parametrize("family", ["gemma2", "gemma3", "gpt_oss", "mistral_sliding", "granite", "smollm3", "olmo2",
-                                    "olmo3", "exaone4", "deepseek_v3", "glm4_moe", "minimax_m2", "ernie4_5_moe"])
+                                    "olmo3", "exaone4", "deepseek_v2", "deepseek_v3", "glm4_moe", "minimax_m2",
+                                    "ernie4_5_moe"])
 def test_logprobs_match_transformers(model_dirs, family):
     """Every prompt position's and every generated token's log-probability (chunked prefill, then decode) equal
     transformers' over the whole sequence: numerics that greedy tokens of a tiny model can hide (a soft cap or a
@@ -159,7 +161,8 @@ def test_logprobs_match_transformers(model_dirs, family):
 
 
 @pytest.mark.parametrize("family", ["qwen2_moe", "phi3", "mistral_sliding", "gemma2", "gemma3", "gpt_oss", "granite",
-                                    "smollm3", "olmo2", "deepseek_v3", "glm4_moe", "minimax_m2", "ernie4_5_moe"])
+                                    "smollm3", "olmo2", "deepseek_v2", "deepseek_v3", "glm4_moe", "minimax_m2",
+                                    "ernie4_5_moe"])
 # experts and a shared expert; fused q/k/v and gate/up; a window; Gemma's layers; sinks and biased experts;
 # multipliers; NoPE layers; q/k norms across the ranks; latent attention (its latent replicated, heads split)
 def test_tp2_matches_tp1(ray_cluster, model_dirs, family):
