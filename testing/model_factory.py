@@ -115,7 +115,7 @@ FAMILY_FIELDS = {
     # first layer dense; a rotary part smaller than hidden/heads, so the two head sizes differ
     "deepseek_v3": {"n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2,
                     "moe_intermediate_size": 32, "n_shared_experts": 1, "first_k_dense_replace": 1,
-                    "kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
+                    "kv_lora_rank": 56, "q_lora_rank": 48, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
                     "v_head_dim": 24, "head_dim": 8, "pad_token_id": None},  # head_dim: the rotary part's, as saved
     # V2-Lite's shape: no q latent; softmax routing over 8 experts in 4 groups (the top 2 from the best group's 2)
     "deepseek_v2": {"n_routed_experts": 8, "num_experts_per_tok": 2, "topk_method": "group_limited_greedy",

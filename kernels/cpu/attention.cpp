@@ -184,7 +184,7 @@ extern "C" int paged_attention_f32(const float* q, const float* k_cache, const f
     run<dim>(q, c, block_tables, table_width, row_seq, row_len, num_rows, num_heads, scale, window, softcap, sinks, \
              out, num_threads);                                                                                      \
     return 0;
-    CASE(16) CASE(32) CASE(48) CASE(64) CASE(80) CASE(96) CASE(128) CASE(256)
+    CASE(16) CASE(32) CASE(48) CASE(64) CASE(80) CASE(96) CASE(128) CASE(256) CASE(576)
 #undef CASE
     default:
       return -1;

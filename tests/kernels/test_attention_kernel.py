@@ -14,6 +14,7 @@ BACKENDS = [
     (CpuBackend(), 8, 8, 128, 32),  # no grouping; blocks longer than 16 tokens
     (CpuBackend(), 10, 2, 32, 17),  # blocks that 16-token steps straddle
     (CpuBackend(), 6, 3, 80, 16),  # columns in 8 + 2 vectors of 8 lanes (AVX) or 5 of 16 (AVX-512)
+    (CpuBackend(), 16, 1, 576, 16),  # latent attention: every head over one KV head, DeepSeek's latent + rotary part
 ]
 # (window, softcap, sinks): a window shorter than most contexts, one inside a block, Gemma 2's cap, gpt-oss's sinks
 VARIANTS = [(None, None, False), (7, None, False), (20, None, False), (None, 5.0, False), (None, None, True),
