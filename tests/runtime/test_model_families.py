@@ -160,11 +160,12 @@ def test_logprobs_match_transformers(model_dirs, family):
         torch.testing.assert_close(torch.tensor(got), expected, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("family", ["qwen2_moe", "phi3", "mistral_sliding", "gemma2", "gemma3", "gpt_oss", "granite",
-                                    "smollm3", "olmo2", "deepseek_v2", "deepseek_v3", "glm4_moe", "minimax_m2",
-                                    "ernie4_5_moe"])
-# experts and a shared expert; fused q/k/v and gate/up; a window; Gemma's layers; sinks and biased experts;
-# multipliers; NoPE layers; q/k norms across the ranks; latent attention (its latent replicated, heads split)
+@pytest.mark.parametrize("family", ["qwen2_moe", "phi3", "mistral_sliding", "gemma2", "gemma3", "gpt_oss", "olmo2",
+                                    "deepseek_v3", "minimax_m2", "ernie4_5_moe"])
+# experts and a shared expert; fused q/k/v and gate/up; a window; Gemma's layers; sinks and biased experts; q/k
+# norms across the ranks; latent attention (its latent replicated, heads split) and grouped sigmoid routing;
+# sigmoid routing beside partial rotary; softmax routing with interleaved rotary. (Granite, SmolLM3, GLM-4.5 and
+# DeepSeek-V2 shard nothing these do not: left out for the suite's time.)
 def test_tp2_matches_tp1(ray_cluster, model_dirs, family):
     path = model_dirs(family)
     tp1 = LLM(str(path), max_model_len=256)
