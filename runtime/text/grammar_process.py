@@ -12,8 +12,8 @@ def compile_constraint(compiler: xgr.GrammarCompiler, kind: str, value: str) -> 
     (several exception types)."""
     if kind == "json_schema":
         return compiler.compile_json_schema(value, any_whitespace=False)
-    if kind == "json_object":
-        return compiler.compile_builtin_json_grammar()
+    if kind == "json_object":  # JSON mode: an object, as OpenAI's and vLLM's (xgrammar's builtin takes any value)
+        return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
     if kind == "regex":
         return compiler.compile_regex(value)
     if kind == "ebnf":

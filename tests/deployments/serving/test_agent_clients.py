@@ -44,7 +44,7 @@ def agents_bin() -> Path:
 
 def serve_agent_model(server, tmp_path_factory, name: str, max_model_len: int):
     model_dir = build_model_dir(tmp_path_factory.mktemp(name), "qwen2", max_positions=CONTEXT)
-    end_answers_early(model_dir)
+    end_answers_early(model_dir, stop_logit=0.5)
     args = app_args(model_dir, f"file://{tmp_path_factory.mktemp(name + '-storage')}")
     args["llm_configs"][0]["engine_kwargs"] = {"max_model_len": max_model_len, "kv_cache_bytes": 256 << 20}
     return another_app(server, name, args)
@@ -84,7 +84,7 @@ def claude_turn(agents_bin, agent_app, tmp_path_factory) -> dict:
                       "--verbose")
     assert streamed.returncode == 0, streamed.stderr[-2000:]
     events = stream_json(streamed.stdout)
-    assert any(e["type"] == "assistant" for e in events)
+    assert any(e["type"] == "assistant" for e in events), events
     (result,) = [e for e in events if e["type"] == "result"]
     return result
 
