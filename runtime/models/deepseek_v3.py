@@ -21,10 +21,6 @@ class DeepseekV3ForCausalLM(MoeCausalLM):
     # q_proj (no q_lora_rank) is a projection of its own: only gate and up are fused
     stacked_params = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
-    def __init__(self, config: PretrainedConfig, max_positions: int):
-        self.num_layers = config.num_hidden_layers
-        super().__init__(config, max_positions)
-
     @classmethod
     def cache_head_dim(cls, config: PretrainedConfig) -> int:
         return latent_cache_head_dim(config)
@@ -32,9 +28,6 @@ class DeepseekV3ForCausalLM(MoeCausalLM):
     @classmethod
     def check_config(cls, config: PretrainedConfig, max_model_len: int) -> None:
         super().check_config(config, max_model_len)
-        if getattr(config, "quantization_config", None):
-            raise InvalidInputError("model", "quantized DeepSeek-V3 checkpoints (block FP8) are not supported; use "
-                                    "a bf16 or fp32 one")
         if config.n_routed_experts % (config.n_group or 1):
             raise InvalidInputError("model", f"{config.n_routed_experts} experts do not split into "
                                     f"{config.n_group} groups")
@@ -52,6 +45,6 @@ class DeepseekV3ForCausalLM(MoeCausalLM):
 
     def param_for(self, name: str) -> tuple[str | None, tuple]:
         layer = _LAYER.match(name)
-        if layer and int(layer.group(1)) >= self.num_layers:  # a multi-token-prediction layer
+        if layer and int(layer.group(1)) >= len(self.model.layers):  # a multi-token-prediction layer
             return None, ()
         return super().param_for(name)

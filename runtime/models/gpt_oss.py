@@ -13,7 +13,6 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from kernels import clamped_swiglu
-from runtime.errors import InvalidInputError
 from runtime.models.decoder import Attention
 from runtime.models.moe import FusedExperts, MoeCausalLM, SparseMoeBlock
 
@@ -43,13 +42,6 @@ class GptOssExperts(FusedExperts):
 
 
 class GptOssForCausalLM(MoeCausalLM):
-    @classmethod
-    def check_config(cls, config: PretrainedConfig, max_model_len: int) -> None:
-        super().check_config(config, max_model_len)
-        if getattr(config, "quantization_config", None):
-            raise InvalidInputError("model", "quantized gpt-oss checkpoints (MXFP4) are not supported; use a bf16 "
-                                    "or fp32 one")
-
     def make_attention(self, config: PretrainedConfig, window: int | None, layer: int) -> Attention:
         return Attention(config, *self.attention_biases(config), self.qk_norm, window, sinks=True)
 
