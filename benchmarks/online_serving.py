@@ -102,10 +102,11 @@ async def drive(base_url: str, model: str, conversations, extra_body: dict, conc
                 stream_options={"include_usage": True}, extra_body=extra_body)
             async for chunk in stream:
                 usage = chunk.usage or usage
-                if chunk.choices and chunk.choices[0].delta.content:
+                # a stream's first text may be its last chunk (bytes that never formed a character wait for it)
+                if chunk.choices and (chunk.choices[0].delta.content or chunk.choices[0].finish_reason):
                     last = time.perf_counter()
                     first = first or last
-                    content_chunks += 1
+                    content_chunks += bool(chunk.choices[0].delta.content)
             generated = usage.completion_tokens if usage else content_chunks
             ttfts.append(first - start)
             if generated > 1:  # a peer without ignore_eos may stop after one token

@@ -111,6 +111,7 @@ class IncrementalDetokenizer:
             return self._find_stop_regex(checked)
         pos, stop = found
         self.text = self.text[: pos + len(stop) if self.include_stop else pos]
+        self._read_offset = len(self._ids)  # nothing after the stop is text, not even a tail held back
         return stop
 
     def _find_stop_regex(self, checked: int) -> str | None:
@@ -142,16 +143,17 @@ class IncrementalDetokenizer:
                 best = (end - len(s), s)
         return best
 
-    def _catch_up(self) -> str:
+    def _catch_up(self, final: bool = False) -> str:
         """Decode the tokens appended since the last decode, over a window that starts a decode before them (for
         correct spacing); their text, added to `text`. Tokens that end in an incomplete character wait for more
-        bytes: the text goes up to the last of them that ends a character. A token without text (a skipped
-        special token, an id the tokenizer lacks) moves the window on."""
+        bytes (the text goes up to the last of them that ends a character) unless no more will come: then bytes
+        that never formed a character are text as the tokenizer decodes them, replacement characters. A token
+        without text (a skipped special token, an id the tokenizer lacks) moves the window on."""
         end = len(self._ids)
         if self._read_offset == end:
             return ""
         prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
-        while (full := self._decode(self._ids[self._prefix_offset : end])).endswith("\ufffd"):
+        while (full := self._decode(self._ids[self._prefix_offset : end])).endswith("\ufffd") and not final:
             end -= 1
             if end == self._read_offset:
                 return ""
@@ -163,7 +165,7 @@ class IncrementalDetokenizer:
 
     def release(self, final: bool) -> str:
         """Text not yet released, minus a tail that may still grow into a stop string."""
-        self._catch_up()
+        self._catch_up(final)
         end = len(self.text) if final else len(self.text) - self._holdback()
         if end <= self._emitted:
             return ""

@@ -203,7 +203,8 @@ def test_latent_attention_caches_the_latent_not_per_head_keys_and_values(model_d
     save_file(state, tmp_path / "model.safetensors")
     per_head = layers * config.num_attention_heads * (config.qk_nope_head_dim + config.qk_rope_head_dim
                                                        + config.v_head_dim) * 4
-    for backend in ("torch", "cpu"):  # the C++ kernel runs it as one KV head of 64 (latent 56 + rotary 8)
+    # the C++ and Triton kernels run it as one KV head of 64 (latent 56 + rotary 8)
+    for backend in ("torch", "triton") if torch.cuda.is_available() else ("torch", "cpu"):
         llm = LLM(str(tmp_path), dtype="float32", max_model_len=256, attention_backend=backend)
         per_token = llm.engine.runner.kv_bytes_per_token
         assert per_token == layers * (config.kv_lora_rank + config.qk_rope_head_dim) * 4

@@ -34,6 +34,18 @@ def test_multibyte_characters_are_never_split(qwen2_model):
     assert any(p == "" for p in pieces)  # some tokens were held until their character completed
 
 
+def test_bytes_that_never_form_a_character_are_released_at_the_end_as_the_tokenizer_decodes_them(qwen2_model):
+    """A model may emit byte tokens that no later token completes (a random model repeating one): they wait while
+    a character may still form, and the last release carries them as replacement characters, as a decode of
+    the whole output does, rather than dropping them."""
+    tokenizer = LLM(str(qwen2_model), dtype="float32", max_model_len=128).tokenizer
+    lead_byte = tokenizer.convert_tokens_to_ids("\u00e2")  # byte-level BPE's token for the lone byte 0xE2
+    for ids in ([lead_byte] * 5, tokenizer.encode("Hi") + [lead_byte] * 3, [lead_byte] + tokenizer.encode("€ end")):
+        pieces, _ = _stream(tokenizer, ids)
+        assert "".join(pieces) == tokenizer.decode(ids)
+        assert all(not p.endswith("\ufffd") for p in pieces[:-1])  # mid-stream, only bytes a character followed
+
+
 def test_text_decoded_when_released_is_the_text_decoded_token_by_token(qwen2_model):
     """Without a stop to look for, tokens are decoded only when text is released, all those since the last release
     at once: released after every token, now and then, or only at the end, the text is the same as a detokenizer
