@@ -120,7 +120,7 @@ def main() -> None:
             print(summary_line(check), flush=True)
     report["seconds"] = round(time.perf_counter() - started, 1)
     report["device"] = next((c["figures"].get("device") for c in report["checks"] if c["name"] == "environment"),
-                            None) or "cpu (dry run)"
+                            None) or ("cpu (dry run)" if args.dry_run else "a GPU (its environment check not run)")
     (args.out / "report.json").write_text(json.dumps(report, indent=1, default=str))
     lines = [f"GPU suite on {report['device']}, {report['seconds']} s: {args.out / 'report.json'}"]
     lines += [summary_line(c) for c in report["checks"]]

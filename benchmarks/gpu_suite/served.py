@@ -42,6 +42,14 @@ def conversations(count: int, seed: int) -> list[list[dict]]:
     return [[{"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(60))}] for _ in range(count)]
 
 
+def finished(choice, text, usage, max_tokens: int) -> bool:
+    """A reply's shape: random weights may end on their first token (an end-of-sequence id, text ""), so its text
+    is only a string, but a "length" finish used every token allowed."""
+    return (isinstance(text, str) and 0 < usage.completion_tokens <= max_tokens
+            and choice.finish_reason in ("stop", "length")
+            and (choice.finish_reason == "stop" or usage.completion_tokens == max_tokens))
+
+
 def seed_cells(base: str) -> dict[str, str]:
     """Each seed cell's outcome: "ok", or what was wrong."""
     client = openai.Client(base_url=f"{base}/v1", api_key="None")
@@ -56,7 +64,7 @@ def seed_cells(base: str) -> dict[str, str]:
 
     def chat():
         reply = client.chat.completions.create(model=MODEL_ID, messages=CAPITALS, temperature=0, max_tokens=64)
-        assert reply.choices[0].message.content and 0 < reply.usage.completion_tokens <= 64, reply
+        assert finished(reply.choices[0], reply.choices[0].message.content, reply.usage, 64), reply
 
     def chat_stream():
         chunks = list(client.chat.completions.create(model=MODEL_ID, messages=[
@@ -66,7 +74,7 @@ def seed_cells(base: str) -> dict[str, str]:
     def completions():
         reply = client.completions.create(model=MODEL_ID, prompt="List 3 countries and their capitals.",
                                           temperature=0, max_tokens=64, n=1, stop=None)
-        assert reply.choices[0].text and 0 < reply.usage.completion_tokens <= 64, reply
+        assert finished(reply.choices[0], reply.choices[0].text, reply.usage, 64), reply
 
     def generate():
         reply = requests.post(f"{base}/generate", json={"text": "The capital of France is", "sampling_params": {
