@@ -105,6 +105,15 @@ class AppConfig(StrictModel):
     storage_uri: StorageUri = "file://./rayllm-storage"
     api_key: str | list[str] | None = None  # when set, every route but /health needs one of these keys
     max_request_bytes: int = Field(16 * 1024 * 1024, gt=0)
+    # HTTP bounds (deployments/http/request_limits.py, key_admission.py): headers; a body's minimum rate after a
+    # grace; with API keys, a key's requests in flight and waiting (past them, a 429), shared out among the
+    # replicas that serve HTTP (key_bounds_per_replica)
+    max_headers: int = Field(256, gt=0)
+    max_header_bytes: int = Field(64 * 1024, gt=0)
+    body_grace_s: float = Field(10.0, gt=0)
+    min_body_bytes_per_s: int = Field(32 * 1024, gt=0)
+    max_requests_per_key: int = Field(128, gt=0)
+    max_waiting_per_key: int = Field(256, ge=0)
     max_file_bytes: int = Field(512 * 1024 * 1024, gt=0)
     max_file_lines: int = Field(50_000, gt=0)
     max_batch_line_bytes: int = Field(1024 * 1024, gt=0)
@@ -124,6 +133,16 @@ class AppConfig(StrictModel):
     # The model's replicas serve HTTP themselves, with no ingress hop (one model only; see direct_server.py).
     # Default: Ray Serve LLM's switch, the environment variable RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING=1.
     direct_streaming: bool = Field(default_factory=lambda: os.environ.get(DIRECT_STREAMING_ENV) == "1")
+
+    def key_bounds_per_replica(self) -> tuple[int, int]:
+        """A key's requests in flight and waiting in each replica that serves HTTP (the ingress's, or the model's
+        in direct streaming): the app's bounds shared among them, rounded up. An autoscaling deployment counts
+        its min_replicas, so a key's bounds hold at its smallest size and loosen as it grows."""
+        options = self.llm_configs[0].deployment_config if self.direct_streaming else self.ingress_deployment_config
+        autoscaling = options.get("autoscaling_config") or {}
+        replicas = options.get("num_replicas")
+        replicas = max(1, replicas if isinstance(replicas, int) else autoscaling.get("min_replicas", 1))
+        return -(-self.max_requests_per_key // replicas), -(-self.max_waiting_per_key // replicas)
 
     def batch_seats(self) -> dict[str, int]:
         """Each model's batch lines in flight per running replica."""

@@ -13,7 +13,10 @@ _TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "timeout",
     413: "invalid_request_error",
+    429: "requests",  # OpenAI's type for a bound on requests
+    431: "invalid_request_error",
     503: "service_unavailable_error",
 }
 

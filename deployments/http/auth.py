@@ -7,6 +7,7 @@ cannot see another's.
 
 import hashlib
 import hmac
+from collections.abc import Mapping
 
 from fastapi import Request
 
@@ -17,16 +18,27 @@ class ApiKeys:
     def __init__(self, keys: list[str]):
         self._digests = {_digest(k) for k in keys}
 
+    @property
+    def enabled(self) -> bool:
+        return bool(self._digests)
+
     def owner(self, request: Request) -> str | None:
         """The caller's owner id (None when auth is off); raises a 401 for a missing or wrong key."""
         if not self._digests:
             return None
-        scheme, _, key = request.headers.get("authorization", "").partition(" ")
-        key = key.strip() if scheme.lower() == "bearer" else request.headers.get("x-api-key", "").strip()
-        digest = _digest(key) if key else None
-        if digest is None or not any(hmac.compare_digest(digest, d) for d in self._digests):
+        owner = self.known_owner(request.headers)
+        if owner is None:
             raise OpenAIError(401, "Incorrect API key provided. Send it as 'Authorization: Bearer <key>'.",
                               code="invalid_api_key")
+        return owner
+
+    def known_owner(self, headers: Mapping[str, str]) -> str | None:
+        """The owner id of the key these headers carry; None for no key or one not configured."""
+        scheme, _, key = headers.get("authorization", "").partition(" ")
+        key = key.strip() if scheme.lower() == "bearer" else headers.get("x-api-key", "").strip()
+        digest = _digest(key) if key else None
+        if digest is None or not any(hmac.compare_digest(digest, d) for d in self._digests):
+            return None
         return digest[:32]
 
 

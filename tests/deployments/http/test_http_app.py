@@ -66,11 +66,12 @@ class ScriptedModel:
         return 64
 
 
-def serve_in_process(model: ScriptedModel, tmp_path, api_key: str | None = None) -> TestClient:
+def serve_in_process(model: ScriptedModel, tmp_path, api_key: str | list[str] | None = None, **app_args
+                     ) -> TestClient:
     storage = f"file://{tmp_path}"
     config = parse_app_config({"llm_configs": [{"model_loading_config": {"model_id": MODEL,
                                                                          "model_source": str(tmp_path)}}],
-                               "storage_uri": storage, "api_key": api_key})
+                               "storage_uri": storage, "api_key": api_key, **app_args})
     models = ModelRegistry(config, {MODEL: model})
     batches = BatchAPI(storage, "test", {}, FileLimits(1 << 20, 10), BatchLimits(1, 1 << 10, 10))
     front = OpenAIFront(config, ApiKeys(config.api_keys), models, BodyParser(models, config.max_request_bytes),
