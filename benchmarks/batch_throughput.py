@@ -160,14 +160,16 @@ def run_batch(client: openai.Client, count: int, probe_online: bool = False) -> 
     return figures
 
 
-def app_args(path: Path, device: str, replicas: int, storage_uri: str | None = None) -> dict:
+def app_args(path: Path, device: str, replicas: int, storage_uri: str | None = None,
+             engine_kwargs: dict | None = None) -> dict:
     """configs/local.yaml's application (benchmarks/online_serving.py's), on `replicas` replicas that share the
-    machine's cores (and GPU) evenly; its batches in `storage_uri` (default: a fresh local directory)."""
+    machine's cores (and GPU) evenly; its batches in `storage_uri` (default: a fresh local directory); its engine
+    options with `engine_kwargs` added."""
     args = local_config_args(path, direct_streaming=True)
     if storage_uri:
         args["storage_uri"] = storage_uri
     llm = args["llm_configs"][0]
-    llm["engine_kwargs"]["device"] = device
+    llm["engine_kwargs"].update(device=device, **(engine_kwargs or {}))
     llm["deployment_config"]["num_replicas"] = replicas
     actor_options = llm["deployment_config"]["ray_actor_options"]
     actor_options["num_cpus"] = os.cpu_count() // replicas
@@ -177,7 +179,8 @@ def app_args(path: Path, device: str, replicas: int, storage_uri: str | None = N
 
 
 @contextmanager
-def serving(path: Path, device: str, replicas: int = 1, storage_uri: str | None = None):
+def serving(path: Path, device: str, replicas: int = 1, storage_uri: str | None = None,
+            engine_kwargs: dict | None = None):
     """configs/local.yaml's application on a fresh Ray; yields its OpenAI base URL. After, waits for this
     Ray's own processes only: the machine may be running other people's."""
     import ray
@@ -188,7 +191,7 @@ def serving(path: Path, device: str, replicas: int = 1, storage_uri: str | None 
     ray.init(address="local", include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(build_openai_app(app_args(path, device, replicas, storage_uri)), route_prefix="/")
+    serve.run(build_openai_app(app_args(path, device, replicas, storage_uri, engine_kwargs)), route_prefix="/")
     try:
         yield f"http://127.0.0.1:{port}/v1"
     finally:

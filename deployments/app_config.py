@@ -114,6 +114,13 @@ class AppConfig(StrictModel):
     min_body_bytes_per_s: int = Field(32 * 1024, gt=0)
     max_requests_per_key: int = Field(128, gt=0)
     max_waiting_per_key: int = Field(256, ge=0)
+    # What an API key (or, without keys, everyone) may keep in storage: uploaded and output files, in number and
+    # bytes; stored responses, in number and bytes; unfinished batches (deployments/storage/usage.py)
+    max_files_per_key: int = Field(10_000, gt=0)
+    max_file_bytes_per_key: int = Field(100 << 30, gt=0)
+    max_stored_responses_per_key: int = Field(100_000, gt=0)
+    max_stored_response_bytes_per_key: int = Field(10 << 30, gt=0)
+    max_active_batches_per_key: int = Field(100, gt=0)
     max_file_bytes: int = Field(512 * 1024 * 1024, gt=0)
     max_file_lines: int = Field(50_000, gt=0)
     max_batch_line_bytes: int = Field(1024 * 1024, gt=0)

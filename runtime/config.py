@@ -79,6 +79,9 @@ class EngineConfig:
     # torch | cpu | triton | flash; auto: flash, else triton on GPU; cpu (the C++ kernel) on CPU where it
     # applies, else torch
     attention_backend: str = "auto"
+    # run a prefill at the largest chunk and a decode at the full batch before serving (runtime.engine.warm_up);
+    # servers turn it on (deployments/replica/server.py)
+    warm_up: bool = False
 
     def __post_init__(self) -> None:
         if self.device == "auto":

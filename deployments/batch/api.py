@@ -38,7 +38,7 @@ class BatchAPI:
         source = upload.file
         chunks = iter(lambda: source.read(1 << 20), b"")
         name = upload.filename or "upload.jsonl"
-        return await asyncio.to_thread(self.files.create, name, purpose, chunks, None, owner)
+        return await asyncio.to_thread(self.files.create, name, purpose, chunks, None, owner, True)
 
     async def get_file(self, file_id: str, owner: str | None) -> dict:
         return await asyncio.to_thread(self.files.get, file_id, owner)

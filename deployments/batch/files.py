@@ -1,7 +1,10 @@
-"""OpenAI file objects kept in the object store: `files/<id>.json` (metadata) beside `files/<id>.jsonl`.
+"""OpenAI file objects kept in the object store: `files/<id>.json` (metadata) beside `files/<id>.jsonl`, and
+`file-owners/<owner>/<id>.<bytes>`, an empty object per file that its owner's usage is counted from.
 
 Uploads stream into the store while their size and line count are checked,
-so a file over the limits is refused without ever being held in memory.
+so a file over the limits is refused without ever being held in memory. An upload also stays within its key's
+quota of files and bytes (batch outputs count toward it, but are always written: a batch's results are never
+lost to a quota).
 """
 
 import contextlib
@@ -12,20 +15,26 @@ from collections.abc import Iterable, Iterator
 from deployments.api.pagination import cursor_page
 from deployments.errors import OpenAIError
 from deployments.storage import MissingObjectError, ObjectStore
+from deployments.storage.usage import OwnerUsage, Quota
 
 PURPOSES = {"batch", "batch_output"}
 
 
+_OWNERS_INDEXED = "file-owners.json"
+
+
 class FileLimits:
-    def __init__(self, max_bytes: int, max_lines: int):
+    def __init__(self, max_bytes: int, max_lines: int, per_key: Quota | None = None):
         self.max_bytes = max_bytes
         self.max_lines = max_lines
+        self.per_key = per_key  # an API key's files and their bytes, uploads refused past it
 
 
 class FileStore:
     def __init__(self, store: ObjectStore, limits: FileLimits):
         self.store = store
         self.limits = limits
+        self.usage = OwnerUsage(self._measure)
 
     @staticmethod
     def content_key(file_id: str) -> str:
@@ -36,12 +45,16 @@ class FileStore:
         return f"files/{file_id}.json"
 
     def create(self, filename: str, purpose: str, chunks: Iterable[bytes], file_id: str | None = None,
-               owner: str | None = None) -> dict:
-        """Store an upload; raises OpenAIError (400/413) when it breaks a limit or is empty."""
+               owner: str | None = None, within_quota: bool = False) -> dict:
+        """Store an upload; raises OpenAIError (400/413) when it breaks a limit or is empty, or (`within_quota`: a
+        client's upload) its owner's quota."""
         if purpose not in PURPOSES:
             raise OpenAIError(400, f"purpose: expected 'batch', got {purpose!r}", "purpose")
         file_id = file_id or f"file-{uuid.uuid4().hex}"
-        counted = _Counted(chunks, self.limits if purpose == "batch" else None)
+        room = None
+        if within_quota and self.limits.per_key is not None:
+            room = self.usage.room(owner, self.limits.per_key, "files", "file")
+        counted = _Counted(chunks, self.limits if purpose == "batch" else None, room)
         try:
             size = self.store.put_stream(self.content_key(file_id), counted)
         except OpenAIError:
@@ -53,8 +66,29 @@ class FileStore:
         meta = {"id": file_id, "object": "file", "bytes": size, "created_at": int(time.time()),
                 "filename": filename, "purpose": purpose, "status": "processed", "expires_at": None,
                 "status_details": None, "_owner": owner}
+        self.store.put(self._owner_key(owner, file_id, size), b"")
         self.store.put_json(self._meta_key(file_id), meta)
+        self.usage.add(owner, 1, size)
         return public(meta)
+
+    @staticmethod
+    def _owner_prefix(owner: str | None) -> str:
+        return f"file-owners/{owner or 'anyone'}/"  # an owner is an API key's hex digest
+
+    def _owner_key(self, owner: str | None, file_id: str, size: int) -> str:
+        return f"{self._owner_prefix(owner)}{file_id}.{size}"
+
+    def _measure(self, owner: str | None) -> tuple[int, int]:
+        """The owner's files and their bytes, from its keys under file-owners/ (indexed once for a store
+        written before them)."""
+        if self.store.size(_OWNERS_INDEXED) is None:
+            for key in self.store.list("files/"):
+                if key.endswith(".json"):
+                    meta = self.store.get_json(key)
+                    self.store.put(self._owner_key(meta.get("_owner"), meta["id"], meta["bytes"]), b"")
+            self.store.put_json(_OWNERS_INDEXED, {"version": 1})
+        sizes = [int(key.rpartition(".")[2]) for key in self.store.list(self._owner_prefix(owner))]
+        return len(sizes), sum(sizes)
 
     def get(self, file_id: str, owner: str | None = None) -> dict:
         """The file object; another owner's file is as missing as a file that never was."""
@@ -71,9 +105,11 @@ class FileStore:
         return self.store.iter_chunks(self.content_key(file_id))
 
     def delete(self, file_id: str, owner: str | None = None) -> dict:
-        self.get(file_id, owner)
+        size = self.get(file_id, owner)["bytes"]
         self.store.delete(self._meta_key(file_id))
         self.store.delete(self.content_key(file_id))
+        self.store.delete(self._owner_key(owner, file_id, size))
+        self.usage.add(owner, -1, -size)
         return {"id": file_id, "object": "file", "deleted": True}
 
     def list(self, purpose: str | None, after: str | None, limit: int, order: str, owner: str | None = None) -> dict:
@@ -93,11 +129,13 @@ def paginate(items: list[dict], after: str | None, limit: int, order: str = "des
 
 
 class _Counted:
-    """Pass chunks through while enforcing the byte and line limits of a batch input file."""
+    """Pass chunks through while enforcing the byte and line limits of a batch input file, and the bytes left
+    in its owner's quota (`room`)."""
 
-    def __init__(self, chunks: Iterable[bytes], limits: FileLimits | None):
+    def __init__(self, chunks: Iterable[bytes], limits: FileLimits | None, room: int | None = None):
         self.chunks = chunks
         self.limits = limits
+        self.room = room
 
     def __iter__(self) -> Iterator[bytes]:
         size = lines = 0
@@ -108,6 +146,9 @@ class _Counted:
             size += len(chunk)
             lines += chunk.count(b"\n")
             last = chunk[-1:]
+            if self.room is not None and size > self.room:
+                raise OpenAIError(400, f"file: over the {self.room} bytes left in this API key's quota; delete "
+                                       "some files first", "file", "quota_exceeded")
             if self.limits:
                 if size > self.limits.max_bytes:
                     raise OpenAIError(413, f"file: over the {self.limits.max_bytes}-byte limit", "file")

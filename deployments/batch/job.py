@@ -49,8 +49,9 @@ class BatchLimits:
     `seats`) times its running replicas."""
 
     def __init__(self, concurrency: int = 64, max_line_bytes: int = 1 << 20, max_lines: int = 50_000,
-                 request_retries: int = 3, seats: dict[str, int] | None = None):
+                 request_retries: int = 3, seats: dict[str, int] | None = None, max_active_per_key: int = 100):
         self.concurrency = concurrency
+        self.max_active_per_key = max_active_per_key  # an API key's unfinished batches
         self.seats = seats or {}
         self.window = 2 * concurrency
         self.max_line_bytes = max_line_bytes

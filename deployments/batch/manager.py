@@ -158,6 +158,10 @@ class BatchManager:
                               "completion_window")
         if metadata is not None and (not isinstance(metadata, dict) or len(metadata) > 16):
             raise OpenAIError(400, "metadata: at most 16 string key-value pairs", "metadata")
+        active = sum(job.state.progress.owner == owner for job in self.jobs.values())
+        if active >= self.limits.max_active_per_key:
+            raise OpenAIError(429, f"this API key has {active} unfinished batches, the most it may have; create "
+                                   "more as they finish", code="rate_limit_exceeded")
         input_uri = await asyncio.to_thread(self._input_uri, input_file_id, owner)
         job = self._job(new_batch(input_file_id, endpoint, window, completion_window, metadata, input_uri, owner))
         try:

@@ -18,6 +18,7 @@ from deployments.http.auth import ApiKeys
 from deployments.http.body import BodyParser
 from deployments.http.models import ModelRegistry
 from deployments.storage import open_store
+from deployments.storage.usage import Quota
 
 
 @dataclass
@@ -33,12 +34,15 @@ class OpenAIFront:
     def for_app(cls, config: AppConfig, clients: dict[str, ModelClient], app_name: str) -> "OpenAIFront":
         """The front of the Serve application `app_name` (its batch manager is named after it)."""
         models = ModelRegistry(config, clients)
+        file_limits = FileLimits(config.max_file_bytes, config.max_file_lines,
+                                 Quota(config.max_files_per_key, config.max_file_bytes_per_key))
+        batch_limits = BatchLimits(max_line_bytes=config.max_batch_line_bytes, max_lines=config.max_file_lines,
+                                   seats=config.batch_seats(), max_active_per_key=config.max_active_batches_per_key)
         batches = BatchAPI(config.storage_uri, app_name, {model_id: replica_name(model_id) for model_id in clients},
-                           FileLimits(config.max_file_bytes, config.max_file_lines),
-                           BatchLimits(max_line_bytes=config.max_batch_line_bytes, max_lines=config.max_file_lines,
-                                       seats=config.batch_seats()))
+                           file_limits, batch_limits)
+        stored = Quota(config.max_stored_responses_per_key, config.max_stored_response_bytes_per_key)
         return cls(config, ApiKeys(config.api_keys), models, BodyParser(models, config.max_request_bytes), batches,
-                   ResponsesAPI(ResponseStore(open_store(config.storage_uri))))
+                   ResponsesAPI(ResponseStore(open_store(config.storage_uri), stored)))
 
     async def generation(self, request: Request, model: type[BaseModel]
                          ) -> tuple[BaseModel, ModelClient, str | None]:

@@ -34,8 +34,12 @@ class LLMServer:
         self.model_id = config.model_id
         # new tokens reach this process at most once per interval: fewer wake-ups, SSE events and hops per token
         interval_s = config.experimental_configs.stream_batching_interval_ms / 1000
+        # warmed up before this replica says ready, unless engine_kwargs say warm_up: false
+        started = time.perf_counter()
         self.engine = AsyncLLMEngine.from_options(config.model_loading_config.source, interval_s,
-                                                  RequestMetrics(self.model_id), **config.engine_options)
+                                                  RequestMetrics(self.model_id),
+                                                  **{"warm_up": True, **config.engine_options})
+        logger.info("model %s: engine loaded and warmed up in %.1f s", self.model_id, time.perf_counter() - started)
         texts = TokenTexts(self.engine.tokenizer)
         adapters = adapters_of(config)
         self.chat_handler = ChatHandler(self.engine, self.model_id, texts, adapters, config.reasoning_parser,

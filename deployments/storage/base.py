@@ -40,6 +40,10 @@ class ObjectStore(ABC):
         """Keys under `prefix`, sorted."""
 
     @abstractmethod
+    def sizes(self, prefix: str) -> dict[str, int]:
+        """Each key under `prefix` with its size (one listing, no object read)."""
+
+    @abstractmethod
     def delete(self, key: str) -> None:
         """Remove an object; removing a missing one is not an error."""
 

@@ -52,12 +52,24 @@ class LocalStore(ObjectStore):
         return path.stat().st_size if path.is_file() else None
 
     def list(self, prefix: str) -> list[str]:
+        return sorted(self._files(prefix))
+
+    def sizes(self, prefix: str) -> dict[str, int]:
+        sizes = {}
+        for key, path in self._files(prefix).items():
+            try:
+                sizes[key] = path.stat().st_size
+            except FileNotFoundError:  # deleted since listed
+                continue
+        return sizes
+
+    def _files(self, prefix: str) -> dict[str, Path]:
         base = self._path(prefix) if prefix else self.root
         folder = base if base.is_dir() else base.parent
         if not folder.exists():
-            return []
-        keys = (str(p.relative_to(self.root)) for p in folder.rglob("*") if p.is_file())
-        return sorted(k for k in keys if k.startswith(prefix) and not Path(k).name.startswith(".tmp-"))
+            return {}
+        keys = ((str(p.relative_to(self.root)), p) for p in folder.rglob("*") if p.is_file())
+        return {k: p for k, p in keys if k.startswith(prefix) and not p.name.startswith(".tmp-")}
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)

@@ -109,13 +109,16 @@ class S3Store(ObjectStore):
             return None
 
     def list(self, prefix: str) -> list[str]:
-        keys = []
+        return sorted(self.sizes(prefix))
+
+    def sizes(self, prefix: str) -> dict[str, int]:
+        sizes = {}
         strip = len(self.prefix) + 1 if self.prefix else 0
         with _as_store_error("listing", self.uri_of(prefix)):
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
                                                                               Prefix=self._key(prefix)):
-                keys += [obj["Key"][strip:] for obj in page.get("Contents", [])]
-        return sorted(keys)
+                sizes |= {obj["Key"][strip:]: obj["Size"] for obj in page.get("Contents", [])}
+        return sizes
 
     def delete(self, key: str) -> None:
         with _as_store_error("deleting", self.uri_of(key)):

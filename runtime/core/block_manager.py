@@ -126,6 +126,15 @@ class BlockManager:
         seq.block_table = []
         seq.num_committed_blocks = 0
 
+    def forget_cached(self) -> None:
+        """Drop the prefix cache and its hit counts, as a new manager has none; every block must be free."""
+        if len(self._free) != len(self.blocks):
+            raise AssertionError(f"{len(self.blocks) - len(self._free)} blocks still held")
+        for block in self.blocks:
+            block.hash = block.token_ids = None
+        self._cached.clear()
+        self.hit_tokens = self.queried_tokens = 0
+
     # --- internals -----------------------------------------------------------
 
     def _release(self, block_id: int) -> None:

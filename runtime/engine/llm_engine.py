@@ -16,6 +16,7 @@ from runtime.core.scheduler import ScheduledBatch, Scheduler
 from runtime.core.sequence import Request, Sequence
 from runtime.distributed import destroy_tp_group, free_address
 from runtime.engine.validator import RequestValidator, ValidRequest
+from runtime.engine.warm_up import warm_up
 from runtime.errors import InvalidInputError, describe
 from runtime.lora import AdapterSlots, LoRARequest
 from runtime.models.sliding_window import kv_window
@@ -57,6 +58,8 @@ class LLMEngine:
                                            self.runner.num_blocks)
         self.requests: dict[str, Request] = {}
         self._launched: LaunchedStep | None = None  # async scheduling: the batch whose tokens are still in flight
+        if config.warm_up and config.runner == "generate":
+            warm_up(self)
 
     @classmethod
     def from_options(cls, model: str, **engine_kwargs) -> "LLMEngine":

@@ -81,6 +81,8 @@ class ResponsesAPI:
 
     async def _prepare(self, req: ResponsesRequest, owner: str | None) -> tuple[list[dict], ChatCompletionRequest]:
         """The earlier turns' messages, and the chat request of this one."""
+        if req.store:  # refused before any work when the key keeps as many as its quota allows
+            await self.store.check_room(owner)
         history = []
         if req.previous_response_id is not None:
             history = (await self.store.load(owner, req.previous_response_id, "previous_response_id"))["messages"]

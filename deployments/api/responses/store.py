@@ -2,28 +2,47 @@
 
 Kept under `responses/<owner>/<id>.json` (owner: the API key's digest, or `public` with auth off), so a
 conversation continues through `previous_response_id` on any replica and after a restart, and one key
-never sees another's responses.
+never sees another's responses. A key keeps at most its quota of them, in number and bytes: a request that
+would store another past it is refused before it runs (send `store: false`, or delete some).
 """
 
 import asyncio
+import json
 import re
 
 from deployments.errors import OpenAIError
 from deployments.storage import MissingObjectError, ObjectStore, StoreError
+from deployments.storage.usage import OwnerUsage, Quota
 
 _ID = re.compile(r"resp_[0-9a-f]{32}")  # what new_id("resp_") makes: never a path into another owner's keys
 
 
 class ResponseStore:
-    def __init__(self, store: ObjectStore):
+    def __init__(self, store: ObjectStore, per_key: Quota | None = None):
         self.store = store
+        self.per_key = per_key
+        self.usage = OwnerUsage(self._measure)
+
+    async def check_room(self, owner: str | None) -> None:
+        """A 400 when this owner keeps as many responses, or bytes of them, as its quota allows."""
+        if self.per_key is None:
+            return
+        try:
+            await asyncio.to_thread(self.usage.room, owner, self.per_key, "stored responses", "store")
+        except StoreError as e:
+            raise OpenAIError(503, f"stored responses are unreachable: {e}") from e
 
     async def save(self, owner: str | None, response: dict, messages: list[dict], input_items: list[dict]) -> None:
+        data = json.dumps({"response": response, "messages": messages, "input_items": input_items}).encode()
         try:
-            await asyncio.to_thread(self.store.put_json, self._key(owner, response["id"]),
-                                    {"response": response, "messages": messages, "input_items": input_items})
+            await asyncio.to_thread(self.store.put, self._key(owner, response["id"]), data)
         except StoreError as e:
             raise OpenAIError(503, f"the response could not be stored ({e}); retry, or send store: false") from e
+        self.usage.add(owner, 1, len(data))
+
+    def _measure(self, owner: str | None) -> tuple[int, int]:
+        sizes = self.store.sizes(f"responses/{owner or 'public'}/")
+        return len(sizes), sum(sizes.values())
 
     async def load(self, owner: str | None, response_id: str, param: str | None = None) -> dict:
         """`{"response", "messages", "input_items"}`; a response this owner did not store is not found."""
@@ -38,9 +57,11 @@ class ResponseStore:
     async def delete(self, owner: str | None, response_id: str) -> None:
         key = self._key(owner, response_id)
         try:
-            if await asyncio.to_thread(self.store.size, key) is None:
+            size = await asyncio.to_thread(self.store.size, key)
+            if size is None:
                 raise _not_found(response_id)
             await asyncio.to_thread(self.store.delete, key)
+            self.usage.add(owner, -1, -size)
         except StoreError as e:
             raise OpenAIError(503, f"stored responses are unreachable: {e}") from e
 

@@ -358,3 +358,25 @@ def test_batch_lines_in_flight_default_to_twice_each_models_engine_seats():
     two = {"model_loading_config": {"model_id": "n"}, "engine_kwargs": {"max_num_seqs": 8}}
     assert parse_app_config({"llm_configs": [one, two]}).batch_seats() == {"m": 512, "n": 16}
     assert parse_app_config({"llm_configs": [one, two], "batch_concurrency": 3}).batch_seats() == {"m": 3, "n": 3}
+
+
+def test_a_key_at_its_unfinished_batches_gets_a_429_until_one_ends(server, tmp_path):
+    args = {**app_args(server.model_dir, f"file://{tmp_path}"), "max_active_batches_per_key": 1}
+    with another_app(server, "batch-quota", args) as url:
+        client = openai.Client(base_url=f"{url}/v1", api_key="None", max_retries=0)
+        uploaded = client.files.create(file=("in.jsonl", jsonl([story_line(i, 64) for i in range(300)])),
+                                       purpose="batch")
+
+        def create():
+            return client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                         completion_window="24h")
+
+        first = create()
+        with pytest.raises(openai.RateLimitError) as refused:
+            create()
+        assert refused.value.code == "rate_limit_exceeded" and "1 unfinished batches" in refused.value.message
+        client.batches.cancel(first.id)
+        assert finished(client, first.id).status == "cancelled"
+        second = create()
+        client.batches.cancel(second.id)
+        finished(client, second.id)

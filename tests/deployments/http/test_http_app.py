@@ -23,6 +23,7 @@ from deployments.http.body import BodyParser
 from deployments.http.front import OpenAIFront
 from deployments.http.models import ModelRegistry
 from deployments.storage import open_store
+from deployments.storage.usage import Quota
 
 MODEL = "tiny"
 
@@ -73,7 +74,8 @@ def serve_in_process(model: ScriptedModel, tmp_path, api_key: str | list[str] | 
                                                                          "model_source": str(tmp_path)}}],
                                "storage_uri": storage, "api_key": api_key, **app_args})
     models = ModelRegistry(config, {MODEL: model})
-    batches = BatchAPI(storage, "test", {}, FileLimits(1 << 20, 10), BatchLimits(1, 1 << 10, 10))
+    quota = Quota(config.max_files_per_key, config.max_file_bytes_per_key)
+    batches = BatchAPI(storage, "test", {}, FileLimits(1 << 20, 10, quota), BatchLimits(1, 1 << 10, 10))
     front = OpenAIFront(config, ApiKeys(config.api_keys), models, BodyParser(models, config.max_request_bytes),
                         batches, ResponsesAPI(ResponseStore(open_store(storage))))
     return TestClient(build_app(front))
