@@ -128,6 +128,9 @@ class AppConfig(StrictModel):
     # seat and as many lines again on their way in or out (tokenizing, answering), so the seats stay full (online
     # requests are still admitted first)
     batch_concurrency: int | None = Field(None, gt=0)
+    # the batch manager starts with the app, so the first batch does not wait for its process; false: on the
+    # first Files or Batches call (an app that runs no batches has one process fewer)
+    start_batch_manager: bool = True
     # s3:// prefixes a batch's input_file_id may name, besides this app's own storage_uri; nothing else is read
     batch_input_prefixes: list[str] = Field(default_factory=list)
     # Serve options of the OpenAI ingress (num_replicas, autoscaling_config, ray_actor_options, ...). Two

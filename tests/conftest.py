@@ -186,6 +186,7 @@ def app_args(model_dir, storage_uri: str) -> dict:
             "tool_call_parser": "qwen25",
         }],
         "storage_uri": storage_uri,
+        "start_batch_manager": False,  # most test apps run no batch: their manager starts on a first call
         "max_file_lines": 6000,
         "max_batch_line_bytes": 4096,
     }

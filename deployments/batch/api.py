@@ -6,11 +6,13 @@ re-created if it has died (it then resumes every unfinished batch).
 """
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 
+import ray
 from ray import ObjectRef
 from ray.actor import ActorHandle
-from ray.exceptions import ActorDiedError, ActorUnavailableError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError, RayError
 
 from deployments.batch.files import FileLimits, FileStore
 from deployments.batch.job import BatchLimits
@@ -18,6 +20,7 @@ from deployments.batch.manager import BatchManager
 from deployments.errors import OpenAIError, remote_errors
 from deployments.storage import open_store
 
+logger = logging.getLogger("ray.serve")
 NAMESPACE = "rayllm"
 # The manager's Serve handles route in its own event loop, not a second thread's (what Serve's throughput-optimized
 # mode sets): its CPU per batch line is mostly the handle's routing, and this saves a thread hop per line
@@ -86,6 +89,15 @@ class BatchAPI:
                 self._manager = None
                 if attempt:
                     raise OpenAIError(503, "the batch manager is restarting; try again") from None
+
+    def start_manager(self, timeout_s: float = 120) -> None:
+        """Create the batch manager now and wait until it answers (its process started, its batches resumed), so
+        the app is ready for a batch when it says ready; one that does not answer in time goes on starting, and
+        the first Batches call waits for it (or makes it again, if it died)."""
+        try:
+            ray.get(self._get_or_create().list.remote(None, 1, None), timeout=timeout_s)
+        except (GetTimeoutError, OpenAIError, RayError) as e:
+            logger.warning("the batch manager did not answer at start: %r", e)
 
     def _get_or_create(self):
         self._manager = BatchManager.options(

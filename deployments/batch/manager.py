@@ -54,6 +54,7 @@ class BatchManager:
         self.tasks: dict[str, asyncio.Task] = {}
         self._loading: asyncio.Task | None = None
         self._groups: dict[str, LineGroups] = {}
+        self._models: dict[str, RemoteModel] = {}
         self._capacity = {model: Capacity(limits.per_replica(model)) for model in deployments}
         self._watching: asyncio.Task | None = None
         # resume at once, on first start and on every restart by Ray, not on the first API call: a batch
@@ -94,6 +95,15 @@ class BatchManager:
         for state in await asyncio.to_thread(self.index.unfinished):
             if state.batch.id not in self.jobs:  # else loaded by an earlier, interrupted attempt
                 self._start(self._job(state))
+        for model_id in self.deployments:
+            asyncio.get_running_loop().create_task(self._reach(model_id))
+
+    async def _reach(self, model_id: str) -> None:
+        """A handle's first call waits for Serve to name the model's replicas: made at start, not by a line."""
+        try:
+            await self._model(model_id).healthy()
+        except Exception as e:  # not up yet: the first line's call waits instead
+            logger.info("batch manager: model %s not reached at start: %r", model_id, e)
 
     def _job(self, state: BatchState) -> BatchJob:
         job = BatchJob(state, self.store, self.files, set(self.deployments), self._send, self.limits,
@@ -138,12 +148,21 @@ class BatchManager:
     async def _send(self, request: BatchRequest, request_id: str) -> tuple[int, dict]:
         """One line's request to its model's replicas, coalesced with the lines started beside it
         (line_groups.py): (HTTP status, body) for the output line."""
-        groups = self._groups.get(request.model)
+        return await self._line_groups(request.model).send(request.body, request_id)
+
+    def _line_groups(self, model_id: str) -> LineGroups:
+        groups = self._groups.get(model_id)
         if groups is None:
-            handle = serve.get_deployment_handle(self.deployments[request.model], app_name=self.app_name)
-            model = RemoteModel(handle)
-            groups = self._groups[request.model] = LineGroups(lambda lines: model.answer_lines(lines, BATCH_PRIORITY))
-        return await groups.send(request.body, request_id)
+            model = self._model(model_id)
+            groups = self._groups[model_id] = LineGroups(lambda lines: model.answer_lines(lines, BATCH_PRIORITY))
+        return groups
+
+    def _model(self, model_id: str) -> RemoteModel:
+        model = self._models.get(model_id)
+        if model is None:
+            handle = serve.get_deployment_handle(self.deployments[model_id], app_name=self.app_name)
+            model = self._models[model_id] = RemoteModel(handle)
+        return model
 
     # --- the API ---------------------------------------------------------------
 

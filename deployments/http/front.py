@@ -40,6 +40,8 @@ class OpenAIFront:
                                    seats=config.batch_seats(), max_active_per_key=config.max_active_batches_per_key)
         batches = BatchAPI(config.storage_uri, app_name, {model_id: replica_name(model_id) for model_id in clients},
                            file_limits, batch_limits)
+        if config.start_batch_manager:
+            batches.start_manager()
         stored = Quota(config.max_stored_responses_per_key, config.max_stored_response_bytes_per_key)
         return cls(config, ApiKeys(config.api_keys), models, BodyParser(models, config.max_request_bytes), batches,
                    ResponsesAPI(ResponseStore(open_store(config.storage_uri), stored)))

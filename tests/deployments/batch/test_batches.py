@@ -361,8 +361,11 @@ def test_batch_lines_in_flight_default_to_twice_each_models_engine_seats():
 
 
 def test_a_key_at_its_unfinished_batches_gets_a_429_until_one_ends(server, tmp_path):
-    args = {**app_args(server.model_dir, f"file://{tmp_path}"), "max_active_batches_per_key": 1}
+    """(The app's batch manager starts with it, as by default, before any Files or Batches call.)"""
+    args = {**app_args(server.model_dir, f"file://{tmp_path}"), "max_active_batches_per_key": 1,
+            "start_batch_manager": True}
     with another_app(server, "batch-quota", args) as url:
+        assert ray.get_actor("batch-manager-batch-quota", namespace="rayllm")
         client = openai.Client(base_url=f"{url}/v1", api_key="None", max_retries=0)
         uploaded = client.files.create(file=("in.jsonl", jsonl([story_line(i, 64) for i in range(300)])),
                                        purpose="batch")
