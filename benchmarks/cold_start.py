@@ -2,10 +2,12 @@
 (`engine_kwargs.warm_up`, on by default in a server) off and on, each on a fresh Ray.
 
 configs/local.yaml's application on the tiny Qwen2 model the tests build (benchmarks/batch_throughput.py's
-setup). Once `serve.run` returns (the replica healthy), PROBES streaming chats one after another, each timed to
-its first content chunk; then BATCHES batches of batch_throughput.LINES lines, one after another, each timed
-from create to completed. Reported: the first chat's time to first token over the last's, and the first
-batch's lines/s over the mean of the others'.
+setup), started twice per setting. Once `serve.run` returns (the replica healthy): on the first start, PROBES
+streaming chats one after another, each timed to its first content chunk; on the second, BATCHES batches of
+batch_throughput.LINES lines, one after another, each timed from create to completed (apart: batch lines get
+fewer seats for a while after online requests, which would slow the first batch after the chats). Reported:
+the first chat's time to first token over the last's, and the first batch's lines/s over the mean of the
+others'.
 
 Run: python -m benchmarks.cold_start [--device cpu|cuda]
 """
@@ -45,6 +47,8 @@ def after_ready(path: Path, device: str, warm_up: bool) -> dict:
         ready_s = time.perf_counter() - started
         client = openai.Client(base_url=base_url, api_key="none", max_retries=0)
         ttfts = [first_token_s(client, i) for i in range(PROBES)]
+    with serving(path, device, engine_kwargs={"warm_up": warm_up}) as base_url:
+        client = openai.Client(base_url=base_url, api_key="none", max_retries=0)
         batches = [run_batch(client, LINES)["lines_s"] for _ in range(BATCHES)]
     return {"ready_s": round(ready_s, 1), "ttft_ms": [round(1000 * t, 1) for t in ttfts],
             "first_over_last_ttft": round(ttfts[0] / ttfts[-1], 2), "batch_lines_s": batches,
