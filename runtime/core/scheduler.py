@@ -15,7 +15,7 @@ seat is taken and a sequence of a higher priority waits (one a step).
 
 Lower priorities (batch lines) fill the seats the higher ones leave, except
 beside them: while a sequence of a higher priority runs or waits, and for
-FOREGROUND_STEPS steps after, the lower ones run and are admitted up to
+FOREGROUND_STEPS steps after (unless the engine goes idle first), the lower ones run and are admitted up to
 `max_num_seqs_background` seats only, so a step stays short for the higher
 ones (their time to first token, their inter-token latency). Those running
 beyond it when a higher priority arrives pause, oldest first to go on: they
@@ -86,6 +86,8 @@ class Scheduler:
         elif seq.status is SequenceStatus.WAITING:
             self.num_waiting -= 1
         seq.status = SequenceStatus.FINISHED
+        if not self.running and not self.num_waiting:  # idle: no one left for the window to keep steps short for
+            self._foreground, self._foreground_steps = None, 0
 
     def schedule(self) -> ScheduledBatch:
         self._see_foreground()

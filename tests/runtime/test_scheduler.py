@@ -134,6 +134,18 @@ def test_beside_online_requests_batch_lines_run_on_their_background_seats_until_
     assert scheduler.blocks.num_free_blocks == scheduler.blocks.num_blocks
 
 
+def test_a_batch_after_an_online_request_on_an_idle_engine_takes_every_seat():
+    """The window after an online request ends when the engine goes idle: a batch that comes after a lone chat
+    (however soon, in steps) fills the engine, as it would have before the chat."""
+    scheduler = _scheduler(num_blocks=1024, max_num_batched_tokens=256, max_num_seqs=8, max_num_seqs_background=2)
+    online = _add(scheduler, "online", 4, priority=0, max_tokens=3)
+    while not online.seqs[0].is_finished:
+        _step(scheduler)
+    for i in range(20):
+        _add(scheduler, f"batch-{i}", 4, priority=1, max_tokens=3)
+    assert len(_step(scheduler)) == 8
+
+
 def test_an_online_request_short_of_blocks_takes_a_paused_batch_lines_blocks():
     """Paused batch lines hold their blocks; an online request that finds none free preempts the newest of them
     (not one running this step) and is admitted at once, rather than wait for them to finish."""
