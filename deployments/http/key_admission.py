@@ -10,10 +10,10 @@ it there.
 
 It applies to POSTs carrying a configured key, the requests that do work. Without API keys every caller is the
 same one, and nothing is held back. A request with a wrong key passes on to its route's 401, which refuses it
-before its body is read. The bounds hold per ingress replica.
+before its body is read. The app's bounds are shared out among the replicas that serve HTTP
+(`AppConfig.key_bounds_per_replica`): each replica holds its share.
 """
 
-import json
 from dataclasses import dataclass
 
 import anyio
@@ -22,6 +22,7 @@ from starlette.datastructures import Headers
 from deployments.api.anthropic.handler import anthropic_error_of
 from deployments.errors import OpenAIError
 from deployments.http.auth import ApiKeys
+from deployments.http.request_limits import send_json
 
 RETRY_AFTER_S = 1
 
@@ -77,7 +78,5 @@ async def _too_many(scope, send, in_flight: int, waiting: int) -> None:
     error = OpenAIError(429, f"This API key has {in_flight} requests in progress and {waiting} waiting, the most "
                              f"it may have; retry after the earlier ones finish.", code="rate_limit_exceeded")
     body = anthropic_error_of(error) if scope["path"].startswith("/v1/messages") else error.body()
-    await send({"type": "http.response.start", "status": 429, "headers": [  # the body is unread: the connection
-        (b"content-type", b"application/json"), (b"retry-after", str(RETRY_AFTER_S).encode()),  # cannot be reused
-        (b"connection", b"close")]})
-    await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+    # the body is unread: the connection cannot be reused
+    await send_json(send, 429, body, [(b"retry-after", str(RETRY_AFTER_S).encode()), (b"connection", b"close")])

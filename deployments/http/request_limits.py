@@ -69,6 +69,11 @@ class RequestLimits:
 
 
 async def _refuse(send, status: int, message: str, close: bool = False) -> None:
-    headers = [(b"content-type", b"application/json")] + ([(b"connection", b"close")] if close else [])
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": json.dumps(error_body(status, message)).encode()})
+    await send_json(send, status, error_body(status, message), [(b"connection", b"close")] if close else [])
+
+
+async def send_json(send, status: int, body: dict, headers: list[tuple[bytes, bytes]]) -> None:
+    """A whole JSON response, sent by an ASGI middleware before (or instead of) the app."""
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), *headers]})
+    await send({"type": "http.response.body", "body": json.dumps(body).encode()})
