@@ -1,5 +1,5 @@
 """Pure compute used by the engine's models: attention over the paged KV cache,
-KV-cache writes, projections against packed weights, RMSNorm, rotary embeddings and
+KV-cache writes, projections against packed or quantized weights, RMSNorm, rotary embeddings and
 the MLP's activation, a mixture-of-experts layer's experts, and the sampler's argmax.
 
 Each operation has one interface here; the implementation behind it is chosen
@@ -14,6 +14,7 @@ from kernels.backends import choose_attention_backend
 from kernels.linear import linear, pack_weight
 from kernels.moe import fused_experts
 from kernels.norm import rms_norm
+from kernels.quantized_linear import QuantizedWeight, code_table
 from kernels.reduce import argmax
 from kernels.rotary import apply_rotary
 from kernels.transfer import tensor_on, to_device
@@ -21,8 +22,10 @@ from kernels.transfer import tensor_on, to_device
 __all__ = [
     "AttentionBackend",
     "AttentionMetadata",
+    "QuantizedWeight",
     "argmax",
     "choose_attention_backend",
+    "code_table",
     "fused_experts",
     "linear",
     "pack_weight",

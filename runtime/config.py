@@ -32,6 +32,9 @@ class EngineConfig:
     dtype: str = "auto"
     # auto: cuda when available, else cpu
     device: str = "auto"
+    # the checkpoint's quantization method, detected from its config.json; naming one insists on it
+    # (compressed-tensors)
+    quantization: str | None = None
     tensor_parallel_size: int = 1
     # default: the model's max_position_embeddings
     max_model_len: int | None = None

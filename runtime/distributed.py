@@ -63,6 +63,13 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def all_reduce_max(x: torch.Tensor) -> torch.Tensor:
+    """The elementwise maximum over the ranks, in place."""
+    if tp_size() > 1:
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    return x
+
+
 def all_reduce_min(value: int) -> int:
     if tp_size() == 1:
         return value

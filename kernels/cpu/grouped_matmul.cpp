@@ -14,50 +14,14 @@
 // (back in token order). Written with GCC vector extensions at the CPU's own vector width.
 
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
-#include "vector_math.h"
+#include "matmul_block.h"
 
-namespace {
-
-using kernels::kLanes;
-using kernels::load;
-using kernels::store;
-using kernels::vf;
-
-constexpr int kVectors = 2;  // output vectors per row in a block: kRows * kVectors sums + kVectors weights
-constexpr int kRows = 6;     // + 1 broadcast fit AVX2's 16 registers
-constexpr int kTile = kVectors * kLanes;
-
-// Where a block's results go: row i to outs[i], plus `bias` (or none), times scales[i].
-struct Epilogue {
-  float* outs[kRows];
-  float scales[kRows];
-  const float* bias;
-};
-
-// rows[0..R) times the packed tile `w` [in, kTile], finished as `end` says.
-template <int R>
-inline void block(const float* const* rows, const float* w, int in, const Epilogue& end) {
-  vf acc[R][kVectors] = {};
-  for (int k = 0; k < in; ++k) {
-    vf b[kVectors];
-    for (int v = 0; v < kVectors; ++v) b[v] = load(w + (k * kTile + v * kLanes));
-    for (int i = 0; i < R; ++i) {
-      const float a = rows[i][k];
-      for (int v = 0; v < kVectors; ++v) acc[i][v] += a * b[v];
-    }
-  }
-  for (int i = 0; i < R; ++i)
-    for (int v = 0; v < kVectors; ++v) {
-      vf sum = acc[i][v];
-      if (end.bias) sum += load(end.bias + v * kLanes);
-      store(end.outs[i] + v * kLanes, sum * end.scales[i]);
-    }
-}
-
-}  // namespace
+using kernels::any_block;
+using kernels::Epilogue;
+using kernels::kRows;
+using kernels::kTile;
 
 // The width of the tiles that `weight` is packed in.
 extern "C" int grouped_matmul_tile() { return kTile; }
@@ -89,14 +53,7 @@ extern "C" void grouped_matmul_f32(const float* x, const long* index, const floa
         end.outs[i] = out + (to ? to[r + i] : r + i) * out_dim + column;
         end.scales[i] = scale ? scale[r + i] : 1.0f;
       }
-      switch (count) {
-        case 6: block<6>(rows, w, in, end); break;
-        case 5: block<5>(rows, w, in, end); break;
-        case 4: block<4>(rows, w, in, end); break;
-        case 3: block<3>(rows, w, in, end); break;
-        case 2: block<2>(rows, w, in, end); break;
-        default: block<1>(rows, w, in, end);
-      }
+      any_block(count, rows, w, in, end);
     }
   }
 }

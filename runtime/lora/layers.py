@@ -126,13 +126,13 @@ def attach_lora(model: nn.Module, slots: int, max_rank: int, dtype: torch.dtype,
         q_size, kv_size = qkv.num_heads * qkv.head_dim, qkv.num_kv_heads * qkv.head_dim
         kv_shard = rank // qkv.kv_replicas
         qkv.lora = weights([Part("q_proj", 0, q_size, rank), Part("k_proj", q_size, kv_size, kv_shard),
-                            Part("v_proj", q_size + kv_size, kv_size, kv_shard)], qkv.weight_shape[1])
-        o.lora = weights([Part("o_proj", 0, o.weight_shape[0], 0)], o.weight_shape[1], input_shard=rank)
+                            Part("v_proj", q_size + kv_size, kv_size, kv_shard)], qkv.matrix_shape[1])
+        o.lora = weights([Part("o_proj", 0, o.matrix_shape[0], 0)], o.matrix_shape[1], input_shard=rank)
         gate_up, down = layer.mlp.gate_up_proj, layer.mlp.down_proj
         size = gate_up.out_features[0] // tp
         gate_up.lora = weights([Part("gate_proj", 0, size, rank), Part("up_proj", size, size, rank)],
-                               gate_up.weight_shape[1])
-        down.lora = weights([Part("down_proj", 0, down.weight_shape[0], 0)], down.weight_shape[1], input_shard=rank)
+                               gate_up.matrix_shape[1])
+        down.lora = weights([Part("down_proj", 0, down.matrix_shape[0], 0)], down.matrix_shape[1], input_shard=rank)
     return batch
 
 

@@ -213,11 +213,6 @@ class CausalLM(nn.Module):
     def check_config(cls, config: PretrainedConfig, max_model_len: int) -> None:
         """Refuse, at engine start, a config this implementation would run wrongly (raises InvalidInputError)."""
         check_rope(config, max_model_len)
-        quantization = getattr(config, "quantization_config", None)
-        if quantization:
-            method = quantization.get("quant_method", "unnamed") if isinstance(quantization, dict) else quantization
-            raise InvalidInputError("model", f"quantized checkpoints ({method}) are not supported; use a bf16 or "
-                                    "fp32 one")
 
     def attention_biases(self, config: PretrainedConfig) -> tuple[bool, bool]:
         """Whether the q/k/v projections and o_proj have biases (Llama's `attention_bias` sets both)."""

@@ -5,11 +5,13 @@ layers split their input features and all-reduce the result, the vocabulary
 embedding and LM head split the vocabulary. At TP=1 they are plain layers.
 """
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import linear, pack_weight, rms_norm
+from kernels import QuantizedWeight, linear, pack_weight, rms_norm
 from runtime.distributed import all_gather_last_dim, all_reduce, tp_rank, tp_size
 
 
@@ -30,7 +32,7 @@ def pack_linear_weights(model: nn.Module) -> None:
     The packed copy replaces the plain weight (a tied embedding keeps its own reference).
     """
     for module in model.modules():
-        if isinstance(module, _Projection):
+        if isinstance(module, _Projection) and module.weight is not None:  # a quantized one has its own layout
             module.packed = pack_weight(module.weight)
             if module.packed is not None:
                 module.weight = None
@@ -43,16 +45,21 @@ class _Projection:
     step's LoRA adapters when the engine serves them (`runtime.lora.layers`)."""
 
     packed: torch.Tensor | None = None
+    quantized: QuantizedWeight | None = None  # a quantized checkpoint's weight (runtime.models.quantization)
+    quantize_input: Callable[[torch.Tensor], torch.Tensor] | None = None  # its input's quantization (W8A8)
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
-        out = linear(x, self.weight, self.bias, self.packed)
+        if self.quantized is None:
+            out = linear(x, self.weight, self.bias, self.packed)
+        else:
+            out = self.quantized.matmul(x if self.quantize_input is None else self.quantize_input(x), self.bias)
         return out if self.lora is None else self.lora.add_to(out, x)
 
 
 class _Linear(_Projection, nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
-        self.weight_shape = (out_features, in_features)  # this rank's, kept once a packed copy replaces `weight`
+        self.matrix_shape = (out_features, in_features)  # this rank's, kept once a packed copy replaces `weight`
         self.lora = None  # the adapter slots (runtime.lora.layers), when the engine serves LoRA
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.weight.weight_loader = self.weight_loader

@@ -15,6 +15,7 @@ from runtime.config import DTYPES, EngineConfig
 from runtime.errors import InvalidInputError, require
 from runtime.models import CausalLM, model_class
 from runtime.models.files import resolve_model_path
+from runtime.models.quantization import Quantization
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class ModelSpec:
     max_model_len: int
     tokenizer: str  # the tokenizer's directory or Hub id
     model_class: type[CausalLM]  # the family's implementation (runtime.models.registry)
+    quantization: Quantization | None = None  # a quantized checkpoint's scheme (runtime.models.quantization)
 
     @classmethod
     def resolve(cls, config: EngineConfig) -> "ModelSpec":
@@ -41,7 +43,9 @@ class ModelSpec:
                 f"{family.__name__} has no LM head: it serves embeddings only (runner: pooling)")
         require(not config.enable_lora or family.supports_lora, "enable_lora",
                 f"LoRA is not supported for {family.__name__} models")
-        return cls(path, hf_config, _dtype(config, hf_config), max_model_len, config.tokenizer or str(path), family)
+        quantization = Quantization.from_config(hf_config, config.quantization)
+        return cls(path, hf_config, _dtype(config, hf_config), max_model_len, config.tokenizer or str(path), family,
+                   quantization)
 
     @property
     def head_dim(self) -> int:

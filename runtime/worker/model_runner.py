@@ -19,6 +19,7 @@ from runtime.distributed import all_reduce_min, broadcast_from_rank0, destroy_tp
 from runtime.errors import InvalidInputError, describe
 from runtime.lora import LoRAAdapter, attach_lora, load_into_slot
 from runtime.models import load_weights, pack_linear_weights
+from runtime.models.quantization import finish_quantized_linears, quantize_linears
 from runtime.models.spec import ModelSpec
 from runtime.outputs import TokenLogprob
 from runtime.speculative.verifier import GeneratorRewind, split_rows
@@ -109,8 +110,11 @@ class ModelRunner:
         torch.set_default_dtype(spec.dtype)
         with torch.device(self.device):
             self.model = spec.model_class(spec.hf_config, spec.max_model_len)
+            if spec.quantization is not None:
+                quantize_linears(self.model, spec.quantization)
         torch.set_default_dtype(default_dtype)
         load_weights(self.model, spec.path)
+        finish_quantized_linears(self.model)
         pack_linear_weights(self.model)
         self.model.eval()
         self.lora_batch = None

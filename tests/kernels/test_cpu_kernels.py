@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import apply_rotary, argmax, choose_attention_backend, linear, pack_weight, rms_norm, silu_and_mul
+from kernels import (QuantizedWeight, apply_rotary, argmax, choose_attention_backend, code_table, linear, pack_weight,
+                     rms_norm, silu_and_mul)
 from kernels.activation import silu_and_mul_reference
 from kernels.cpu import attention as cpu_attention
 from kernels.cpu import build, elementwise, grouped_matmul
@@ -84,6 +85,29 @@ def test_linear_through_packed_tiles_and_onednn(rows):
         packed = pack_weight(weight)
         assert packed.dim() == dims
         torch.testing.assert_close(linear(x, None, bias, packed), torch.nn.functional.linear(x, weight, bias))
+
+
+@pytest.mark.parametrize("kind,bits,group,zeros", [("int", 4, 32, False), ("int", 4, 64, True), ("int", 8, 96, False),
+                                                   ("float", 8, 32, False)])
+def test_quantized_matmul_dequantizes_each_tile_as_the_whole_matrix(kind, bits, group, zeros):
+    """The C++ kernel's tiles (codes two to a byte for 4 bits, scales and zero points per tile) against the torch
+    path's dequantized matrix, for every count of rows a block of the kernel takes and more."""
+    torch.manual_seed(0)
+    out, inner = 64, 192
+    codes = torch.randint(0, 256, (out, inner * bits // 8), dtype=torch.uint8)
+    if kind == "float":  # no NaN codes
+        codes = torch.where((codes & 0x7F) == 0x7F, codes - 1, codes)
+    scale = torch.rand(out, inner // group) + 0.5
+    zero = torch.randint(-8, 8, (out, inner // group)).float() if zeros else None
+    weight = QuantizedWeight.build(codes, bits, code_table(kind, bits), scale, zero)
+    plain = QuantizedWeight(codes, bits, code_table(kind, bits), scale, zero, out, inner)
+    assert weight.packed and not plain.packed
+    torch.testing.assert_close(weight.dequantize(), plain.dequantize(), atol=0, rtol=0)
+    bias = torch.randn(out)
+    for rows in [1, 5, 6, 7, 13]:
+        x = torch.randn(rows, inner)
+        expected = (x.double() @ plain.dequantize().double().T + bias).float()  # sums of a few hundred terms
+        torch.testing.assert_close(weight.matmul(x, bias), expected, atol=1e-3, rtol=1e-5)
 
 
 @pytest.mark.parametrize("bias", [False, True])

@@ -1,0 +1,135 @@
+"""Projections that keep a quantized checkpoint's weights quantized.
+
+Before loading, `quantize_linears` gives each projection the checkpoint quantizes parameters shaped as its
+tensors (the codes, `weight_scale`, `weight_zero_point`, ...) in place of `weight`. Each parameter's loader
+brings the checkpoint tensor to rows first (a block's or the tensor's scale repeated over its rows, zero
+points unpacked), so the projection's own loader then shards it as it shards a weight: column-parallel
+layers by output row, row-parallel ones by input group. After loading, `finish` turns them into the
+`kernels.QuantizedWeight` the projection multiplies by.
+"""
+
+from functools import partial
+
+import torch
+from torch import nn
+
+from kernels import QuantizedWeight, code_table
+from runtime.distributed import tp_size
+from runtime.errors import InvalidInputError
+from runtime.models.layers import ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear, \
+    RowParallelLinear, _Linear
+from runtime.models.quantization.activations import quantize_input
+from runtime.models.quantization.scheme import LayerScheme, Quantization
+
+_QUANTIZED_PARAMS = ("weight", "weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "input_scale")
+
+
+def quantize_linears(model: nn.Module, quantization: Quantization) -> None:
+    """Give every projection that `quantization` covers its quantized parameters (before loading)."""
+    parts_of: dict[str, list[str]] = {}
+    for part, (fused, _) in model.stacked_params.items():
+        parts_of.setdefault(fused, []).append(part)
+    if model.lm_head is not None and quantization.scheme_for("lm_head"):
+        raise InvalidInputError("model", "a quantized LM head is not supported")
+    for name, module in model.named_modules():
+        if callable(getattr(module, "pack", None)) and quantization.scheme_for(f"{name}.0.gate_proj"):
+            raise InvalidInputError("model", "quantized MoE expert weights are not supported yet")
+        if not isinstance(module, _Linear):
+            continue
+        prefix, leaf = name.rsplit(".", 1)
+        names = [f"{prefix}.{part}" for part in parts_of.get(leaf, [leaf])]
+        schemes = {quantization.scheme_for(n) for n in names}
+        if len(schemes) > 1:
+            raise InvalidInputError("model", f"{', '.join(names)} are quantized differently; they run as one "
+                                    "projection")
+        scheme = schemes.pop()
+        if scheme is not None:
+            _quantize(module, scheme, name)
+
+
+def finish_quantized_linears(model: nn.Module) -> None:
+    """After loading: each quantized projection's `QuantizedWeight` (and its input's quantization), its loading
+    parameters dropped."""
+    for module in model.modules():
+        scheme: LayerScheme | None = getattr(module, "scheme", None)
+        if scheme is None:
+            continue
+        w = scheme.weights
+        codes = getattr(module, w.checkpoint_name).data
+        if codes.dtype == torch.int8:  # two's complement -> offset by 128, as packed codes are
+            codes = (codes.to(torch.int16) + 128).to(torch.uint8)
+        codes = codes.view(torch.uint8)  # int32 words -> their bytes (little-endian: the first value lowest)
+        zero = getattr(module, "weight_zero_point", None)
+        module.quantized = QuantizedWeight.build(codes, w.bits, code_table(w.type, w.bits), module.weight_scale.data,
+                                                 None if zero is None else zero.data)
+        if scheme.activations is not None:
+            scale = getattr(module, "input_scale", None)
+            module.quantize_input = partial(quantize_input, scheme=scheme.activations,
+                                            input_scale=None if scale is None else scale.data,
+                                            split_inputs=isinstance(module, RowParallelLinear) and tp_size() > 1)
+        for name in _QUANTIZED_PARAMS:
+            if name in module._parameters:
+                delattr(module, name)
+        module.weight = None
+
+
+def _quantize(module: _Linear, scheme: LayerScheme, name: str) -> None:
+    w = scheme.weights
+    out, local_in = module.matrix_shape
+    row_parallel = isinstance(module, RowParallelLinear)
+    full_in = local_in * (tp_size() if row_parallel else 1)
+    group = {"group": w.group_size, "block": w.block and w.block[1]}.get(w.strategy) or local_in
+    if local_in % group or (w.packed and local_in % (32 // w.bits)):
+        raise InvalidInputError("model", f"{name}: {local_in} inputs per rank do not split into whole groups of "
+                                f"{group} (tensor_parallel_size {tp_size()})")
+    codes_dtype = {(True, 4): torch.int32, (True, 8): torch.int32, (False, 8): torch.int8}[w.packed, w.bits] \
+        if w.type == "int" else torch.float8_e4m3fn
+    width = local_in * w.bits // 32 if w.packed else local_in
+    delattr(module, "weight")
+    module.scheme = scheme
+    loader = module.weight_loader
+
+    def register(param_name: str, shape: tuple, dtype: torch.dtype, prepare=None, load=None) -> None:
+        """A parameter that `load`s its tensors, or passes them (through `prepare`) to the projection's loader."""
+        param = nn.Parameter(torch.zeros(shape, dtype=dtype), requires_grad=False)
+
+        def shard_and_load(p, loaded, *shard):
+            loader(p, loaded if prepare is None else prepare(loaded, *_part_shape(module, full_in, *shard)), *shard)
+
+        param.weight_loader = load or shard_and_load
+        module.register_parameter(param_name, param)
+
+    def to_rows(loaded: torch.Tensor, rows: int, columns: int) -> torch.Tensor:
+        """A scale or zero point as [rows, columns / group]: one per output row and input group."""
+        loaded = loaded.float().reshape(loaded.shape[0] if loaded.dim() == 2 else 1, -1)
+        if loaded.shape[0] != rows:  # a block's rows, or the whole tensor's
+            loaded = loaded.repeat_interleave(-(-rows // loaded.shape[0]), dim=0)[:rows]
+        return loaded.repeat_interleave(columns // group // loaded.shape[1], dim=1)
+
+    def unpack_zero(loaded: torch.Tensor, rows: int, columns: int) -> torch.Tensor:
+        if w.packed:  # int32 words along the output rows, each value offset by 2**(bits - 1)
+            values = torch.stack([(loaded >> (w.bits * i)) & ((1 << w.bits) - 1) for i in range(32 // w.bits)],
+                                 dim=1).reshape(-1, loaded.shape[1])[:rows]
+            loaded = values - (1 << (w.bits - 1))
+        return to_rows(loaded, rows, columns)
+
+    register(w.checkpoint_name, (out, width), codes_dtype)
+    register("weight_scale", (out, local_in // group), torch.float32, to_rows)
+    if not w.symmetric:
+        register("weight_zero_point", (out, local_in // group), torch.float32, unpack_zero)
+    if w.packed:  # the unpacked shape, which the parameters' shapes already say
+        register("weight_shape", (2,), torch.int64, load=lambda p, loaded, *shard: None)
+    if scheme.activations is not None and not scheme.activations.dynamic:  # fused parts share the largest
+        register("input_scale", (1,), torch.float32,
+                 load=lambda p, loaded, *shard: p.data.copy_(torch.maximum(p.data, loaded.float().reshape(1))))
+
+
+def _part_shape(module: _Linear, full_in: int, shard=None) -> tuple[int, int]:
+    """The checkpoint's [rows, columns] for the part `shard` of `module` (all of it for None)."""
+    if isinstance(module, QKVParallelLinear):
+        sizes = dict(zip("qkv", module.checkpoint_sizes))
+        return (sum(sizes.values()) if shard is None else sizes[shard]), full_in
+    if isinstance(module, MergedColumnParallelLinear):
+        return (sum(module.out_features) if shard is None else module.out_features[shard]), full_in
+    rows = module.matrix_shape[0] * (tp_size() if isinstance(module, ColumnParallelLinear) else 1)
+    return rows, full_in

@@ -1,0 +1,148 @@
+"""Quantized checkpoints as llm-compressor writes them (compressed-tensors): INT4/INT8 weights with group or
+channel scales (symmetric or with zero points), W8A8 INT8, FP8 per channel and in 128x128 blocks. The oracle is
+transformers' compressed-tensors integration with compressed-tensors' own input quantization
+(testing.quantized_checkpoints); the weights stay quantized in our engine's memory."""
+
+import json
+
+import pytest
+import torch
+
+from runtime import LLM, InvalidInputError, SamplingParams
+from testing.model_factory import build_model_dir
+from testing.quantized_checkpoints import QUANTIZES_ACTIVATIONS, SCHEMES, reference_model, write_quantized
+from tests.runtime.test_greedy_parity import WORDS
+
+MAX_TOKENS = 16
+# a 256-wide model, so that 128-input groups and 128x128 blocks split across two ranks
+SHAPE = {"arch": "qwen3", "hidden_size": 256, "intermediate_size": 512, "num_heads": 4, "num_kv_heads": 2,
+         "head_dim": 64}
+# resident bytes of the quantized projections against the same matrices in bfloat16
+LARGEST_SHARE_OF_BF16 = {"W4A16": 0.35, "W4A16_ASYM": 0.35, "W8A16": 0.6, "W8A8": 0.6, "FP8_DYNAMIC": 0.6,
+                         "FP8_BLOCK": 0.6}
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    base = build_model_dir(tmp_path_factory.mktemp("base"), **SHAPE)
+    paths = {}
+
+    def path(scheme: str):
+        if scheme not in paths:
+            paths[scheme] = write_quantized(base, tmp_path_factory.mktemp(scheme.lower()), scheme)
+        return paths[scheme]
+
+    return path
+
+
+def _prompts(tokenizer) -> list[list[int]]:
+    return [tokenizer.encode(" ".join(WORDS[(i + j) % len(WORDS)] for j in range(2 + 3 * i))) for i in range(16)]
+
+
+def _generate(llm: LLM, prompts) -> list[list[int]]:
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_greedy_tokens_match_transformers_on_the_same_checkpoint(quantized, scheme):
+    path = quantized(scheme)
+    llm = LLM(str(path), dtype="float32", max_model_len=256)
+    prompts = _prompts(llm.tokenizer)
+    ours = _generate(llm, prompts)
+    reference = reference_model(path)
+    if scheme not in QUANTIZES_ACTIVATIONS:
+        expected = [reference.generate(torch.tensor([p]), do_sample=False, max_new_tokens=MAX_TOKENS,
+                                       pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+        assert [tokens[:len(e)] for tokens, e in zip(ours, expected)] == expected  # the reference stops at EOS
+        assert sum(map(len, expected)) > 8 * MAX_TOKENS
+        return
+    _assert_near_reference_argmax(reference, prompts, ours)
+
+
+def _assert_near_reference_argmax(reference, prompts, outputs) -> None:
+    """An input rounded to the 8-bit grid turns float noise (another summation order) into a step of the grid,
+    FP8's an eighth of the value: fed our tokens, each must be the reference's argmax up to a small share of the
+    logit, a margin that still excludes almost every token. Each projection's exact match is the next test's."""
+    for prompt, tokens in zip(prompts, outputs):
+        with torch.no_grad():
+            logits = reference(torch.tensor([prompt + tokens[:-1]])).logits[0, len(prompt) - 1:]
+        best = logits.max(dim=-1).values
+        tolerance = 0.05 * best.abs()
+        assert (best - logits[torch.arange(MAX_TOKENS), torch.tensor(tokens)] <= tolerance).all()
+        assert (logits >= (best - tolerance)[:, None]).sum(dim=-1).float().mean() < 2
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_each_projection_equals_the_reference_module(quantized, scheme):
+    path = quantized(scheme)
+    ours = LLM(str(path), dtype="float32", max_model_len=256).engine.runner.model.model.layers
+    reference = reference_model(path).model.layers
+    q, kv = 4 * 64, 2 * 64
+    torch.manual_seed(0)
+    for layer, theirs in zip(ours, reference):
+        attention, mlp = layer.self_attn, layer.mlp
+        for projection, columns, module in [
+            (attention.qkv_proj, slice(0, q), theirs.self_attn.q_proj),
+            (attention.qkv_proj, slice(q, q + kv), theirs.self_attn.k_proj),
+            (attention.qkv_proj, slice(q + kv, None), theirs.self_attn.v_proj),
+            (attention.o_proj, slice(None), theirs.self_attn.o_proj),
+            (mlp.gate_up_proj, slice(0, 512), theirs.mlp.gate_proj),
+            (mlp.gate_up_proj, slice(512, None), theirs.mlp.up_proj),
+            (mlp.down_proj, slice(None), theirs.mlp.down_proj)]:
+            x = torch.randn(7, module.in_features)
+            with torch.no_grad():
+                expected = module(x.unsqueeze(0))[0]  # a batch of one: per-token scales are over the last dimension
+                torch.testing.assert_close(projection.project(x)[:, columns], expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_weights_stay_quantized_in_memory(quantized, scheme):
+    llm = LLM(str(quantized(scheme)), dtype="float32", max_model_len=256)
+    model = llm.engine.runner.model
+    projections = [m for m in model.modules() if getattr(m, "quantized", None) is not None]
+    assert len(projections) == 2 * 4  # q/k/v, o, gate/up and down in each of the two layers
+    assert all(m.weight is None and m.packed is None for m in projections)
+    resident = sum(m.quantized.nbytes() for m in projections)
+    bf16 = sum(2 * m.quantized.out_features * m.quantized.in_features for m in projections)
+    assert resident / bf16 < LARGEST_SHARE_OF_BF16[scheme]
+    if not torch.cuda.is_available():
+        assert all(m.quantized.packed for m in projections)  # the C++ kernel's tiles
+
+
+@pytest.mark.parametrize("scheme", ["W4A16_ASYM", "W8A8"])
+# groups and zero points split by input on the row-parallel projections; a row-parallel projection's per-token
+# input scale over the whole row, not the rank's slice
+def test_tp2_matches_tp1(ray_cluster, quantized, scheme):
+    path = quantized(scheme)
+    tp1 = LLM(str(path), dtype="float32", max_model_len=256)
+    prompts = _prompts(tp1.tokenizer)[:8]
+    expected = _generate(tp1, prompts)  # before TP=2 joins this process to its group
+    llm = LLM(str(path), dtype="float32", max_model_len=256, tensor_parallel_size=2)
+    try:
+        ours = _generate(llm, prompts)
+    finally:
+        llm.shutdown()
+    if scheme in QUANTIZES_ACTIVATIONS:  # the 8-bit grid makes both runs' float noise visible: each is checked
+        _assert_near_reference_argmax(reference_model(path), prompts, ours)
+    else:
+        assert ours == expected
+
+
+def test_unsupported_quantization_fails_at_start_naming_it(quantized, tmp_path):
+    path = quantized("W4A16")
+    with pytest.raises(InvalidInputError, match="'fp8' was asked for, but the checkpoint is compressed-tensors"):
+        LLM(str(path), quantization="fp8")
+    for file in path.iterdir():
+        (tmp_path / file.name).symlink_to(file)
+    (tmp_path / "config.json").unlink()
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InvalidInputError, match="quantization method 'mxfp4' is not supported"):
+        LLM(str(tmp_path))
+    config["quantization_config"] = json.loads((path / "config.json").read_text())["quantization_config"]
+    config["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 3
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InvalidInputError, match="3-bit int weights by group is not supported"):
+        LLM(str(tmp_path))
