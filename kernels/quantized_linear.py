@@ -29,6 +29,7 @@ class QuantizedWeight:
     codes: torch.Tensor  # uint8 [out, in * bits / 8]; the CPU kernel's tiles once `packed`
     bits: int
     lut: torch.Tensor  # float32 [2 ** bits]
+    fp8: bool  # FP8 e4m3 codes, else integers offset by 2 ** (bits - 1) (the CPU kernel computes either)
     scale: torch.Tensor  # float32 [out, in / group]
     zero: torch.Tensor | None  # float32 like scale, in code values
     out_features: int
@@ -36,12 +37,12 @@ class QuantizedWeight:
     packed: bool = False
 
     @classmethod
-    def build(cls, codes: torch.Tensor, bits: int, lut: torch.Tensor, scale: torch.Tensor,
+    def build(cls, codes: torch.Tensor, kind: str, bits: int, scale: torch.Tensor,
               zero: torch.Tensor | None) -> "QuantizedWeight":
-        """The weight, packed for the CPU kernel where it serves the shape."""
+        """The weight of `kind` (int | float) codes, packed for the CPU kernel where it serves the shape."""
         out, width = codes.shape
-        weight = cls(codes, bits, lut.to(codes.device), scale.float(), None if zero is None else zero.float(),
-                     out, width * 8 // bits)
+        weight = cls(codes, bits, code_table(kind, bits).to(codes.device), kind == "float", scale.float(),
+                     None if zero is None else zero.float(), out, width * 8 // bits)
         tiles = cpu_quantized.pack(codes, bits, weight.scale, weight.zero)
         if tiles is not None:
             weight.codes, weight.scale, weight.zero = tiles
@@ -53,7 +54,7 @@ class QuantizedWeight:
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.packed and x.dtype == torch.float32:
-            return cpu_quantized.quantized_matmul(x, self.codes, self.bits, self.lut, self.scale, self.zero, bias)
+            return cpu_quantized.quantized_matmul(x, self.codes, self.bits, self.fp8, self.scale, self.zero, bias)
         return F.linear(x, self.dequantize().to(x.dtype), bias)
 
     def dequantize(self) -> torch.Tensor:
@@ -61,8 +62,8 @@ class QuantizedWeight:
         codes, scale, zero = self.codes, self.scale, self.zero
         if self.packed:  # [tiles, in, tile * bits / 8] and [tiles, groups, tile] back to rows
             tiles = codes.shape[0]
-            if self.bits == 4:
-                codes = torch.stack([codes & 15, codes >> 4], dim=-1).reshape(tiles, self.in_features, -1)
+            if self.bits == 4:  # a tile's column j in the low nibble, j + tile / 2 in the high one
+                codes = torch.cat([codes & 15, codes >> 4], dim=-1)
             codes = codes.transpose(1, 2).reshape(self.out_features, self.in_features)
             scale, zero = (None if t is None else t.transpose(1, 2).reshape(self.out_features, -1)
                            for t in (scale, zero))

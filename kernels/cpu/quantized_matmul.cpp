@@ -2,14 +2,17 @@
 // each task dequantizes its tile of kTile output columns into a float buffer (in * kTile floats, in cache), then
 // runs the tile's rows through the same register-blocked product as the float kernels (matmul_block.h).
 //
-// Codes are 8-bit (one byte each) or 4-bit (two per byte, the even column in the low nibble), packed per tile
-// as [out / kTile, in, kTile * bits / 8]; a code's value comes from `lut` (so one kernel reads INT4, INT8 and
-// FP8 alike), and w[k][c] = (lut[code] - zero[g][c]) * scale[g][c] for the group g = k / group of inputs, with
-// scale and zero packed per tile as [out / kTile, in / group, kTile]. Written with GCC vector extensions at the
+// Codes are 8-bit (one byte each) or 4-bit (two per byte: byte j holds column j in its low nibble and column
+// j + kTile / 2 in its high one, so that both halves unpack with contiguous stores), packed per tile
+// as [out / kTile, in, kTile * bits / 8]. A code's value is code - 2^(bits - 1) for integers (offset as
+// compressed-tensors packs them), or FP8 e4m3's value, its bits moved into a float's (both plain arithmetic,
+// which vectorises), and w[k][c] = (value - zero[g][c]) * scale[g][c] for the group g = k / group of inputs, with scale and zero
+// packed per tile as [out / kTile, in / group, kTile]. Written with GCC vector extensions at the
 // CPU's own vector width.
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "matmul_block.h"
@@ -21,9 +24,22 @@ using kernels::kTile;
 
 namespace {
 
+// An FP8 e4m3 code's value: sign, 4 exponent bits (bias 7) and 3 mantissa bits moved into a float's (bias 127);
+// exponent 0 is subnormal, mantissa * 2^-9. (The NaN codes, never in a checkpoint's weights, read as 480.)
+inline float fp8_e4m3(uint8_t code) {
+  const uint32_t exponent = (code >> 3) & 15, mantissa = code & 7, sign = static_cast<uint32_t>(code & 0x80) << 24;
+  float subnormal = static_cast<float>(mantissa) * (1.0f / 512);
+  uint32_t bits;
+  std::memcpy(&bits, &subnormal, sizeof bits);
+  bits = sign | (exponent ? ((exponent + 120) << 23) | (mantissa << 20) : bits);
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
 // The tile's weights as floats, [in, kTile].
-void dequantize_tile(const uint8_t* codes, int bits, const float* lut, const float* scale, const float* zero,
-                     int in, int group, float* w) {
+void dequantize_tile(const uint8_t* codes, int bits, bool fp8, const float* scale, const float* zero, int in,
+                     int group, float* w) {
   const int bytes = kTile * bits / 8;
   for (int k = 0; k < in; ++k) {
     const uint8_t* row = codes + static_cast<long>(k) * bytes;
@@ -31,12 +47,15 @@ void dequantize_tile(const uint8_t* codes, int bits, const float* lut, const flo
     const float* z = zero ? zero + (k / group) * kTile : nullptr;
     float* out = w + static_cast<long>(k) * kTile;
     float values[kTile];
-    if (bits == 8) {
-      for (int c = 0; c < kTile; ++c) values[c] = lut[row[c]];
+    if (fp8) {
+      for (int c = 0; c < kTile; ++c) values[c] = fp8_e4m3(row[c]);
+    } else if (bits == 8) {
+      for (int c = 0; c < kTile; ++c) values[c] = static_cast<float>(row[c]) - 128.0f;
     } else {
-      for (int c = 0; c < kTile; c += 2) {
-        values[c] = lut[row[c / 2] & 15];
-        values[c + 1] = lut[row[c / 2] >> 4];
+      constexpr int kHalf = kTile / 2;
+      for (int c = 0; c < kHalf; ++c) {
+        values[c] = static_cast<float>(row[c] & 15) - 8.0f;
+        values[c + kHalf] = static_cast<float>(row[c] >> 4) - 8.0f;
       }
     }
     if (z)
@@ -51,9 +70,10 @@ void dequantize_tile(const uint8_t* codes, int bits, const float* lut, const flo
 // The width of the tiles that the codes are packed in.
 extern "C" int quantized_matmul_tile() { return kTile; }
 
-// out [rows, out_dim] = x [rows, in] @ W.T + bias (or none), W dequantized tile by tile as above.
+// out [rows, out_dim] = x [rows, in] @ W.T + bias (or none), W dequantized tile by tile as above: FP8 codes if
+// `fp8`, else integers.
 extern "C" void quantized_matmul_f32(const float* x, long rows, int in, int out_dim, const uint8_t* codes, int bits,
-                                     const float* lut, const float* scale, const float* zero, int group,
+                                     int fp8, const float* scale, const float* zero, int group,
                                      const float* bias, float* out, int num_threads) {
   const int tiles = out_dim / kTile, groups = in / group;
 #pragma omp parallel num_threads(num_threads)
@@ -62,7 +82,7 @@ extern "C" void quantized_matmul_f32(const float* x, long rows, int in, int out_
 #pragma omp for schedule(dynamic, 1)
     for (int tile = 0; tile < tiles; ++tile) {
       const long column = static_cast<long>(tile) * kTile;
-      dequantize_tile(codes + column * in * bits / 8, bits, lut, scale + column * groups,
+      dequantize_tile(codes + column * in * bits / 8, bits, fp8 != 0, scale + column * groups,
                       zero ? zero + column * groups : nullptr, in, group, w.data());
       for (long r = 0; r < rows; r += kRows) {
         const float* inputs[kRows];

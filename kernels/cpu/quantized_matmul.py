@@ -15,7 +15,7 @@ def _library():
     if library is None:
         return None
     pointer, integer = ctypes.c_void_p, ctypes.c_int
-    library.quantized_matmul_f32.argtypes = [pointer, ctypes.c_long, integer, integer, pointer, integer, pointer,
+    library.quantized_matmul_f32.argtypes = [pointer, ctypes.c_long, integer, integer, pointer, integer, integer,
                                              pointer, pointer, integer, pointer, pointer, integer]
     library.quantized_matmul_f32.restype = None
     library.quantized_matmul_tile.restype = integer
@@ -33,10 +33,10 @@ def pack(codes: torch.Tensor, bits: int, scale: torch.Tensor, zero: torch.Tensor
     tile = _library().quantized_matmul_tile()
     if out % tile:
         return None
-    if bits == 4:  # two codes per byte along the input -> two output columns per byte, the even one low
+    if bits == 4:  # two codes per byte along the input -> columns j (low) and j + tile / 2 (high) of a tile
         values = torch.stack([codes & 15, codes >> 4], dim=-1).reshape(out, 2 * width)  # [out, in]
-        pairs = values.reshape(out // tile, tile // 2, 2, -1)  # [tiles, column pair, low/high, in]
-        tiled = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).permute(0, 2, 1)  # [tiles, in, tile / 2]
+        halves = values.reshape(out // tile, 2, tile // 2, -1)  # [tiles, low/high, column, in]
+        tiled = (halves[:, 0] | (halves[:, 1] << 4)).permute(0, 2, 1)  # [tiles, in, tile / 2]
     else:
         tiled = codes.reshape(out // tile, tile, width).transpose(1, 2)
     def by_tile(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -44,16 +44,17 @@ def pack(codes: torch.Tensor, bits: int, scale: torch.Tensor, zero: torch.Tensor
     return tiled.contiguous(), by_tile(scale), by_tile(zero)
 
 
-def quantized_matmul(x: torch.Tensor, codes: torch.Tensor, bits: int, lut: torch.Tensor, scale: torch.Tensor,
+def quantized_matmul(x: torch.Tensor, codes: torch.Tensor, bits: int, fp8: bool, scale: torch.Tensor,
                      zero: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [N, in] (float32) @ the `pack`ed weight's transpose, plus `bias`: [N, out]."""
+    """x [N, in] (float32) @ the `pack`ed weight's transpose, plus `bias`: [N, out]. Codes are FP8 e4m3 if
+    `fp8`, else integers offset by 2**(bits - 1)."""
     tiles, inner, _ = codes.shape
     groups = scale.shape[1]
     out = torch.empty(x.shape[0], tiles * scale.shape[2], dtype=torch.float32)
     x = x.contiguous()
     bias = None if bias is None else bias.float().contiguous()
     _library().quantized_matmul_f32(x.data_ptr(), x.shape[0], inner, out.shape[1], codes.data_ptr(), bits,
-                                    lut.data_ptr(), scale.data_ptr(), None if zero is None else zero.data_ptr(),
+                                    int(fp8), scale.data_ptr(), None if zero is None else zero.data_ptr(),
                                     inner // groups, None if bias is None else bias.data_ptr(), out.data_ptr(),
                                     torch.get_num_threads())
     return out

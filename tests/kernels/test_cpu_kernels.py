@@ -99,8 +99,8 @@ def test_quantized_matmul_dequantizes_each_tile_as_the_whole_matrix(kind, bits, 
         codes = torch.where((codes & 0x7F) == 0x7F, codes - 1, codes)
     scale = torch.rand(out, inner // group) + 0.5
     zero = torch.randint(-8, 8, (out, inner // group)).float() if zeros else None
-    weight = QuantizedWeight.build(codes, bits, code_table(kind, bits), scale, zero)
-    plain = QuantizedWeight(codes, bits, code_table(kind, bits), scale, zero, out, inner)
+    weight = QuantizedWeight.build(codes, kind, bits, scale, zero)
+    plain = QuantizedWeight(codes, bits, code_table(kind, bits), kind == "float", scale, zero, out, inner)
     assert weight.packed and not plain.packed
     torch.testing.assert_close(weight.dequantize(), plain.dequantize(), atol=0, rtol=0)
     bias = torch.randn(out)

@@ -13,7 +13,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from kernels import QuantizedWeight, code_table
+from kernels import QuantizedWeight
 from runtime.distributed import tp_size
 from runtime.errors import InvalidInputError
 from runtime.models.layers import ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear, \
@@ -60,7 +60,7 @@ def finish_quantized_linears(model: nn.Module) -> None:
             codes = (codes.to(torch.int16) + 128).to(torch.uint8)
         codes = codes.view(torch.uint8)  # int32 words -> their bytes (little-endian: the first value lowest)
         zero = getattr(module, "weight_zero_point", None)
-        module.quantized = QuantizedWeight.build(codes, w.bits, code_table(w.type, w.bits), module.weight_scale.data,
+        module.quantized = QuantizedWeight.build(codes, w.type, w.bits, module.weight_scale.data,
                                                  None if zero is None else zero.data)
         if scheme.activations is not None:
             scale = getattr(module, "input_scale", None)
