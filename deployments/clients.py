@@ -61,6 +61,8 @@ class ModelClient(Protocol):
 
     async def max_model_len(self) -> int: ...
 
+    async def quantization(self) -> str | None: ...
+
 
 class RemoteModel:
     """A model served by its own deployment: every call and streamed chunk crosses to one of its replicas.
@@ -126,6 +128,9 @@ class RemoteModel:
 
     async def max_model_len(self) -> int:
         return await self.handle.max_model_len.remote()
+
+    async def quantization(self) -> str | None:
+        return await self.handle.quantization.remote()
 
 
 # What a replica's death looks like through a handle

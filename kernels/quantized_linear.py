@@ -2,9 +2,10 @@
 
 A `QuantizedWeight` holds codes (one byte each, or two 4-bit codes per byte), a lookup table from code to value
 (INT4, INT8 and FP8 e4m3 alike), and a scale and optional zero point per (output row, group of inputs):
-`W[o, i] = (lut[code[o, i]] - zero[o, i // group]) * scale[o, i // group]`. On CPU the C++ kernel dequantizes
-tile by tile inside the product (`kernels.cpu.quantized_matmul`); elsewhere, and as the oracle, the torch path
-dequantizes the whole matrix for the call.
+`W[o, i] = (lut[code[o, i]] - zero[o, i // group]) * scale[o, i // group]`. The kernels dequantize tile by tile
+inside the product: C++ on CPU (`kernels.cpu.quantized_matmul`, over its own tile layout), Triton on GPU
+(`kernels.triton.quantized_matmul`); elsewhere, and as their oracle, the torch path dequantizes the whole
+matrix for the call.
 """
 
 from dataclasses import dataclass
@@ -55,13 +56,20 @@ class QuantizedWeight:
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.packed and x.dtype == torch.float32:
             return cpu_quantized.quantized_matmul(x, self.codes, self.bits, self.fp8, self.scale, self.zero, bias)
+        if x.is_cuda:
+            from kernels.triton import quantized_matmul as triton_quantized  # a CPU machine may have no Triton
+
+            return triton_quantized.quantized_matmul(x, self.codes, self.bits, self.fp8, self.scale, self.zero, bias)
+        return self.reference_matmul(x, bias)
+
+    def reference_matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """The torch path, and the kernels' oracle: the whole matrix dequantized for the call."""
         return F.linear(x, self.dequantize().to(x.dtype), bias)
 
     def dequantize(self) -> torch.Tensor:
         """The float32 matrix [out, in]."""
         codes, scale, zero = self.codes, self.scale, self.zero
         if self.packed:  # [tiles, in, tile * bits / 8] and [tiles, groups, tile] back to rows
-            tiles = codes.shape[0]
             if self.bits == 4:  # a tile's column j in the low nibble, j + tile / 2 in the high one
                 codes = torch.cat([codes & 15, codes >> 4], dim=-1)
             codes = codes.transpose(1, 2).reshape(self.out_features, self.in_features)

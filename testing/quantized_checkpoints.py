@@ -12,8 +12,13 @@ from pathlib import Path
 
 import torch
 from compressed_tensors.compressors import ModelCompressor
-from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig, QuantizationScheme,
-                                             apply_quantization_config, preset_name_to_scheme)
+from compressed_tensors.quantization import (
+    QuantizationArgs,
+    QuantizationConfig,
+    QuantizationScheme,
+    apply_quantization_config,
+    preset_name_to_scheme,
+)
 from compressed_tensors.quantization.utils import calculate_qparams
 from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 

@@ -19,6 +19,7 @@ class ModelRegistry:
                            for c in config.llm_configs if c.lora_config}
         self.created = int(time.time())
         self._max_model_len: dict[str, int] = {}
+        self._quantization: dict[str, str | None] = {}
 
     def client(self, model: str | None) -> ModelClient:
         return self.clients[self.model_id(model)]
@@ -49,9 +50,15 @@ class ModelRegistry:
         return self._max_model_len[model_id]
 
     async def card(self, model_id: str) -> dict:
-        """OpenAI's model object, with `max_model_len` as vLLM and SGLang give it."""
-        return {"id": model_id, "object": "model", "created": self.created, "owned_by": "rayllm-engine",
+        """OpenAI's model object, with `max_model_len` as vLLM and SGLang give it, and a quantized checkpoint's
+        `quantization` ("compressed-tensors (w4a16)")."""
+        card = {"id": model_id, "object": "model", "created": self.created, "owned_by": "rayllm-engine",
                 "root": self.sources[model_id], "max_model_len": await self.max_model_len(model_id)}
+        if model_id not in self._quantization:
+            self._quantization[model_id] = await self.clients[model_id].quantization()
+        if self._quantization[model_id]:
+            card["quantization"] = self._quantization[model_id]
+        return card
 
     async def cards(self) -> list[dict]:
         """Every model, then its LoRA adapters (`<model_id>:<adapter>`, parent the model)."""

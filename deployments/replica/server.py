@@ -145,6 +145,9 @@ class LLMServer:
     async def max_model_len(self) -> int:
         return self.engine.max_model_len
 
+    async def quantization(self) -> str | None:
+        return self.engine.quantization
+
     async def stats(self) -> dict:
         return {**self.engine.stats(), "rss_bytes": _rss_bytes(), "pid": os.getpid()}
 

@@ -119,6 +119,12 @@ class AsyncLLMEngine:
         return self.engine.spec.max_model_len
 
     @property
+    def quantization(self) -> str | None:
+        """The checkpoint's quantization, as /v1/models names it ("compressed-tensors (w4a16)"), or None."""
+        quantization = self.engine.spec.quantization
+        return None if quantization is None else quantization.label
+
+    @property
     def runner(self) -> str:
         """What the model serves: generate or pooling (embeddings)."""
         return self.engine.config.runner

@@ -14,7 +14,6 @@ from transformers import PretrainedConfig
 
 from kernels import AttentionMetadata, apply_rotary, silu_and_mul
 from runtime.distributed import all_reduce
-from runtime.errors import InvalidInputError
 from runtime.models.layers import (
     MergedColumnParallelLinear,
     ParallelLMHead,

@@ -7,8 +7,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import (QuantizedWeight, apply_rotary, argmax, choose_attention_backend, code_table, linear, pack_weight,
-                     rms_norm, silu_and_mul)
+from kernels import (
+    QuantizedWeight,
+    apply_rotary,
+    argmax,
+    choose_attention_backend,
+    code_table,
+    linear,
+    pack_weight,
+    rms_norm,
+    silu_and_mul,
+)
 from kernels.activation import silu_and_mul_reference
 from kernels.cpu import attention as cpu_attention
 from kernels.cpu import build, elementwise, grouped_matmul

@@ -4,6 +4,7 @@ interpreter on CPU (TRITON_INTERPRET=1, set by conftest), at small shapes."""
 import pytest
 import torch
 
+from kernels import QuantizedWeight, code_table
 from kernels.activation import silu_and_mul_reference
 from kernels.attention import TorchBackend
 from kernels.attention import paged_attention as reference_attention
@@ -14,6 +15,7 @@ from kernels.rotary import apply_rotary_reference as reference_rotary
 from kernels.triton import attention as triton_attention
 from kernels.triton import elementwise
 from kernels.triton import moe as triton_moe
+from kernels.triton import quantized_matmul as triton_quantized
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -100,3 +102,21 @@ def test_fused_experts(bias):
     on_device = [t if t is None else t.to(DEVICE) for t in (x, weights, ids, gate_up, down, *biases)]
     got = triton_moe.fused_experts(*on_device[:5], silu_and_mul_reference, *on_device[5:])
     torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind,bits,group,zeros", [("int", 4, 32, True), ("int", 8, 64, False),
+                                                   ("float", 8, 32, False)])
+def test_quantized_matmul(kind, bits, group, zeros):
+    torch.manual_seed(3)
+    out, inner = 80, 96  # neither a whole number of column blocks
+    codes = torch.randint(0, 256, (out, inner * bits // 8), dtype=torch.uint8)
+    if kind == "float":  # no NaN codes
+        codes = torch.where((codes & 0x7F) == 0x7F, codes - 1, codes)
+    scale = torch.rand(out, inner // group) + 0.5
+    zero = torch.randint(-8, 8, (out, inner // group)).float() if zeros else None
+    weight = QuantizedWeight(codes, bits, code_table(kind, bits), kind == "float", scale, zero, out, inner)
+    x, bias = torch.randn(19, inner), torch.randn(out)
+    expected = weight.reference_matmul(x, bias)
+    on = [t.to(DEVICE) if t is not None else None for t in (x, codes, scale, zero, bias)]
+    got = triton_quantized.quantized_matmul(on[0], on[1], bits, kind == "float", on[2], on[3], on[4]).cpu()
+    torch.testing.assert_close(got, expected, atol=1e-3, rtol=1e-4)

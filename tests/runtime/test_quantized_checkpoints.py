@@ -11,6 +11,7 @@ import torch
 from runtime import LLM, InvalidInputError, SamplingParams
 from testing.model_factory import build_model_dir
 from testing.quantized_checkpoints import QUANTIZES_ACTIVATIONS, SCHEMES, reference_model, write_quantized
+from tests.conftest import MODEL_ID, another_app, app_args
 from tests.runtime.test_greedy_parity import WORDS
 
 MAX_TOKENS = 16
@@ -146,3 +147,24 @@ def test_unsupported_quantization_fails_at_start_naming_it(quantized, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(InvalidInputError, match="3-bit int weights by group is not supported"):
         LLM(str(tmp_path))
+
+
+def test_served_through_the_openai_sdk(server, quantized, tmp_path_factory):
+    """`serve run`'s app on a quantized checkpoint: /v1/models names the scheme, and a completion's tokens are
+    the offline engine's."""
+    import openai
+
+    path = quantized("W4A16")
+    llm = LLM(str(path), dtype="float32", max_model_len=256)
+    prompt = _prompts(llm.tokenizer)[5]
+    expected = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True))[0]
+    args = app_args(path, f"file://{tmp_path_factory.mktemp('quantized-storage')}")
+    args["llm_configs"][0]["engine_kwargs"] = {"max_model_len": 256, "kv_cache_bytes": 16 << 20}
+    with another_app(server, "quantized", args) as url:
+        client = openai.Client(base_url=f"{url}/v1", api_key="None")
+        [card] = client.models.list().data
+        assert card.quantization == "compressed-tensors (w4a16)"
+        reply = client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+                                          extra_body={"ignore_eos": True})
+    assert reply.choices[0].text == expected.outputs[0].text
+    assert reply.usage.completion_tokens == MAX_TOKENS

@@ -16,8 +16,13 @@ from torch import nn
 from kernels import QuantizedWeight
 from runtime.distributed import tp_size
 from runtime.errors import InvalidInputError
-from runtime.models.layers import ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear, \
-    RowParallelLinear, _Linear
+from runtime.models.layers import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+    _Linear,
+)
 from runtime.models.quantization.activations import quantize_input
 from runtime.models.quantization.scheme import LayerScheme, Quantization
 

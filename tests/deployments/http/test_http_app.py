@@ -66,6 +66,9 @@ class ScriptedModel:
     async def max_model_len(self) -> int:
         return 64
 
+    async def quantization(self) -> str | None:
+        return None
+
 
 def serve_in_process(model: ScriptedModel, tmp_path, api_key: str | list[str] | None = None, **app_args
                      ) -> TestClient:
