@@ -1,7 +1,7 @@
 """Matmul against a weight that stays quantized in memory, `y = x @ W.T + bias`.
 
 A `QuantizedWeight` holds codes (one byte each, or two 4-bit codes per byte), a lookup table from code to value
-(INT4, INT8 and FP8 e4m3 alike), and a scale and optional zero point per (output row, group of inputs):
+(INT4, INT8, FP8 e4m3 and FP4 e2m1 alike), and a scale and optional zero point per (output row, group of inputs):
 `W[o, i] = (lut[code[o, i]] - zero[o, i // group]) * scale[o, i // group]`. The kernels dequantize tile by tile
 inside the product: C++ on CPU (`kernels.cpu.quantized_matmul`, over its own tile layout), Triton on GPU
 (`kernels.triton.quantized_matmul`); elsewhere, and as their oracle, the torch path dequantizes the whole
@@ -15,11 +15,15 @@ import torch.nn.functional as F
 
 from kernels.cpu import quantized_matmul as cpu_quantized
 
+_FP4_E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
 
 def code_table(kind: str, bits: int) -> torch.Tensor:
     """The value of each code: `int` codes are offset by 2**(bits - 1) (as compressed-tensors packs them),
-    `float` ones are FP8 e4m3 bit patterns."""
+    `float` ones are FP8 e4m3 (8 bits) or FP4 e2m1 (4 bits, MXFP4's) bit patterns."""
     codes = torch.arange(1 << bits, dtype=torch.int32)
+    if kind == "float" and bits == 4:
+        return torch.tensor(_FP4_E2M1)
     if kind == "float":
         return codes.to(torch.uint8).view(torch.float8_e4m3fn).float()
     return (codes - (1 << (bits - 1))).float()
@@ -30,7 +34,7 @@ class QuantizedWeight:
     codes: torch.Tensor  # uint8 [out, in * bits / 8]; the CPU kernel's tiles once `packed`
     bits: int
     lut: torch.Tensor  # float32 [2 ** bits]
-    fp8: bool  # FP8 e4m3 codes, else integers offset by 2 ** (bits - 1) (the CPU kernel computes either)
+    floating: bool  # float codes (FP8 e4m3, FP4 e2m1), else integers offset by 2 ** (bits - 1)
     scale: torch.Tensor  # float32 [out, in / group]
     zero: torch.Tensor | None  # float32 like scale, in code values
     out_features: int
@@ -55,11 +59,11 @@ class QuantizedWeight:
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.packed and x.dtype == torch.float32:
-            return cpu_quantized.quantized_matmul(x, self.codes, self.bits, self.fp8, self.scale, self.zero, bias)
+            return cpu_quantized.quantized_matmul(x, self.codes, self.bits, self.floating, self.scale, self.zero, bias)
         if x.is_cuda:
             from kernels.triton import quantized_matmul as triton_quantized  # a CPU machine may have no Triton
 
-            return triton_quantized.quantized_matmul(x, self.codes, self.bits, self.fp8, self.scale, self.zero, bias)
+            return triton_quantized.quantized_matmul(x, self.codes, self.bits, self.floating, self.scale, self.zero, bias)
         return self.reference_matmul(x, bias)
 
     def reference_matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

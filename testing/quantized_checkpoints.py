@@ -4,6 +4,7 @@ head, min-max scales and zero points, compressed and saved with the scheme in `c
 
 `reference_model` loads one back as the oracle: transformers' compressed-tensors integration (decompressing
 the weights), with compressed-tensors' own input quantization on every projection the scheme quantizes.
+`write_mxfp4_gpt_oss` and `mxfp4_reference_model` do the same for gpt-oss's MXFP4 experts.
 """
 
 import json
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import torch
 from compressed_tensors.compressors import ModelCompressor
+from compressed_tensors.compressors.nvfp4.helpers import pack_fp4_to_uint8
 from compressed_tensors.quantization import (
     QuantizationArgs,
     QuantizationConfig,
@@ -19,8 +21,11 @@ from compressed_tensors.quantization import (
     apply_quantization_config,
     preset_name_to_scheme,
 )
+from compressed_tensors.quantization.quant_args import FP4_E2M1_DATA
 from compressed_tensors.quantization.utils import calculate_qparams
-from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+from compressed_tensors.quantization.utils.mxfp_utils import generate_mx_scales
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, CompressedTensorsConfig, Mxfp4Config
 
 SCHEMES = ("W4A16", "W4A16_ASYM", "W8A16", "W8A8", "FP8_DYNAMIC", "FP8_BLOCK")
 QUANTIZES_ACTIVATIONS = {"W8A8", "FP8_DYNAMIC", "FP8_BLOCK"}
@@ -79,3 +84,33 @@ def _set_min_max_qparams(module: torch.nn.Module, args: QuantizationArgs) -> Non
     module.weight_scale.data = scale.to(module.weight_scale.dtype).reshape(module.weight_scale.shape)
     if hasattr(module, "weight_zero_point"):
         module.weight_zero_point.data = zero.to(module.weight_zero_point.dtype).reshape(module.weight_zero_point.shape)
+
+
+def write_mxfp4_gpt_oss(base: Path, out: Path) -> Path:
+    """A gpt-oss checkpoint `base` with its experts in MXFP4, laid out as OpenAI publishes gpt-oss
+    (`*_blocks` [E, out, in / 32, 16] two FP4 values a byte, `*_scales` [E, out, in / 32] E8M0), quantized by
+    compressed-tensors' MX functions (scales from each block's largest magnitude, values rounded to FP4)."""
+    tensors = load_file(next(base.glob("*.safetensors")))
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        matrix = tensors.pop(name).float().transpose(1, 2)  # input-major [E, in, out] -> [E, out, in]
+        blocks = matrix.reshape(*matrix.shape[:2], -1, 32)
+        exponents = generate_mx_scales(blocks.abs().amax(dim=-1)).clamp(0, 254)
+        values = FP4_E2M1_DATA.cast_to_fp4(blocks / torch.exp2(exponents - 127)[..., None])
+        tensors[f"{name}_blocks"] = pack_fp4_to_uint8(values.reshape(-1, 32)).reshape(*blocks.shape[:3], 16)
+        tensors[f"{name}_scales"] = exponents.to(torch.uint8)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    for file in base.iterdir():
+        if file.suffix != ".safetensors":
+            shutil.copy(file, out)
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def mxfp4_reference_model(path: Path) -> torch.nn.Module:
+    """transformers' gpt-oss on `path`, its MXFP4 experts dequantized by its own integration."""
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                quantization_config=Mxfp4Config(dequantize=True)).eval()

@@ -5,8 +5,8 @@
 // Codes are 8-bit (one byte each) or 4-bit (two per byte: byte j holds column j in its low nibble and column
 // j + kTile / 2 in its high one, so that both halves unpack with contiguous stores), packed per tile
 // as [out / kTile, in, kTile * bits / 8]. A code's value is code - 2^(bits - 1) for integers (offset as
-// compressed-tensors packs them), or FP8 e4m3's value, its bits moved into a float's (both plain arithmetic,
-// which vectorises), and w[k][c] = (value - zero[g][c]) * scale[g][c] for the group g = k / group of inputs, with scale and zero
+// compressed-tensors packs them), or a float's: FP8 e4m3 for 8 bits, FP4 e2m1 (MXFP4's) for 4, its bits moved
+// into a float32's (all plain arithmetic, which vectorises), and w[k][c] = (value - zero[g][c]) * scale[g][c] for the group g = k / group of inputs, with scale and zero
 // packed per tile as [out / kTile, in / group, kTile]. Written with GCC vector extensions at the
 // CPU's own vector width.
 
@@ -37,8 +37,21 @@ inline float fp8_e4m3(uint8_t code) {
   return value;
 }
 
+// An FP4 e2m1 code's value (the low 4 bits): sign, 2 exponent bits (bias 1), 1 mantissa bit; exponent 0 is
+// subnormal, mantissa * 0.5.
+inline float fp4_e2m1(uint8_t code) {
+  const uint32_t exponent = (code >> 1) & 3, mantissa = code & 1, sign = static_cast<uint32_t>(code & 8) << 28;
+  float subnormal = static_cast<float>(mantissa) * 0.5f;
+  uint32_t bits;
+  std::memcpy(&bits, &subnormal, sizeof bits);
+  bits = sign | (exponent ? ((exponent + 126) << 23) | (mantissa << 22) : bits);
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
 // The tile's weights as floats, [in, kTile].
-void dequantize_tile(const uint8_t* codes, int bits, bool fp8, const float* scale, const float* zero, int in,
+void dequantize_tile(const uint8_t* codes, int bits, bool floating, const float* scale, const float* zero, int in,
                      int group, float* w) {
   const int bytes = kTile * bits / 8;
   for (int k = 0; k < in; ++k) {
@@ -47,12 +60,17 @@ void dequantize_tile(const uint8_t* codes, int bits, bool fp8, const float* scal
     const float* z = zero ? zero + (k / group) * kTile : nullptr;
     float* out = w + static_cast<long>(k) * kTile;
     float values[kTile];
-    if (fp8) {
+    constexpr int kHalf = kTile / 2;
+    if (bits == 8 && floating) {
       for (int c = 0; c < kTile; ++c) values[c] = fp8_e4m3(row[c]);
     } else if (bits == 8) {
       for (int c = 0; c < kTile; ++c) values[c] = static_cast<float>(row[c]) - 128.0f;
+    } else if (floating) {
+      for (int c = 0; c < kHalf; ++c) {
+        values[c] = fp4_e2m1(row[c] & 15);
+        values[c + kHalf] = fp4_e2m1(row[c] >> 4);
+      }
     } else {
-      constexpr int kHalf = kTile / 2;
       for (int c = 0; c < kHalf; ++c) {
         values[c] = static_cast<float>(row[c] & 15) - 8.0f;
         values[c + kHalf] = static_cast<float>(row[c] >> 4) - 8.0f;
@@ -70,10 +88,10 @@ void dequantize_tile(const uint8_t* codes, int bits, bool fp8, const float* scal
 // The width of the tiles that the codes are packed in.
 extern "C" int quantized_matmul_tile() { return kTile; }
 
-// out [rows, out_dim] = x [rows, in] @ W.T + bias (or none), W dequantized tile by tile as above: FP8 codes if
-// `fp8`, else integers.
+// out [rows, out_dim] = x [rows, in] @ W.T + bias (or none), W dequantized tile by tile as above: float codes if
+// `floating`, else integers.
 extern "C" void quantized_matmul_f32(const float* x, long rows, int in, int out_dim, const uint8_t* codes, int bits,
-                                     int fp8, const float* scale, const float* zero, int group,
+                                     int floating, const float* scale, const float* zero, int group,
                                      const float* bias, float* out, int num_threads) {
   const int tiles = out_dim / kTile, groups = in / group;
 #pragma omp parallel num_threads(num_threads)
@@ -82,7 +100,7 @@ extern "C" void quantized_matmul_f32(const float* x, long rows, int in, int out_
 #pragma omp for schedule(dynamic, 1)
     for (int tile = 0; tile < tiles; ++tile) {
       const long column = static_cast<long>(tile) * kTile;
-      dequantize_tile(codes + column * in * bits / 8, bits, fp8 != 0, scale + column * groups,
+      dequantize_tile(codes + column * in * bits / 8, bits, floating != 0, scale + column * groups,
                       zero ? zero + column * groups : nullptr, in, group, w.data());
       for (long r = 0; r < rows; r += kRows) {
         const float* inputs[kRows];

@@ -44,17 +44,17 @@ def pack(codes: torch.Tensor, bits: int, scale: torch.Tensor, zero: torch.Tensor
     return tiled.contiguous(), by_tile(scale), by_tile(zero)
 
 
-def quantized_matmul(x: torch.Tensor, codes: torch.Tensor, bits: int, fp8: bool, scale: torch.Tensor,
+def quantized_matmul(x: torch.Tensor, codes: torch.Tensor, bits: int, floating: bool, scale: torch.Tensor,
                      zero: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [N, in] (float32) @ the `pack`ed weight's transpose, plus `bias`: [N, out]. Codes are FP8 e4m3 if
-    `fp8`, else integers offset by 2**(bits - 1)."""
+    """x [N, in] (float32) @ the `pack`ed weight's transpose, plus `bias`: [N, out]. Codes are floats if
+    `floating` (FP8 e4m3 for 8 bits, FP4 e2m1 for 4), else integers offset by 2**(bits - 1)."""
     tiles, inner, _ = codes.shape
     groups = scale.shape[1]
     out = torch.empty(x.shape[0], tiles * scale.shape[2], dtype=torch.float32)
     x = x.contiguous()
     bias = None if bias is None else bias.float().contiguous()
     _library().quantized_matmul_f32(x.data_ptr(), x.shape[0], inner, out.shape[1], codes.data_ptr(), bits,
-                                    int(fp8), scale.data_ptr(), None if zero is None else zero.data_ptr(),
+                                    int(floating), scale.data_ptr(), None if zero is None else zero.data_ptr(),
                                     inner // groups, None if bias is None else bias.data_ptr(), out.data_ptr(),
                                     torch.get_num_threads())
     return out

@@ -2,8 +2,9 @@
 ones (`layer_types`), YaRN RoPE, and an MoE block on every layer: a biased router whose top-k weights are
 renormalised, experts with biases and a clamped SwiGLU (`swiglu_alpha`, `swiglu_limit`).
 
-Checkpoints in bf16/fp32 only (transformers' layout: each layer's experts fused, input-major, gate and up
-interleaved); MXFP4-quantized checkpoints (`quantization_config`, as OpenAI publishes them) are refused.
+Checkpoints in bf16/fp32 (transformers' layout: each layer's experts fused, input-major, gate and up
+interleaved), or with MXFP4 experts as OpenAI publishes them (`quantization_config`'s `quant_method: mxfp4`),
+which stay MXFP4 in memory (`runtime.models.quantization.mxfp4_experts`).
 """
 
 from functools import partial
@@ -15,6 +16,8 @@ from transformers import PretrainedConfig
 from kernels import clamped_swiglu
 from runtime.models.decoder import Attention
 from runtime.models.moe import FusedExperts, MoeCausalLM, SparseMoeBlock
+from runtime.models.quantization.mxfp4_experts import Mxfp4Experts
+from runtime.models.quantization.scheme import is_mxfp4
 
 
 def _gate_then_up(interleaved: torch.Tensor) -> torch.Tensor:
@@ -22,10 +25,14 @@ def _gate_then_up(interleaved: torch.Tensor) -> torch.Tensor:
     return torch.cat([interleaved[..., 0::2], interleaved[..., 1::2]], dim=-1)
 
 
+def _activation(config: PretrainedConfig):
+    return partial(clamped_swiglu, alpha=config.swiglu_alpha, limit=config.swiglu_limit)
+
+
 class GptOssExperts(FusedExperts):
     def __init__(self, config: PretrainedConfig):
         super().__init__(config.num_local_experts, config.hidden_size, config.intermediate_size, bias=True,
-                         activation=partial(clamped_swiglu, alpha=config.swiglu_alpha, limit=config.swiglu_limit))
+                         activation=_activation(config))
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, *shard) -> None:
         """The checkpoint's fused tensors ([E, H, 2 I] and [E, I, H] input-major, gate and up interleaved) in the
@@ -46,9 +53,13 @@ class GptOssForCausalLM(MoeCausalLM):
         return Attention(config, *self.attention_biases(config), self.qk_norm, window, sinks=True)
 
     def make_mlp(self, config: PretrainedConfig, layer: int) -> nn.Module:
+        if is_mxfp4(config):
+            experts = Mxfp4Experts(config.num_local_experts, config.hidden_size, config.intermediate_size,
+                                   _activation(config))
+        else:
+            experts = GptOssExperts(config)
         return SparseMoeBlock(config.hidden_size, config.num_local_experts, config.num_experts_per_tok,
-                              config.intermediate_size, renormalize=True, experts=GptOssExperts(config),
-                              router_bias=True)
+                              config.intermediate_size, renormalize=True, experts=experts, router_bias=True)
 
     def param_for(self, name: str) -> tuple[str, tuple]:
         return super().param_for(name.replace(".mlp.router.", ".mlp.gate."))

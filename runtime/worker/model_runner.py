@@ -123,7 +123,8 @@ class ModelRunner:
         self.sampler = Sampler(eos_token_ids, self.device)
         use_graphs = (self.device.type == "cuda" and not config.enforce_eager and config.tensor_parallel_size == 1
                       and self.attention_backend.supports_cuda_graphs and not config.enable_lora
-                      and self.model.lm_head is not None)
+                      and self.model.lm_head is not None
+                      and all(getattr(module, "cuda_graphs", True) for module in self.model.modules()))
         self.graphs = None
         self.num_blocks = self._allocate_kv_cache(use_graphs)
         if use_graphs:

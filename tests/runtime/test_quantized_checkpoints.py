@@ -1,7 +1,8 @@
 """Quantized checkpoints as llm-compressor writes them (compressed-tensors): INT4/INT8 weights with group or
-channel scales (symmetric or with zero points), W8A8 INT8, FP8 per channel and in 128x128 blocks. The oracle is
-transformers' compressed-tensors integration with compressed-tensors' own input quantization
-(testing.quantized_checkpoints); the weights stay quantized in our engine's memory."""
+channel scales (symmetric or with zero points), W8A8 INT8, FP8 per channel and in 128x128 blocks; and gpt-oss with
+MXFP4 experts as OpenAI publishes it. The oracle is transformers' quantization integrations, with
+compressed-tensors' own input quantization (testing.quantized_checkpoints); the weights stay quantized in our
+engine's memory."""
 
 import json
 
@@ -9,8 +10,16 @@ import pytest
 import torch
 
 from runtime import LLM, InvalidInputError, SamplingParams
+from runtime.models.quantization.mxfp4_experts import Mxfp4Experts
 from testing.model_factory import build_model_dir
-from testing.quantized_checkpoints import QUANTIZES_ACTIVATIONS, SCHEMES, reference_model, write_quantized
+from testing.quantized_checkpoints import (
+    QUANTIZES_ACTIVATIONS,
+    SCHEMES,
+    mxfp4_reference_model,
+    reference_model,
+    write_mxfp4_gpt_oss,
+    write_quantized,
+)
 from tests.conftest import MODEL_ID, another_app, app_args
 from tests.runtime.test_greedy_parity import WORDS
 
@@ -131,6 +140,46 @@ def test_tp2_matches_tp1(ray_cluster, quantized, scheme):
         assert ours == expected
 
 
+@pytest.fixture(scope="module")
+def gpt_oss_mxfp4(tmp_path_factory):
+    """A tiny gpt-oss and its copy with MXFP4 experts (OpenAI's layout)."""
+    base = build_model_dir(tmp_path_factory.mktemp("gpt-oss"), arch="gpt_oss", hidden_size=64, intermediate_size=128,
+                           sliding_window=16)
+    return base, write_mxfp4_gpt_oss(base, tmp_path_factory.mktemp("gpt-oss-mxfp4"))
+
+
+def test_gpt_oss_mxfp4_experts_match_transformers_and_stay_mxfp4(gpt_oss_mxfp4):
+    base, path = gpt_oss_mxfp4
+    llm = LLM(str(path), dtype="float32", max_model_len=256)
+    prompts = _prompts(llm.tokenizer)
+    ours = _generate(llm, prompts)
+    reference = mxfp4_reference_model(path)
+    expected = [reference.generate(torch.tensor([p]), do_sample=False, max_new_tokens=MAX_TOKENS,
+                                   pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    assert [tokens[:len(e)] for tokens, e in zip(ours, expected)] == expected
+    assert sum(map(len, expected)) > 8 * MAX_TOKENS
+    assert _generate(LLM(str(base), dtype="float32", max_model_len=256), prompts) != ours  # FP4 changes the tokens
+    experts = [m for m in llm.engine.runner.model.modules() if isinstance(m, Mxfp4Experts)]
+    assert len(experts) == 2 and not hasattr(experts[0], "gate_up_proj_blocks")
+    weights = [w for m in experts for w in m.gate_up + m.down]
+    resident = sum(w.nbytes() for w in weights)
+    assert resident / sum(2 * w.out_features * w.in_features for w in weights) < 0.35  # against bfloat16
+    assert llm.engine.spec.quantization.label == "mxfp4 (experts)"
+
+
+def test_gpt_oss_mxfp4_tp2_matches_tp1(ray_cluster, gpt_oss_mxfp4):
+    """Each rank's gate and up rows and its blocks of down's inputs."""
+    _, path = gpt_oss_mxfp4
+    tp1 = LLM(str(path), dtype="float32", max_model_len=256)
+    prompts = _prompts(tp1.tokenizer)[:8]
+    expected = _generate(tp1, prompts)  # before TP=2 joins this process to its group
+    llm = LLM(str(path), dtype="float32", max_model_len=256, tensor_parallel_size=2)
+    try:
+        assert _generate(llm, prompts) == expected
+    finally:
+        llm.shutdown()
+
+
 def test_unsupported_quantization_fails_at_start_naming_it(quantized, tmp_path):
     path = quantized("W4A16")
     with pytest.raises(InvalidInputError, match="'fp8' was asked for, but the checkpoint is compressed-tensors"):
@@ -139,9 +188,13 @@ def test_unsupported_quantization_fails_at_start_naming_it(quantized, tmp_path):
         (tmp_path / file.name).symlink_to(file)
     (tmp_path / "config.json").unlink()
     config = json.loads((path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "gptq"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InvalidInputError, match="quantization method 'gptq' is not supported"):
+        LLM(str(tmp_path))
     config["quantization_config"] = {"quant_method": "mxfp4"}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(InvalidInputError, match="quantization method 'mxfp4' is not supported"):
+    with pytest.raises(InvalidInputError, match="mxfp4 checkpoints are supported for gpt-oss only"):
         LLM(str(tmp_path))
     config["quantization_config"] = json.loads((path / "config.json").read_text())["quantization_config"]
     config["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 3

@@ -3,7 +3,9 @@ how its weights are stored (`WeightScheme`) and how its input is quantized on th
 
 Formats: compressed-tensors (what llm-compressor writes): `pack-quantized` (INT4/INT8 in int32 words, group or
 channel scales, optional zero points), `int-quantized`/`naive-quantized` (INT8), `float-quantized` (FP8 e4m3
-with tensor, channel or block scales). Anything else fails at start, naming the scheme.
+with tensor, channel or block scales); `mxfp4` for gpt-oss's experts, as OpenAI publishes them (its projections
+stay unquantized: the family builds those experts itself, `runtime.models.gpt_oss`). Anything else fails at
+start, naming the scheme.
 """
 
 import re
@@ -13,7 +15,7 @@ from transformers import PretrainedConfig
 
 from runtime.errors import InvalidInputError
 
-SUPPORTED_METHODS = ("compressed-tensors",)
+SUPPORTED_METHODS = ("compressed-tensors", "mxfp4")
 _FORMATS = {"pack-quantized", "int-quantized", "naive-quantized", "float-quantized"}
 
 
@@ -72,6 +74,10 @@ class Quantization:
         if method not in SUPPORTED_METHODS:
             raise InvalidInputError("model", f"quantization method {method!r} is not supported; supported: "
                                     f"{', '.join(SUPPORTED_METHODS)}")
+        if method == "mxfp4":
+            if hf_config.model_type != "gpt_oss":
+                raise InvalidInputError("model", "mxfp4 checkpoints are supported for gpt-oss only")
+            return cls(method, (), ())
         groups = []
         for name, group in raw.get("config_groups", {}).items():
             layer = _layer_scheme(name, group, group.get("format") or raw.get("format"))
@@ -82,8 +88,8 @@ class Quantization:
 
     @property
     def label(self) -> str:
-        """The schemes, for /v1/models: "compressed-tensors (w4a16)"."""
-        labels = sorted({layer.label for _, layer in self.groups})
+        """The schemes, for /v1/models: "compressed-tensors (w4a16)", "mxfp4 (experts)"."""
+        labels = sorted({layer.label for _, layer in self.groups}) or ["experts"]
         return f"{self.method} ({', '.join(labels)})"
 
     def scheme_for(self, name: str) -> LayerScheme | None:
@@ -94,6 +100,14 @@ class Quantization:
             if any(_matches(target, name) for target in targets):
                 return layer
         return None
+
+
+def is_mxfp4(hf_config: PretrainedConfig) -> bool:
+    """Whether the checkpoint's experts are MXFP4 (gpt-oss as OpenAI publishes it)."""
+    raw = getattr(hf_config, "quantization_config", None)
+    if raw is not None and not isinstance(raw, dict):
+        raw = raw.to_dict()
+    return bool(raw) and raw.get("quant_method") == "mxfp4"
 
 
 def _matches(pattern: str, name: str) -> bool:
