@@ -13,6 +13,7 @@ from torch import nn
 from kernels import fused_experts, silu_and_mul
 from kernels.cpu import grouped_matmul as cpu_grouped
 from runtime.distributed import all_reduce, tp_rank, tp_size
+from runtime.errors import InvalidInputError
 from runtime.models.decoder import MLP, CausalLM
 from runtime.models.layers import ReplicatedLinear
 
@@ -113,6 +114,8 @@ class SparseMoeBlock(nn.Module):
 
 
 _EXPERT = re.compile(r"\.experts\.(\d+)\.(\w+)\.weight$")
+# compressed-tensors' quantized expert tensors (codes, scales, zero points)
+_QUANTIZED_EXPERT = re.compile(r"\.experts\.\d+\.\w+\.(weight_packed|weight_scale|weight_zero_point)$")
 
 
 class MoeCausalLM(CausalLM):
@@ -124,6 +127,8 @@ class MoeCausalLM(CausalLM):
     def param_for(self, name: str) -> tuple[str, tuple]:
         """A per-expert tensor fills its expert's rows of the stacked parameter (args: expert, gate or up);
         fused expert tensors already carry the stacked parameter's name."""
+        if _QUANTIZED_EXPERT.search(name):
+            raise InvalidInputError("model", f"quantized MoE expert weights ({name}) are not supported yet")
         match = _EXPERT.search(name)
         if match is None or match.group(2) not in self.expert_names:
             return super().param_for(name)

@@ -37,8 +37,6 @@ def quantize_linears(model: nn.Module, quantization: Quantization) -> None:
     if model.lm_head is not None and quantization.scheme_for("lm_head"):
         raise InvalidInputError("model", "a quantized LM head is not supported")
     for name, module in model.named_modules():
-        if callable(getattr(module, "pack", None)) and quantization.scheme_for(f"{name}.0.gate_proj"):
-            raise InvalidInputError("model", "quantized MoE expert weights are not supported yet")
         if not isinstance(module, _Linear):
             continue
         prefix, leaf = name.rsplit(".", 1)
