@@ -213,7 +213,7 @@ def test_served_through_the_openai_sdk(server, quantized, tmp_path_factory):
     prompt = _prompts(llm.tokenizer)[5]
     expected = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True))[0]
     args = app_args(path, f"file://{tmp_path_factory.mktemp('quantized-storage')}")
-    args["llm_configs"][0]["engine_kwargs"] = {"max_model_len": 256, "kv_cache_bytes": 16 << 20}
+    args["llm_configs"][0]["engine_kwargs"] = {"max_model_len": 256, "kv_cache_bytes": 16 << 20, "warm_up": False}
     with another_app(server, "quantized", args) as url:
         client = openai.Client(base_url=f"{url}/v1", api_key="None")
         [card] = client.models.list().data

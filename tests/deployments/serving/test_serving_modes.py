@@ -23,7 +23,9 @@ from tests.conftest import MODEL_ID
 ROOT = Path(__file__).resolve().parents[3]
 SERVE = str(Path(sys.executable).parent / "serve")  # the CLI of the Ray this interpreter imports
 HAPROXY = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
-MODES = {"ingress": ({}, False), "haproxy": (HAPROXY, False), "direct": ({}, True), "direct+haproxy": (HAPROXY, True)}
+MODES = {"ingress": ({}, False), "haproxy": (HAPROXY, False), "direct": ({}, True),
+         # both at once: in the reliability run (.ci/run), the default suite has each alone
+         "direct+haproxy": pytest.param((HAPROXY, True), marks=pytest.mark.reliability)}
 
 
 def local_config(model_dir, storage: Path, port: int, direct: bool) -> dict:
@@ -60,9 +62,9 @@ def _ready(url: str) -> bool:
         return False
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODES.values(), ids=MODES.keys())
 def test_each_mode_starts_and_streams_a_chat_and_a_message(mode, qwen2_model, tmp_path):
-    env_overrides, direct = MODES[mode]
+    env_overrides, direct = mode
     port = free_port()
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(local_config(qwen2_model, tmp_path / "storage", port, direct)))
