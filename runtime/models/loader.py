@@ -8,6 +8,15 @@ from torch import nn
 from runtime.models.layers import default_weight_loader
 
 
+def tensor_names(model: nn.Module, model_dir: Path) -> set[str]:
+    """The names of the checkpoint's tensors, as a causal LM's checkpoint names them."""
+    names = set()
+    for file in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            names.update(f"model.{name}" if model.headless else name for name in f.keys())
+    return names
+
+
 def load_weights(model: nn.Module, model_dir: Path) -> None:
     """Load every checkpoint tensor through its parameter's `weight_loader`.
 

@@ -19,6 +19,7 @@ from runtime.distributed import all_reduce_min, broadcast_from_rank0, destroy_tp
 from runtime.errors import InvalidInputError, describe
 from runtime.lora import LoRAAdapter, attach_lora, load_into_slot
 from runtime.models import load_weights, pack_linear_weights
+from runtime.models.loader import tensor_names
 from runtime.models.quantization import finish_quantized_linears, quantize_linears
 from runtime.models.spec import ModelSpec
 from runtime.outputs import TokenLogprob
@@ -111,7 +112,7 @@ class ModelRunner:
         with torch.device(self.device):
             self.model = spec.model_class(spec.hf_config, spec.max_model_len)
             if spec.quantization is not None:
-                quantize_linears(self.model, spec.quantization)
+                quantize_linears(self.model, spec.quantization, tensor_names(self.model, spec.path))
         torch.set_default_dtype(default_dtype)
         load_weights(self.model, spec.path)
         finish_quantized_linears(self.model)

@@ -4,8 +4,8 @@ Before loading, `quantize_linears` gives each projection the checkpoint quantize
 tensors (the codes, `weight_scale`, `weight_zero_point`, ...) in place of `weight`. Each parameter's loader
 brings the checkpoint tensor to rows first (a block's or the tensor's scale repeated over its rows, zero
 points unpacked), so the projection's own loader then shards it as it shards a weight: column-parallel
-layers by output row, row-parallel ones by input group. After loading, `finish` turns them into the
-`kernels.QuantizedWeight` the projection multiplies by.
+layers by output row, row-parallel ones by input group. After loading, `finish_quantized_linears` turns them
+into the `kernels.QuantizedWeight` the projection multiplies by.
 """
 
 from functools import partial
@@ -29,19 +29,22 @@ from runtime.models.quantization.scheme import LayerScheme, Quantization
 _QUANTIZED_PARAMS = ("weight", "weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "input_scale")
 
 
-def quantize_linears(model: nn.Module, quantization: Quantization) -> None:
-    """Give every projection that `quantization` covers its quantized parameters (before loading)."""
+def quantize_linears(model: nn.Module, quantization: Quantization, tensor_names: set[str]) -> None:
+    """Give every projection that `quantization` covers, and whose tensors the checkpoint (`tensor_names`) holds
+    quantized, its quantized parameters (before loading). A target names a module class (`Linear`), and a module
+    we run as a projection may not have been one where the checkpoint was quantized (transformers 5's MoE
+    routers): such a module's tensor is plain, and it loads as one."""
     parts_of: dict[str, list[str]] = {}
     for part, (fused, _) in model.stacked_params.items():
         parts_of.setdefault(fused, []).append(part)
-    if model.lm_head is not None and quantization.scheme_for("lm_head"):
+    if model.lm_head is not None and "lm_head.weight_scale" in tensor_names:
         raise InvalidInputError("model", "a quantized LM head is not supported")
     for name, module in model.named_modules():
         if not isinstance(module, _Linear):
             continue
         prefix, leaf = name.rsplit(".", 1)
         names = [f"{prefix}.{part}" for part in parts_of.get(leaf, [leaf])]
-        schemes = {quantization.scheme_for(n) for n in names}
+        schemes = {quantization.scheme_for(n) if f"{n}.weight_scale" in tensor_names else None for n in names}
         if len(schemes) > 1:
             raise InvalidInputError("model", f"{', '.join(names)} are quantized differently; they run as one "
                                     "projection")
