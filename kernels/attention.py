@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from kernels.attention_backend import AttentionBackend, AttentionMetadata, new_tokens
 from kernels.transfer import to_device
 
+_FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
+
 
 @dataclass
 class DecodeGroup:
@@ -84,10 +86,21 @@ class TorchBackend(AttentionBackend):
 
 def store_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    slot_mapping: torch.Tensor) -> None:
-    """Write new K/V rows [T, Hkv, D] into the cache at `slot_mapping`."""
-    num_kv_heads, head_dim = k.shape[1], k.shape[2]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+    """Write new K/V rows [T, Hkv, D] into the cache at `slot_mapping` (an FP8 cache's rounded to e4m3 with a
+    scale of 1, clamped to its range)."""
+    for new, cache in ((k, k_cache), (v, v_cache)):
+        rows = cache.view(-1, new.shape[1], new.shape[2])
+        if cache.dtype == torch.float8_e4m3fn:  # moved as bytes: torch's CPU index_copy_ takes no FP8
+            rows, new = rows.view(torch.uint8), new.clamp(-_FP8_MAX, _FP8_MAX).to(cache.dtype).view(torch.uint8)
+        rows.index_copy_(0, slot_mapping, new)
+
+
+def _read(flat: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cache rows at `slots` in the queries' dtype (an FP8 cache's values widened; read as bytes, which torch's
+    CPU index_select takes)."""
+    if flat.dtype == torch.float8_e4m3fn:
+        return flat.view(torch.uint8).index_select(0, slots).view(flat.dtype).to(dtype)
+    return flat.index_select(0, slots).to(dtype)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: TorchMetadata,
@@ -106,8 +119,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         # 4-d [1, H, L, D]: with a batch dimension torch's CPU flash kernel takes masks and GQA (3-d falls back
         # to the slower math path)
         qp = q[span.start : span.end].transpose(0, 1)[None]
-        kp = k_flat.index_select(0, span.slots).transpose(0, 1)[None]
-        vp = v_flat.index_select(0, span.slots).transpose(0, 1)[None]
+        kp = _read(k_flat, span.slots, q.dtype).transpose(0, 1)[None]
+        vp = _read(v_flat, span.slots, q.dtype).transpose(0, 1)[None]
         out[span.start : span.end] = _attention(qp, kp, vp, span.mask, scale, softcap, sinks)[0].transpose(0, 1)
     return out
 
@@ -148,8 +161,8 @@ def _attend_decode_group(q: torch.Tensor, k_flat, v_flat, group: DecodeGroup, sc
     num_kv_heads = k_flat.shape[1]
     length = group.suffix_slots.shape[1]
     slots = group.suffix_slots.reshape(-1)
-    k_suffix = k_flat.index_select(0, slots).view(rows, length, num_kv_heads, head_dim)
-    v_suffix = v_flat.index_select(0, slots).view(rows, length, num_kv_heads, head_dim)
+    k_suffix = _read(k_flat, slots, q.dtype).view(rows, length, num_kv_heads, head_dim)
+    v_suffix = _read(v_flat, slots, q.dtype).view(rows, length, num_kv_heads, head_dim)
     prefix = group.prefix_slots.shape[0]
     if prefix == 0:
         out = _attention(q.unsqueeze(2), k_suffix.transpose(1, 2), v_suffix.transpose(1, 2), group.suffix_mask,
@@ -158,8 +171,8 @@ def _attend_decode_group(q: torch.Tensor, k_flat, v_flat, group: DecodeGroup, sc
     # query heads grouped under their KV head: [rows, Hkv, G, D]
     per_kv = num_heads // num_kv_heads
     qg = q.view(rows, num_kv_heads, per_kv, head_dim)
-    k_prefix = k_flat.index_select(0, group.prefix_slots)  # [P, Hkv, D]
-    v_prefix = v_flat.index_select(0, group.prefix_slots)
+    k_prefix = _read(k_flat, group.prefix_slots, q.dtype)  # [P, Hkv, D]
+    v_prefix = _read(v_flat, group.prefix_slots, q.dtype)
     # the prefix as one matmul over every row's queries: [Hkv, rows * G, P]
     q_by_head = qg.permute(1, 0, 2, 3).reshape(num_kv_heads, rows * per_kv, head_dim)
     s_prefix = torch.matmul(q_by_head, k_prefix.permute(1, 2, 0))

@@ -63,7 +63,8 @@ class QuantizedWeight:
         if x.is_cuda:
             from kernels.triton import quantized_matmul as triton_quantized  # a CPU machine may have no Triton
 
-            return triton_quantized.quantized_matmul(x, self.codes, self.bits, self.floating, self.scale, self.zero, bias)
+            return triton_quantized.quantized_matmul(x, self.codes, self.bits, self.floating, self.scale, self.zero,
+                                                     bias)
         return self.reference_matmul(x, bias)
 
     def reference_matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -21,6 +21,8 @@ DTYPES = {
     "float16": torch.float16,
     "half": torch.float16,
 }
+# the KV cache's element type, where it is not the model's ("auto")
+KV_CACHE_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
 
 
 @dataclass
@@ -54,6 +56,8 @@ class EngineConfig:
     # the KV budget; default: every sequence at full length (max_num_seqs x max_model_len), capped at 2 GiB on
     # CPU and on GPU by what gpu_memory_utilization leaves after a profiling step
     kv_cache_bytes: int | None = None
+    # auto: the model's dtype; fp8 (or fp8_e4m3): e4m3 with a scale of 1, half of bf16's bytes per token
+    kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     # GPU: no CUDA graphs (every decode step launches its kernels one by one)
     enforce_eager: bool = False
@@ -115,5 +119,7 @@ class EngineConfig:
         require(self.block_size >= 1, "block_size", "must be at least 1")
         require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]")
         require(self.kv_cache_bytes is None or self.kv_cache_bytes > 0, "kv_cache_bytes", "must be positive")
+        require(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype",
+                f"{self.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
         require(self.max_loras >= 1, "max_loras", "must be at least 1")
         require(self.max_lora_rank >= 1, "max_lora_rank", "must be at least 1")

@@ -4,7 +4,8 @@ head, min-max scales and zero points, compressed and saved with the scheme in `c
 
 `reference_model` loads one back as the oracle: transformers' compressed-tensors integration (decompressing
 the weights), with compressed-tensors' own input quantization on every projection the scheme quantizes.
-`write_mxfp4_gpt_oss` and `mxfp4_reference_model` do the same for gpt-oss's MXFP4 experts.
+`write_mxfp4_gpt_oss` and `mxfp4_reference_model` do the same for gpt-oss's MXFP4 experts;
+`fp8_kv_reference_model` is the oracle of an FP8 KV cache.
 """
 
 import json
@@ -25,7 +26,8 @@ from compressed_tensors.quantization.quant_args import FP4_E2M1_DATA
 from compressed_tensors.quantization.utils import calculate_qparams
 from compressed_tensors.quantization.utils.mxfp_utils import generate_mx_scales
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, CompressedTensorsConfig, Mxfp4Config
+from transformers import AttentionInterface, AutoModelForCausalLM, CompressedTensorsConfig, Mxfp4Config
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 SCHEMES = ("W4A16", "W4A16_ASYM", "W8A16", "W8A8", "FP8_DYNAMIC", "FP8_BLOCK")
 QUANTIZES_ACTIVATIONS = {"W8A8", "FP8_DYNAMIC", "FP8_BLOCK"}
@@ -114,3 +116,19 @@ def mxfp4_reference_model(path: Path) -> torch.nn.Module:
     """transformers' gpt-oss on `path`, its MXFP4 experts dequantized by its own integration."""
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
                                                 quantization_config=Mxfp4Config(dequantize=True)).eval()
+
+
+def fp8_kv_reference_model(path: Path) -> torch.nn.Module:
+    """transformers' model on `path`, its attention (SDPA, through transformers' attention interface) reading
+    keys and values rounded to FP8 e4m3 with a scale of 1, as an FP8 KV cache holds them."""
+    AttentionInterface.register("sdpa_fp8_kv", _sdpa_over_fp8_kv)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa_fp8_kv").eval()
+
+
+def _sdpa_over_fp8_kv(module, query, key, value, *args, **kwargs):
+    largest = torch.finfo(torch.float8_e4m3fn).max
+
+    def rounded(t: torch.Tensor) -> torch.Tensor:
+        return t.clamp(-largest, largest).to(torch.float8_e4m3fn).to(t.dtype)
+
+    return sdpa_attention_forward(module, query, rounded(key), rounded(value), *args, **kwargs)

@@ -9,10 +9,11 @@ window starts each row's walk at its window's first block and masks what lies
 before it; soft-capped scores and per-head sinks (the running max starts at
 the sink, its share in the normaliser) follow the torch reference.
 
-Dots take the cache's own dtype (bf16/fp16 on the tensor cores, fp32
-accumulation); float32 uses full-precision dots, not TF32, so it matches the
-torch reference. `TritonBackend` (the `triton` attention backend) runs them,
-with the KV store of `elementwise.py`.
+Dots take the queries' dtype (bf16/fp16 on the tensor cores, fp32
+accumulation; an FP8 cache's values are widened to it as they are read);
+float32 uses full-precision dots, not TF32, so it matches the torch reference.
+`TritonBackend` (the `triton` attention backend) runs them, with the KV store of
+`elementwise.py`.
 """
 
 from dataclasses import dataclass
@@ -37,13 +38,15 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 @triton.jit
 def _load_kv(k_cache_ptr, v_cache_ptr, table_ptr, pos, pos_mask, kv_head, d, d_mask, NUM_KV_HEADS: tl.constexpr,
-             HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    """K and V rows of one KV head at context positions `pos`, found through the sequence's block table."""
+             HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, DTYPE: tl.constexpr):
+    """K and V rows of one KV head at context positions `pos`, found through the sequence's block table, as
+    DTYPE (the queries': an FP8 cache's values widened)."""
     page = tl.load(table_ptr + pos // BLOCK_SIZE, mask=pos_mask, other=0)
     slot = page.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
     offs = (slot[:, None] * NUM_KV_HEADS + kv_head) * HEAD_DIM + d[None, :]
     mask = pos_mask[:, None] & d_mask[None, :]
-    return tl.load(k_cache_ptr + offs, mask=mask, other=0.0), tl.load(v_cache_ptr + offs, mask=mask, other=0.0)
+    return (tl.load(k_cache_ptr + offs, mask=mask, other=0.0).to(DTYPE),
+            tl.load(v_cache_ptr + offs, mask=mask, other=0.0).to(DTYPE))
 
 
 @triton.jit
@@ -95,7 +98,7 @@ def _decode_kernel(
         pos = start + tl.arange(0, BLOCK_N)
         pos_mask = (pos < ctx) & (pos >= first)
         k, v = _load_kv(k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * table_stride, pos, pos_mask, kv_head, d,
-                        d_mask, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE)
+                        d_mask, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, q_ptr.dtype.element_ty)
         m_i, l_i, acc = _online_softmax_step(q, k, v, pos_mask[None, :], m_i, l_i, acc, scale, softcap, IEEE,
                                              SOFTCAP)
     out = acc / l_i[:, None]
@@ -132,7 +135,7 @@ def _prefill_kernel(
         pos = start + tl.arange(0, BLOCK_N)
         pos_mask = (pos < last) & (pos >= first)
         k, v = _load_kv(k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * table_stride, pos, pos_mask, kv_head, d,
-                        d_mask, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE)
+                        d_mask, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, q_ptr.dtype.element_ty)
         allowed = (pos[None, :] <= q_pos[:, None]) & (pos[None, :] > q_pos[:, None] - window) & pos_mask[None, :]
         m_i, l_i, acc = _online_softmax_step(q, k, v, allowed, m_i, l_i, acc, scale, softcap, IEEE, SOFTCAP)
     out = acc / l_i[:, None]

@@ -7,21 +7,28 @@ import triton.language as tl
 
 
 @triton.jit
-def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, ROW: tl.constexpr, BLOCK: tl.constexpr):
+def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, ROW: tl.constexpr, BLOCK: tl.constexpr,
+                     FP8_MAX: tl.constexpr):
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token).to(tl.int64)
     if slot < 0:  # a padding row of a CUDA graph's batch: nothing to store
         return
     offs = tl.arange(0, BLOCK)
     mask = offs < ROW
-    tl.store(k_cache_ptr + slot * ROW + offs, tl.load(k_ptr + token * ROW + offs, mask=mask), mask=mask)
-    tl.store(v_cache_ptr + slot * ROW + offs, tl.load(v_ptr + token * ROW + offs, mask=mask), mask=mask)
+    k = tl.load(k_ptr + token * ROW + offs, mask=mask)
+    v = tl.load(v_ptr + token * ROW + offs, mask=mask)
+    if FP8_MAX:  # an FP8 cache: e4m3 with a scale of 1, clamped to its range
+        k = tl.minimum(tl.maximum(k.to(tl.float32), -FP8_MAX), FP8_MAX)
+        v = tl.minimum(tl.maximum(v.to(tl.float32), -FP8_MAX), FP8_MAX)
+    tl.store(k_cache_ptr + slot * ROW + offs, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + slot * ROW + offs, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 def store_kv_cache(k, v, k_cache, v_cache, slot_mapping) -> None:
     row = k.shape[1] * k.shape[2]
+    fp8_max = torch.finfo(torch.float8_e4m3fn).max if k_cache.dtype == torch.float8_e4m3fn else 0.0
     _store_kv_kernel[(k.shape[0],)](k.contiguous(), v.contiguous(), k_cache, v_cache, slot_mapping,
-                                    ROW=row, BLOCK=triton.next_power_of_2(row))
+                                    ROW=row, BLOCK=triton.next_power_of_2(row), FP8_MAX=fp8_max)
 
 
 @triton.jit

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import torch
 
-from runtime.config import EngineConfig
+from runtime.config import KV_CACHE_DTYPES, EngineConfig
 from runtime.core.sequence import Sequence
 from runtime.errors import InvalidInputError
 from runtime.models.spec import ModelSpec
@@ -32,8 +32,9 @@ class DraftModelProposer:
             raise InvalidInputError(_FIELD, f"the draft model {name}: {e}") from None
         _check_vocabulary(name, draft_spec, spec, tokenizer)
         hf = draft_spec.hf_config
+        cache_dtype = KV_CACHE_DTYPES[config.kv_cache_dtype] or draft_spec.dtype  # the target's choice
         block_bytes = (2 * hf.num_hidden_layers * config.block_size * hf.num_key_value_heads * draft_spec.head_dim
-                       * draft_spec.dtype.itemsize)
+                       * cache_dtype.itemsize)
         self.runner = ModelRunner(replace(draft, kv_cache_bytes=num_blocks * block_bytes), draft_spec, eos_token_ids)
         assert self.runner.num_blocks == num_blocks, (self.runner.num_blocks, num_blocks)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kernels import AttentionMetadata, choose_attention_backend, tensor_on
-from runtime.config import EngineConfig
+from runtime.config import KV_CACHE_DTYPES, EngineConfig
 from runtime.core.scheduler import ScheduledBatch
 from runtime.core.sequence import Request, Sequence
 from runtime.distributed import all_reduce_min, broadcast_from_rank0, destroy_tp_group, init_tp_group
@@ -98,10 +98,11 @@ class ModelRunner:
         self.spec = spec
         self.rank = rank
         self.device = torch.device(config.device)
+        self.kv_cache_dtype = KV_CACHE_DTYPES[config.kv_cache_dtype] or spec.dtype
         # chosen here, in the rank's own process: a worker whose machine cannot build the CPU kernel runs torch's
         try:
             self.attention_backend = choose_attention_backend(config.attention_backend, self.device.type, spec.dtype,
-                                                              spec.head_dim)
+                                                              spec.head_dim, self.kv_cache_dtype)
         except ValueError as e:
             raise InvalidInputError("attention_backend", str(e)) from None
         if config.tensor_parallel_size > 1:
@@ -135,7 +136,7 @@ class ModelRunner:
                                        self.attention_backend, self.device)
 
     def _allocate_kv_cache(self, use_graphs: bool) -> int:
-        cfg, max_model_len, dtype = self.config, self.spec.max_model_len, self.spec.dtype
+        cfg, max_model_len, dtype = self.config, self.spec.max_model_len, self.kv_cache_dtype
         layers, planes = len(self.model.model.layers), self._kv_planes()
         shape = self._block_shape()
         bytes_per_block = planes * layers * shape[0] * shape[1] * shape[2] * dtype.itemsize
@@ -171,7 +172,7 @@ class ModelRunner:
         lens = [seq_len] * (tokens // seq_len) + ([tokens % seq_len] if tokens % seq_len else [])
         blocks_per_seq = -(-seq_len // cfg.block_size)
         scratch = torch.empty((self._kv_planes(), len(lens) * blocks_per_seq, *self._block_shape()),
-                              dtype=self.spec.dtype, device=self.device)
+                              dtype=self.kv_cache_dtype, device=self.device)
         for layer in self.model.model.layers:
             layer.self_attn.k_cache, layer.self_attn.v_cache = scratch[0], scratch[-1]
         torch.cuda.synchronize(self.device)

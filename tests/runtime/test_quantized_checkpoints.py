@@ -15,6 +15,7 @@ from testing.model_factory import build_model_dir
 from testing.quantized_checkpoints import (
     QUANTIZES_ACTIVATIONS,
     SCHEMES,
+    fp8_kv_reference_model,
     mxfp4_reference_model,
     reference_model,
     write_mxfp4_gpt_oss,
@@ -178,6 +179,25 @@ def test_gpt_oss_mxfp4_tp2_matches_tp1(ray_cluster, gpt_oss_mxfp4):
         assert _generate(llm, prompts) == expected
     finally:
         llm.shutdown()
+
+
+def test_an_fp8_kv_cache_holds_four_times_float32s_blocks_and_matches_attention_over_fp8_kv(tmp_path_factory):
+    base = build_model_dir(tmp_path_factory.mktemp("fp8-kv"), **SHAPE)
+    options = dict(dtype="float32", max_model_len=256, kv_cache_bytes=8 << 20)
+    llm = LLM(str(base), kv_cache_dtype="fp8", **options)
+    runner = llm.engine.runner
+    assert runner.kv_cache.dtype == torch.float8_e4m3fn and runner.attention_backend.name == "torch"
+    assert runner.num_blocks == 4 * LLM(str(base), **options).engine.runner.num_blocks  # 1 byte a value, not 4
+    prompts = _prompts(llm.tokenizer)
+    ours = _generate(llm, prompts)
+    reference = fp8_kv_reference_model(base)
+    expected = [reference.generate(torch.tensor([p]), do_sample=False, max_new_tokens=MAX_TOKENS,
+                                   pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    assert [tokens[:len(e)] for tokens, e in zip(ours, expected)] == expected
+    assert sum(map(len, expected)) > 8 * MAX_TOKENS
+    assert _generate(LLM(str(base), kv_cache_dtype="fp8", enable_prefix_caching=False, **options), prompts) == ours
+    with pytest.raises(InvalidInputError, match="an FP8 cache needs torch or triton"):
+        LLM(str(base), kv_cache_dtype="fp8", attention_backend="cpu", **options)
 
 
 def test_unsupported_quantization_fails_at_start_naming_it(quantized, tmp_path):
