@@ -5,12 +5,14 @@ head, min-max scales and zero points, compressed and saved with the scheme in `c
 `reference_model` loads one back as the oracle: transformers' compressed-tensors integration (decompressing
 the weights), with compressed-tensors' own input quantization on every projection the scheme quantizes.
 `write_mxfp4_gpt_oss` and `mxfp4_reference_model` do the same for gpt-oss's MXFP4 experts;
-`fp8_kv_reference_model` is the oracle of an FP8 KV cache.
+`write_fine_grained_fp8` and `fine_grained_fp8_reference_model` for DeepSeek's FP8 layout, through
+transformers' FineGrainedFP8 integration; `fp8_kv_reference_model` is the oracle of an FP8 KV cache.
 """
 
 import json
 import shutil
 from pathlib import Path
+from unittest import mock
 
 import torch
 from compressed_tensors.compressors import ModelCompressor
@@ -26,8 +28,15 @@ from compressed_tensors.quantization.quant_args import FP4_E2M1_DATA
 from compressed_tensors.quantization.utils import calculate_qparams
 from compressed_tensors.quantization.utils.mxfp_utils import generate_mx_scales
 from safetensors.torch import load_file, save_file
-from transformers import AttentionInterface, AutoModelForCausalLM, CompressedTensorsConfig, Mxfp4Config
+from transformers import (
+    AttentionInterface,
+    AutoModelForCausalLM,
+    CompressedTensorsConfig,
+    FineGrainedFP8Config,
+    Mxfp4Config,
+)
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.quantizers.quantizer_finegrained_fp8 import FineGrainedFP8HfQuantizer
 
 SCHEMES = ("W4A16", "W4A16_ASYM", "W8A16", "W8A8", "FP8_DYNAMIC", "FP8_BLOCK")
 QUANTIZES_ACTIVATIONS = {"W8A8", "FP8_DYNAMIC", "FP8_BLOCK"}
@@ -132,3 +141,23 @@ def _sdpa_over_fp8_kv(module, query, key, value, *args, **kwargs):
         return t.clamp(-largest, largest).to(torch.float8_e4m3fn).to(t.dtype)
 
     return sdpa_attention_forward(module, query, rounded(key), rounded(value), *args, **kwargs)
+
+
+def write_fine_grained_fp8(base: Path, out: Path) -> Path:
+    """`base` quantized by transformers' FineGrainedFP8 integration and saved in DeepSeek's FP8 layout (e4m3
+    weights, a `weight_scale_inv` per 128x128 block, `quant_method: fp8`). transformers quantizes on CPU as on a
+    GPU; only its environment check asks for a GPU, so it is bypassed here."""
+    with mock.patch.object(FineGrainedFP8HfQuantizer, "validate_environment", lambda self, *args, **kwargs: None):
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32,
+                                                     quantization_config=FineGrainedFP8Config())
+    model.save_pretrained(out)
+    for file in base.iterdir():
+        if file.suffix != ".safetensors" and file.name != "config.json":
+            shutil.copy(file, out)
+    return out
+
+
+def fine_grained_fp8_reference_model(path: Path) -> torch.nn.Module:
+    """transformers' model on a `write_fine_grained_fp8` checkpoint, its weights dequantized by its integration."""
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                quantization_config=FineGrainedFP8Config(dequantize=True)).eval()

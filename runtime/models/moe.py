@@ -114,8 +114,8 @@ class SparseMoeBlock(nn.Module):
 
 
 _EXPERT = re.compile(r"\.experts\.(\d+)\.(\w+)\.weight$")
-# compressed-tensors' quantized expert tensors (codes, scales, zero points)
-_QUANTIZED_EXPERT = re.compile(r"\.experts\.\d+\.\w+\.(weight_packed|weight_scale|weight_zero_point)$")
+# quantized expert tensors (compressed-tensors' codes, scales and zero points; DeepSeek's FP8 scales)
+_QUANTIZED_EXPERT = re.compile(r"\.experts\.\d+\.\w+\.(weight_packed|weight_scale|weight_scale_inv|weight_zero_point)$")
 
 
 class MoeCausalLM(CausalLM):

@@ -5,6 +5,7 @@ compressed-tensors' own input quantization (testing.quantized_checkpoints); the 
 engine's memory."""
 
 import json
+from functools import partial
 
 import pytest
 import torch
@@ -15,9 +16,11 @@ from testing.model_factory import build_model_dir
 from testing.quantized_checkpoints import (
     QUANTIZES_ACTIVATIONS,
     SCHEMES,
+    fine_grained_fp8_reference_model,
     fp8_kv_reference_model,
     mxfp4_reference_model,
     reference_model,
+    write_fine_grained_fp8,
     write_mxfp4_gpt_oss,
     write_quantized,
 )
@@ -35,12 +38,16 @@ LARGEST_SHARE_OF_BF16 = {"W4A16": 0.35, "W4A16_ASYM": 0.35, "W8A16": 0.6, "W8A8"
 
 @pytest.fixture(scope="module")
 def quantized(tmp_path_factory):
+    """One unquantized model, and its copy in a scheme: compressed-tensors' presets (SCHEMES), or DeepSeek's FP8
+    layout as transformers writes it (FINE_GRAINED_FP8)."""
     base = build_model_dir(tmp_path_factory.mktemp("base"), **SHAPE)
+    writers = {scheme: partial(write_quantized, scheme=scheme) for scheme in SCHEMES}
+    writers["FINE_GRAINED_FP8"] = write_fine_grained_fp8
     paths = {}
 
     def path(scheme: str):
         if scheme not in paths:
-            paths[scheme] = write_quantized(base, tmp_path_factory.mktemp(scheme.lower()), scheme)
+            paths[scheme] = writers[scheme](base, tmp_path_factory.mktemp(scheme.lower()))
         return paths[scheme]
 
     return path
@@ -122,9 +129,9 @@ def test_weights_stay_quantized_in_memory(quantized, scheme):
         assert all(m.quantized.packed for m in projections)  # the C++ kernel's tiles
 
 
-@pytest.mark.parametrize("scheme", ["W4A16_ASYM", "W8A8"])
-# groups and zero points split by input on the row-parallel projections; a row-parallel projection's per-token
-# input scale over the whole row, not the rank's slice
+@pytest.mark.parametrize("scheme", ["W4A16_ASYM", "W8A8", "FINE_GRAINED_FP8"])
+# groups and zero points split by input on the row-parallel projections, block scales by row and input; a
+# row-parallel projection's per-token input scale over the whole row, not the rank's slice
 def test_tp2_matches_tp1(ray_cluster, quantized, scheme):
     path = quantized(scheme)
     tp1 = LLM(str(path), dtype="float32", max_model_len=256)
@@ -139,6 +146,24 @@ def test_tp2_matches_tp1(ray_cluster, quantized, scheme):
         _assert_near_reference_argmax(reference_model(path), prompts, ours)
     else:
         assert ours == expected
+
+
+def test_deepseeks_fp8_layout_as_transformers_writes_it(quantized):
+    """`quant_method: fp8`: e4m3 weights with a `weight_scale_inv` per 128x128 block (DeepSeek-V3's and the
+    published *-FP8 checkpoints' layout), against transformers' dequantizing path."""
+    path = quantized("FINE_GRAINED_FP8")
+    llm = LLM(str(path), dtype="float32", max_model_len=256)
+    prompts = _prompts(llm.tokenizer)
+    ours = _generate(llm, prompts)
+    reference = fine_grained_fp8_reference_model(path)
+    expected = [reference.generate(torch.tensor([p]), do_sample=False, max_new_tokens=MAX_TOKENS,
+                                   pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    assert [tokens[:len(e)] for tokens, e in zip(ours, expected)] == expected
+    assert sum(map(len, expected)) > 8 * MAX_TOKENS
+    projections = [m for m in llm.engine.runner.model.modules() if getattr(m, "quantized", None) is not None]
+    assert len(projections) == 2 * 4 and llm.engine.spec.quantization.label == "fp8 (fp8 block)"
+    resident = sum(m.quantized.nbytes() for m in projections)
+    assert resident / sum(2 * m.quantized.out_features * m.quantized.in_features for m in projections) < 0.6
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,8 @@ from runtime.models.layers import (
 from runtime.models.quantization.activations import quantize_input
 from runtime.models.quantization.scheme import LayerScheme, Quantization
 
-_QUANTIZED_PARAMS = ("weight", "weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "input_scale")
+_QUANTIZED_PARAMS = ("weight", "weight_packed", "weight_scale", "weight_scale_inv", "weight_zero_point", "weight_shape",
+                     "input_scale")
 
 
 def quantize_linears(model: nn.Module, quantization: Quantization, tensor_names: set[str]) -> None:
@@ -37,20 +38,26 @@ def quantize_linears(model: nn.Module, quantization: Quantization, tensor_names:
     parts_of: dict[str, list[str]] = {}
     for part, (fused, _) in model.stacked_params.items():
         parts_of.setdefault(fused, []).append(part)
-    if model.lm_head is not None and "lm_head.weight_scale" in tensor_names:
+    if model.lm_head is not None and tensor_names & {"lm_head.weight_scale", "lm_head.weight_scale_inv"}:
         raise InvalidInputError("model", "a quantized LM head is not supported")
     for name, module in model.named_modules():
         if not isinstance(module, _Linear):
             continue
         prefix, leaf = name.rsplit(".", 1)
         names = [f"{prefix}.{part}" for part in parts_of.get(leaf, [leaf])]
-        schemes = {quantization.scheme_for(n) if f"{n}.weight_scale" in tensor_names else None for n in names}
+        schemes = {_checkpoint_scheme(quantization, n, tensor_names) for n in names}
         if len(schemes) > 1:
             raise InvalidInputError("model", f"{', '.join(names)} are quantized differently; they run as one "
                                     "projection")
         scheme = schemes.pop()
         if scheme is not None:
             _quantize(module, scheme, name)
+
+
+def _checkpoint_scheme(quantization: Quantization, name: str, tensor_names: set[str]) -> LayerScheme | None:
+    """`name`'s scheme where the checkpoint holds its scales, else None."""
+    scheme = quantization.scheme_for(name)
+    return scheme if scheme and f"{name}.{scheme.weights.scale_name}" in tensor_names else None
 
 
 def finish_quantized_linears(model: nn.Module) -> None:
@@ -66,7 +73,7 @@ def finish_quantized_linears(model: nn.Module) -> None:
             codes = (codes.to(torch.int16) + 128).to(torch.uint8)
         codes = codes.view(torch.uint8)  # int32 words -> their bytes (little-endian: the first value lowest)
         zero = getattr(module, "weight_zero_point", None)
-        module.quantized = QuantizedWeight.build(codes, w.type, w.bits, module.weight_scale.data,
+        module.quantized = QuantizedWeight.build(codes, w.type, w.bits, getattr(module, w.scale_name).data,
                                                  None if zero is None else zero.data)
         if scheme.activations is not None:
             scale = getattr(module, "input_scale", None)
@@ -120,7 +127,7 @@ def _quantize(module: _Linear, scheme: LayerScheme, name: str) -> None:
         return to_rows(loaded, rows, columns)
 
     register(w.checkpoint_name, (out, width), codes_dtype)
-    register("weight_scale", (out, local_in // group), torch.float32, to_rows)
+    register(w.scale_name, (out, local_in // group), torch.float32, to_rows)
     if not w.symmetric:
         register("weight_zero_point", (out, local_in // group), torch.float32, unpack_zero)
     if w.packed:  # the unpacked shape, which the parameters' shapes already say

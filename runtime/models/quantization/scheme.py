@@ -3,7 +3,9 @@ how its weights are stored (`WeightScheme`) and how its input is quantized on th
 
 Formats: compressed-tensors (what llm-compressor writes): `pack-quantized` (INT4/INT8 in int32 words, group or
 channel scales, optional zero points), `int-quantized`/`naive-quantized` (INT8), `float-quantized` (FP8 e4m3
-with tensor, channel or block scales); `mxfp4` for gpt-oss's experts, as OpenAI publishes them (its projections
+with tensor, channel or block scales); `fp8` (DeepSeek's layout, as transformers' FineGrainedFP8 writes it:
+e4m3 weights with a `weight_scale_inv` per 128x128 block, computed as its dequantizing path computes them, the
+inputs unquantized); `mxfp4` for gpt-oss's experts, as OpenAI publishes them (its projections
 stay unquantized: the family builds those experts itself, `runtime.models.gpt_oss`). Anything else fails at
 start, naming the scheme.
 """
@@ -15,7 +17,7 @@ from transformers import PretrainedConfig
 
 from runtime.errors import InvalidInputError
 
-SUPPORTED_METHODS = ("compressed-tensors", "mxfp4")
+SUPPORTED_METHODS = ("compressed-tensors", "fp8", "mxfp4")
 _FORMATS = {"pack-quantized", "int-quantized", "naive-quantized", "float-quantized"}
 
 
@@ -28,6 +30,7 @@ class WeightScheme:
     packed: bool  # int32 words holding 32 / bits values along the input dimension (`weight_packed`)
     group_size: int | None = None  # inputs per scale (group)
     block: tuple[int, int] | None = None  # [rows, columns] per scale (block)
+    scale_name: str = "weight_scale"  # the scales' tensor (DeepSeek's FP8 layout: `weight_scale_inv`)
 
     @property
     def checkpoint_name(self) -> str:
@@ -78,6 +81,9 @@ class Quantization:
             if hf_config.model_type != "gpt_oss":
                 raise InvalidInputError("model", "mxfp4 checkpoints are supported for gpt-oss only")
             return cls(method, (), ())
+        if method == "fp8":
+            skipped = raw.get("modules_to_not_convert") or ()
+            return cls(method, ((("Linear",), _fp8_scheme(raw)),), tuple(map(_anywhere, skipped)))
         groups = []
         for name, group in raw.get("config_groups", {}).items():
             layer = _layer_scheme(name, group, group.get("format") or raw.get("format"))
@@ -110,12 +116,26 @@ def is_mxfp4(hf_config: PretrainedConfig) -> bool:
     return bool(raw) and raw.get("quant_method") == "mxfp4"
 
 
+def _anywhere(module: str) -> str:
+    """transformers' `modules_to_not_convert` entry (a part of a module name, `*` any text) as a `re:` pattern."""
+    return "re:.*" + ".*".join(map(re.escape, module.split("*")))
+
+
 def _matches(pattern: str, name: str) -> bool:
     """compressed-tensors' matching: `re:` a regex over the module name, else the module name itself, or a
     module class (every projection is a `Linear`)."""
     if pattern.startswith("re:"):
         return re.match(pattern[3:], name) is not None
     return pattern in ("Linear", name) or name.endswith(f".{pattern}")
+
+
+def _fp8_scheme(raw: dict) -> LayerScheme:
+    """DeepSeek's FP8 layout: e4m3 weights, a `weight_scale_inv` per block of `weight_block_size`."""
+    block = raw.get("weight_block_size")
+    if not block or len(block) != 2 or raw.get("activation_scheme", "dynamic") != "dynamic":
+        raise InvalidInputError("model", f"fp8 checkpoints without 2-d block scales are not supported yet: {raw}")
+    weights = WeightScheme("float", 8, "block", True, False, block=tuple(block), scale_name="weight_scale_inv")
+    return LayerScheme(weights, None, "fp8 block")
 
 
 def _layer_scheme(group_name: str, group: dict, fmt: str | None) -> LayerScheme:
