@@ -10,8 +10,9 @@ from functools import partial
 import pytest
 import torch
 
-from runtime import LLM, InvalidInputError, SamplingParams
+from runtime import LLM, InvalidInputError, LoRARequest, SamplingParams
 from runtime.models.quantization.mxfp4_experts import Mxfp4Experts
+from testing.lora_adapters import ALL, adapt
 from testing.model_factory import build_model_dir
 from testing.quantized_checkpoints import (
     QUANTIZES_ACTIVATIONS,
@@ -113,6 +114,26 @@ def test_each_projection_equals_the_reference_module(quantized, scheme):
                 expected = module(x.unsqueeze(0))[0]  # a batch of one: per-token scales are over the last dimension
                 ours = projection.project(x.to(projection.quantized.codes.device))[:, columns].cpu()
                 torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_lora_adapters_on_a_quantized_base(quantized, tmp_path):
+    """An adapter made with PEFT over transformers' model of the INT4 checkpoint: its tokens, and the base's
+    beside it in one batch."""
+    path = quantized("W4A16")
+    peft_model = adapt(reference_model(path), tmp_path, 8, 16, ALL, False, seed=0)
+    llm = LLM(str(path), dtype="float32", max_model_len=256, enable_lora=True)
+    prompts = _prompts(llm.tokenizer)[:6]
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    adapter = LoRARequest("int4-base", str(tmp_path))
+    outputs = llm.generate(prompts * 2, params, lora_request=[adapter] * len(prompts) + [None] * len(prompts))
+    expected = [peft_model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=MAX_TOKENS,
+                                    pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    with peft_model.disable_adapter():
+        expected += [peft_model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=MAX_TOKENS,
+                                         pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    ours = [o.outputs[0].token_ids for o in outputs]
+    assert [tokens[:len(e)] for tokens, e in zip(ours, expected)] == expected
+    assert ours[: len(prompts)] != ours[len(prompts):]  # the adapter changes the tokens
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
