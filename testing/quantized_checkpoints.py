@@ -10,6 +10,7 @@ transformers' FineGrainedFP8 integration; `fp8_kv_reference_model` is the oracle
 """
 
 import json
+import re
 import shutil
 from pathlib import Path
 from unittest import mock
@@ -17,6 +18,8 @@ from unittest import mock
 import torch
 from compressed_tensors.compressors import ModelCompressor
 from compressed_tensors.compressors.nvfp4.helpers import pack_fp4_to_uint8
+from compressed_tensors.entrypoints.convert import convert_checkpoint
+from compressed_tensors.entrypoints.convert.converters.ct_dequantizer import CompressedTensorsDequantizer
 from compressed_tensors.quantization import (
     QuantizationArgs,
     QuantizationConfig,
@@ -38,6 +41,7 @@ from transformers import (
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.quantizers.quantizer_finegrained_fp8 import FineGrainedFP8HfQuantizer
 
+_EXPERT = re.compile(r"\.experts\.\d+\.\w+\.weight$")
 SCHEMES = ("W4A16", "W4A16_ASYM", "W8A16", "W8A8", "FP8_DYNAMIC", "FP8_BLOCK")
 QUANTIZES_ACTIVATIONS = {"W8A8", "FP8_DYNAMIC", "FP8_BLOCK"}
 
@@ -56,10 +60,38 @@ def write_quantized(base: Path, out: Path, scheme: str) -> Path:
     compressor.compress_model(model)
     model.save_pretrained(out)
     compressor.update_config(out)
+    for file in out.glob("*.safetensors"):
+        tensors = load_file(file)
+        if any(_EXPERT.search(name) for name in tensors):
+            save_file(_quantize_experts(tensors, config.config_groups["group_0"]), file, metadata={"format": "pt"})
     for file in base.iterdir():
         if file.suffix != ".safetensors" and file.name != "config.json":
             shutil.copy(file, out)
     return out
+
+
+def _quantize_experts(tensors: dict[str, torch.Tensor], scheme: QuantizationScheme) -> dict[str, torch.Tensor]:
+    """Each expert's matrix quantized as compressed-tensors quantizes a `Linear`: transformers 5 holds a layer's
+    experts fused, in no `Linear` that compressed-tensors would target, and saves them per expert."""
+    for name in [n for n in tensors if _EXPERT.search(n)]:
+        weight = tensors.pop(name)
+        holder = torch.nn.Sequential(torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False))
+        holder[0].weight.data = weight.float()
+        apply_quantization_config(holder, QuantizationConfig(config_groups={"group_0": scheme},
+                                                             quantization_status="initialized"))
+        _set_min_max_qparams(holder[0], scheme.weights)
+        ModelCompressor.from_pretrained_model(holder).compress_model(holder)
+        stem = name.removesuffix("weight")
+        tensors.update({stem + key.removeprefix("0."): value for key, value in holder.state_dict().items()})
+    return tensors
+
+
+def dequantized_reference_model(path: Path, scratch: Path) -> torch.nn.Module:
+    """transformers' model on `path` dequantized to float32 by compressed-tensors' own converter (into
+    `scratch`): the oracle where transformers' integration cannot load a checkpoint (per-expert quantized
+    tensors, which transformers 5 holds fused)."""
+    convert_checkpoint(path, scratch, CompressedTensorsDequantizer(path, dtype=torch.float32))
+    return AutoModelForCausalLM.from_pretrained(scratch, dtype=torch.float32).eval()
 
 
 def reference_model(path: Path) -> torch.nn.Module:

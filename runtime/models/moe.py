@@ -13,7 +13,6 @@ from torch import nn
 from kernels import fused_experts, silu_and_mul
 from kernels.cpu import grouped_matmul as cpu_grouped
 from runtime.distributed import all_reduce, tp_rank, tp_size
-from runtime.errors import InvalidInputError
 from runtime.models.decoder import MLP, CausalLM
 from runtime.models.layers import ReplicatedLinear
 
@@ -113,9 +112,8 @@ class SparseMoeBlock(nn.Module):
         return all_reduce(out)
 
 
-_EXPERT = re.compile(r"\.experts\.(\d+)\.(\w+)\.weight$")
-# quantized expert tensors (compressed-tensors' codes, scales and zero points; DeepSeek's FP8 scales)
-_QUANTIZED_EXPERT = re.compile(r"\.experts\.\d+\.\w+\.(weight_packed|weight_scale|weight_scale_inv|weight_zero_point)$")
+# an expert's tensor: its weight, or a quantized checkpoint's codes, scales, zero points (`weight_packed`, ...)
+_EXPERT = re.compile(r"\.experts\.(\d+)\.(\w+)\.(weight(?:_\w+)?)$")
 
 
 class MoeCausalLM(CausalLM):
@@ -125,13 +123,15 @@ class MoeCausalLM(CausalLM):
     expert_names = ("gate_proj", "up_proj", "down_proj")  # the checkpoint's gate, up and down projections
 
     def param_for(self, name: str) -> tuple[str, tuple]:
-        """A per-expert tensor fills its expert's rows of the stacked parameter (args: expert, gate or up);
-        fused expert tensors already carry the stacked parameter's name."""
-        if _QUANTIZED_EXPERT.search(name):
-            raise InvalidInputError("model", f"quantized MoE expert weights ({name}) are not supported yet")
+        """A per-expert tensor fills its expert's rows of the stacked parameter (args: expert, gate or up), a
+        quantized one's the parameter of its suffix (`gate_up_proj_weight_scale`: `QuantizedExperts`); fused
+        expert tensors already carry the stacked parameter's name."""
         match = _EXPERT.search(name)
         if match is None or match.group(2) not in self.expert_names:
             return super().param_for(name)
         expert, which = int(match.group(1)), self.expert_names.index(match.group(2))
+        suffix = "" if match.group(3) == "weight" else f"_{match.group(3)}"
         stem = name[: match.start()] + ".experts."
-        return (stem + "down_proj", (expert,)) if which == 2 else (stem + "gate_up_proj", (expert, which))
+        if which == 2:
+            return stem + "down_proj" + suffix, (expert,)
+        return stem + "gate_up_proj" + suffix, (expert, which)

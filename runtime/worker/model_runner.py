@@ -20,7 +20,7 @@ from runtime.errors import InvalidInputError, describe
 from runtime.lora import LoRAAdapter, attach_lora, load_into_slot
 from runtime.models import load_weights, pack_linear_weights
 from runtime.models.loader import tensor_names
-from runtime.models.quantization import finish_quantized_linears, quantize_linears
+from runtime.models.quantization import finish_quantized_linears, quantize_model
 from runtime.models.spec import ModelSpec
 from runtime.outputs import TokenLogprob
 from runtime.speculative.verifier import GeneratorRewind, split_rows
@@ -113,7 +113,7 @@ class ModelRunner:
         with torch.device(self.device):
             self.model = spec.model_class(spec.hf_config, spec.max_model_len)
             if spec.quantization is not None:
-                quantize_linears(self.model, spec.quantization, tensor_names(self.model, spec.path))
+                quantize_model(self.model, spec.quantization, tensor_names(self.model, spec.path))
         torch.set_default_dtype(default_dtype)
         load_weights(self.model, spec.path)
         finish_quantized_linears(self.model)

@@ -11,12 +11,14 @@ import pytest
 import torch
 
 from runtime import LLM, InvalidInputError, LoRARequest, SamplingParams
+from runtime.models.quantization.experts import QuantizedExperts
 from runtime.models.quantization.mxfp4_experts import Mxfp4Experts
 from testing.lora_adapters import ALL, adapt
 from testing.model_factory import build_model_dir
 from testing.quantized_checkpoints import (
     QUANTIZES_ACTIVATIONS,
     SCHEMES,
+    dequantized_reference_model,
     fine_grained_fp8_reference_model,
     fp8_kv_reference_model,
     mxfp4_reference_model,
@@ -185,6 +187,38 @@ def test_deepseeks_fp8_layout_as_transformers_writes_it(quantized):
     assert len(projections) == 2 * 4 and llm.engine.spec.quantization.label == "fp8 (fp8 block)"
     resident = sum(m.quantized.nbytes() for m in projections)
     assert resident / sum(2 * m.quantized.out_features * m.quantized.in_features for m in projections) < 0.6
+
+
+@pytest.fixture(scope="module")
+def moe_base(tmp_path_factory):
+    """A tiny Qwen3-MoE whose experts' 256 features split into whole groups of 128 on two ranks."""
+    return build_model_dir(tmp_path_factory.mktemp("moe"), **{**SHAPE, "arch": "qwen3_moe"}, moe_intermediate_size=256)
+
+
+@pytest.mark.parametrize("scheme", ["W4A16_ASYM", "W8A16"])
+def test_quantized_moe_experts_match_the_dequantized_checkpoint(ray_cluster, moe_base, scheme, tmp_path_factory):
+    """Every expert quantized too (as compressed-tensors quantizes a Linear), the experts staying quantized; the
+    oracle is transformers on the checkpoint dequantized by compressed-tensors' own converter."""
+    path = write_quantized(moe_base, tmp_path_factory.mktemp(f"moe-{scheme.lower()}"), scheme)
+    llm = LLM(str(path), dtype="float32", max_model_len=256)
+    prompts = _prompts(llm.tokenizer)
+    ours = _generate(llm, prompts)
+    reference = dequantized_reference_model(path, tmp_path_factory.mktemp("dequantized"))
+    expected = [reference.generate(torch.tensor([p]), do_sample=False, max_new_tokens=MAX_TOKENS,
+                                   pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    assert [tokens[:len(e)] for tokens, e in zip(ours, expected)] == expected
+    assert sum(map(len, expected)) > 8 * MAX_TOKENS
+    experts = [m for m in llm.engine.runner.model.modules() if isinstance(m, QuantizedExperts)]
+    assert len(experts) == 2 and not hasattr(experts[0], "gate_up_proj_weight_scale")
+    weights = [w for m in experts for w in m.gate_up + m.down]
+    share = sum(w.nbytes() for w in weights) / sum(2 * w.out_features * w.in_features for w in weights)
+    assert share < LARGEST_SHARE_OF_BF16[scheme]
+    if scheme == "W4A16_ASYM":  # each rank's gate and up rows, and its groups of down's inputs and zero points
+        tp2 = LLM(str(path), dtype="float32", max_model_len=256, tensor_parallel_size=2)
+        try:
+            assert _generate(tp2, prompts[:8]) == ours[:8]
+        finally:
+            tp2.shutdown()
 
 
 @pytest.fixture(scope="module")

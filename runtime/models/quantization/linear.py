@@ -24,10 +24,19 @@ from runtime.models.layers import (
     _Linear,
 )
 from runtime.models.quantization.activations import quantize_input
+from runtime.models.quantization.experts import quantize_experts
+from runtime.models.quantization.layout import code_bytes, codes_dtype, scales_by_row, zero_points_by_row
 from runtime.models.quantization.scheme import LayerScheme, Quantization
 
 _QUANTIZED_PARAMS = ("weight", "weight_packed", "weight_scale", "weight_scale_inv", "weight_zero_point", "weight_shape",
                      "input_scale")
+
+
+def quantize_model(model: nn.Module, quantization: Quantization, tensor_names: set[str]) -> None:
+    """Before loading: the projections and MoE experts the checkpoint (`tensor_names`) holds quantized get
+    quantized parameters."""
+    quantize_linears(model, quantization, tensor_names)
+    quantize_experts(model, quantization, tensor_names)
 
 
 def quantize_linears(model: nn.Module, quantization: Quantization, tensor_names: set[str]) -> None:
@@ -65,13 +74,10 @@ def finish_quantized_linears(model: nn.Module) -> None:
     parameters dropped."""
     for module in model.modules():
         scheme: LayerScheme | None = getattr(module, "scheme", None)
-        if scheme is None:
+        if not isinstance(module, _Linear) or scheme is None:
             continue
         w = scheme.weights
-        codes = getattr(module, w.checkpoint_name).data
-        if codes.dtype == torch.int8:  # two's complement -> offset by 128, as packed codes are
-            codes = (codes.to(torch.int16) + 128).to(torch.uint8)
-        codes = codes.view(torch.uint8)  # int32 words -> their bytes (little-endian: the first value lowest)
+        codes = code_bytes(getattr(module, w.checkpoint_name).data)
         zero = getattr(module, "weight_zero_point", None)
         module.quantized = QuantizedWeight.build(codes, w.type, w.bits, getattr(module, w.scale_name).data,
                                                  None if zero is None else zero.data)
@@ -95,8 +101,6 @@ def _quantize(module: _Linear, scheme: LayerScheme, name: str) -> None:
     if local_in % group or (w.packed and local_in % (32 // w.bits)):
         raise InvalidInputError("model", f"{name}: {local_in} inputs per rank do not split into whole groups of "
                                 f"{group} (tensor_parallel_size {tp_size()})")
-    codes_dtype = {(True, 4): torch.int32, (True, 8): torch.int32, (False, 8): torch.int8}[w.packed, w.bits] \
-        if w.type == "int" else torch.float8_e4m3fn
     width = local_in * w.bits // 32 if w.packed else local_in
     delattr(module, "weight")
     module.scheme = scheme
@@ -112,24 +116,11 @@ def _quantize(module: _Linear, scheme: LayerScheme, name: str) -> None:
         param.weight_loader = load or shard_and_load
         module.register_parameter(param_name, param)
 
-    def to_rows(loaded: torch.Tensor, rows: int, columns: int) -> torch.Tensor:
-        """A scale or zero point as [rows, columns / group]: one per output row and input group."""
-        loaded = loaded.float().reshape(loaded.shape[0] if loaded.dim() == 2 else 1, -1)
-        if loaded.shape[0] != rows:  # a block's rows, or the whole tensor's
-            loaded = loaded.repeat_interleave(-(-rows // loaded.shape[0]), dim=0)[:rows]
-        return loaded.repeat_interleave(columns // group // loaded.shape[1], dim=1)
-
-    def unpack_zero(loaded: torch.Tensor, rows: int, columns: int) -> torch.Tensor:
-        if w.packed:  # int32 words along the output rows, each value offset by 2**(bits - 1)
-            values = torch.stack([(loaded >> (w.bits * i)) & ((1 << w.bits) - 1) for i in range(32 // w.bits)],
-                                 dim=1).reshape(-1, loaded.shape[1])[:rows]
-            loaded = values - (1 << (w.bits - 1))
-        return to_rows(loaded, rows, columns)
-
-    register(w.checkpoint_name, (out, width), codes_dtype)
-    register(w.scale_name, (out, local_in // group), torch.float32, to_rows)
+    register(w.checkpoint_name, (out, width), codes_dtype(w))
+    register(w.scale_name, (out, local_in // group), torch.float32, partial(scales_by_row, group=group))
     if not w.symmetric:
-        register("weight_zero_point", (out, local_in // group), torch.float32, unpack_zero)
+        register("weight_zero_point", (out, local_in // group), torch.float32,
+                 partial(zero_points_by_row, group=group, weights=w))
     if w.packed:  # the unpacked shape, which the parameters' shapes already say
         register("weight_shape", (2,), torch.int64, load=lambda p, loaded, *shard: None)
     if scheme.activations is not None and not scheme.activations.dynamic:  # fused parts share the largest

@@ -4,9 +4,7 @@ Each expert's matrices come as `*_blocks` (two FP4 e2m1 values a byte, 32 a bloc
 `*_scales` (one E8M0 exponent a block, 2^(s - 127): [E, out, in / 32]), gate and up rows interleaved as in the
 bf16 checkpoints; the biases unquantized. After loading, each expert's two projections become
 `kernels.QuantizedWeight`s (FP4 codes, a float scale per row and block of 32 inputs), which the C++ kernel on
-CPU and the Triton kernel on GPU dequantize tile by tile inside the product. The experts run one after another
-over their tokens (sorted by expert): the loop reads the expert counts on the host, so a model with these
-experts decodes without CUDA graphs.
+CPU and the Triton kernel on GPU dequantize tile by tile inside the product, run by `experts.ExpertLoop`.
 """
 
 from collections.abc import Callable
@@ -15,9 +13,9 @@ import torch
 from torch import nn
 
 from kernels import QuantizedWeight
-from kernels.expert_order import sort_by_expert
 from runtime.distributed import tp_rank, tp_size
 from runtime.errors import InvalidInputError
+from runtime.models.quantization.experts import ExpertLoop
 
 BLOCK = 32  # inputs per scale (MX's block)
 
@@ -27,16 +25,13 @@ def _gate_then_up(interleaved: torch.Tensor) -> torch.Tensor:
     return torch.cat([interleaved[:, 0::2], interleaved[:, 1::2]], dim=1)
 
 
-class Mxfp4Experts(nn.Module):
+class Mxfp4Experts(ExpertLoop):
     """E gated MLPs with biases, their weights MXFP4; this rank holds a slice of every expert's intermediate
     features (gate/up rows, down inputs), as `runtime.models.moe.FusedExperts` does."""
 
-    cuda_graphs = False  # the expert loop syncs with the host
-
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int,
                  activation: Callable[[torch.Tensor], torch.Tensor]):
-        super().__init__()
-        self.num_experts, self.activation = num_experts, activation
+        super().__init__(num_experts, activation)
         self.shard = intermediate_size // tp_size()
         if hidden_size % BLOCK or self.shard % BLOCK:
             raise InvalidInputError("model", f"MXFP4 experts need hidden and per-rank intermediate sizes in whole "
@@ -51,8 +46,6 @@ class Mxfp4Experts(nn.Module):
         self.down_proj_bias = nn.Parameter(torch.zeros(num_experts, hidden_size), requires_grad=False)
         for param in self.parameters():
             param.weight_loader = self.weight_loader
-        self.gate_up: list[QuantizedWeight] = []
-        self.down: list[QuantizedWeight] = []
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         """The checkpoint's tensor for every expert: this rank's gate and up rows (de-interleaved), or its slice
@@ -77,21 +70,3 @@ class Mxfp4Experts(nn.Module):
                 into.append(QuantizedWeight.build(codes, "float", 4, scale, None))
         for name in ("gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks", "down_proj_scales"):
             delattr(self, name)
-
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """This rank's partial sum of the weighted experts' outputs for tokens `x` [T, H] routed to `ids`."""
-        tokens, top_k = ids.shape
-        _, order, counts = sort_by_expert(ids, self.num_experts)
-        rows = x[order // top_k]
-        out = torch.empty_like(rows)
-        start = 0
-        for e, count in enumerate(counts.tolist()):
-            if count:
-                segment = rows[start : start + count]
-                hidden = self.gate_up[e].matmul(segment, self.gate_up_proj_bias[e])
-                out[start : start + count] = self.down[e].matmul(self.activation(hidden), self.down_proj_bias[e])
-            start += count
-        out = out * weights.flatten()[order, None].to(out.dtype)
-        unsorted = torch.empty_like(out)
-        unsorted[order] = out
-        return unsorted.view(tokens, top_k, -1).sum(dim=1)
