@@ -41,9 +41,12 @@ class LatentUpProjection(nn.Module):
     """`kv_b_proj` as the checkpoint holds it ([heads x (qk_nope + v), kv_lora_rank], this rank's heads), kept
     as it is: attention reads each head's two slices (W_UK, W_UV) rather than projecting the latent."""
 
+    dequantized_at_load = True  # from a quantized checkpoint (runtime.models.quantization): read whole, not projected
+
     def __init__(self, num_heads: int, nope: int, v: int, rank: int):
         super().__init__()
         self.num_heads, self.nope, self.v = num_heads // tp_size(), nope, v
+        self.checkpoint_shape = (num_heads * (nope + v), rank)
         self.weight = nn.Parameter(torch.empty(self.num_heads * (nope + v), rank), requires_grad=False)
         self.weight.weight_loader = lambda p, loaded: p.data.copy_(loaded.narrow(0, tp_rank() * p.shape[0],
                                                                                  p.shape[0]))

@@ -221,6 +221,27 @@ def test_quantized_moe_experts_match_the_dequantized_checkpoint(ray_cluster, moe
             tp2.shutdown()
 
 
+def test_deepseek_v3_quantized_throughout(tmp_path_factory):
+    """Latent attention's projections, the shared and routed experts and the dense first layer INT8; the latent
+    `kv_b_proj`, which attention reads per head, dequantized once as it loads."""
+    base = build_model_dir(tmp_path_factory.mktemp("deepseek"), arch="deepseek_v3", hidden_size=256,
+                           intermediate_size=512, num_heads=4, num_kv_heads=4, moe_intermediate_size=256,
+                           kv_lora_rank=128, q_lora_rank=128, qk_rope_head_dim=32, qk_nope_head_dim=64,
+                           v_head_dim=64, head_dim=32)
+    path = write_quantized(base, tmp_path_factory.mktemp("deepseek-w8a16"), "W8A16")
+    llm = LLM(str(path), dtype="float32", max_model_len=256)
+    prompts = _prompts(llm.tokenizer)
+    ours = _generate(llm, prompts)
+    reference = dequantized_reference_model(path, tmp_path_factory.mktemp("deepseek-dequantized"))
+    expected = [reference.generate(torch.tensor([p]), do_sample=False, max_new_tokens=MAX_TOKENS,
+                                   pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    assert [tokens[:len(e)] for tokens, e in zip(ours, expected)] == expected
+    assert sum(map(len, expected)) > 8 * MAX_TOKENS
+    model = llm.engine.runner.model
+    assert sum(isinstance(m, QuantizedExperts) for m in model.modules()) == 1  # layer 2's; layer 1 is dense
+    assert sum(getattr(m, "quantized", None) is not None for m in model.modules()) == 2 * 4 + 2 + 2
+
+
 @pytest.fixture(scope="module")
 def gpt_oss_mxfp4(tmp_path_factory):
     """A tiny gpt-oss and its copy with MXFP4 experts (OpenAI's layout)."""

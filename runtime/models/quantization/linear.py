@@ -37,6 +37,10 @@ def quantize_model(model: nn.Module, quantization: Quantization, tensor_names: s
     quantized parameters."""
     quantize_linears(model, quantization, tensor_names)
     quantize_experts(model, quantization, tensor_names)
+    for name, module in model.named_modules():
+        scheme = _checkpoint_scheme(quantization, name, tensor_names)
+        if getattr(module, "dequantized_at_load", False) and scheme is not None:
+            _dequantize_at_load(module, scheme)
 
 
 def quantize_linears(model: nn.Module, quantization: Quantization, tensor_names: set[str]) -> None:
@@ -126,6 +130,37 @@ def _quantize(module: _Linear, scheme: LayerScheme, name: str) -> None:
     if scheme.activations is not None and not scheme.activations.dynamic:  # fused parts share the largest
         register("input_scale", (1,), torch.float32,
                  load=lambda p, loaded, *shard: p.data.copy_(torch.maximum(p.data, loaded.float().reshape(1))))
+
+
+def _dequantize_at_load(module: nn.Module, scheme: LayerScheme) -> None:
+    """A matrix read whole rather than multiplied through (DeepSeek's latent `kv_b_proj`, which attention
+    splits per head): its quantized tensors are held as they load, then dequantized into its float `weight`
+    (rows sharded by its own loader)."""
+    w = scheme.weights
+    rows, columns = module.checkpoint_shape
+    group = {"group": w.group_size, "block": w.block and w.block[1]}.get(w.strategy) or columns
+    loader, held = module.weight.weight_loader, {}
+
+    def hold(name: str, p, loaded):
+        held[name] = loaded
+        if {w.checkpoint_name, w.scale_name} | ({"weight_zero_point"} if not w.symmetric else set()) <= held.keys():
+            zero = held.get("weight_zero_point")
+            matrix = QuantizedWeight.build(
+                code_bytes(held[w.checkpoint_name]), w.type, w.bits,
+                scales_by_row(held[w.scale_name], rows, columns, group),
+                None if zero is None else zero_points_by_row(zero, rows, columns, group, w)).dequantize()
+            loader(module.weight, matrix)  # this rank's rows
+
+    names = {w.checkpoint_name, w.scale_name, *(() if w.symmetric else ("weight_zero_point",)),
+             *(("weight_shape",) if w.packed else ())}
+    if "weight" not in names:  # no checkpoint tensor fills it: a buffer the held tensors fill
+        weight = module.weight.data
+        del module._parameters["weight"]
+        module.register_buffer("weight", weight)
+    for name in names:
+        if name != "weight":  # empty: the tensors are held until the matrix is whole
+            module.register_parameter(name, nn.Parameter(torch.zeros(0), requires_grad=False))
+        getattr(module, name).weight_loader = partial(hold, name)
 
 
 def _part_shape(module: _Linear, full_in: int, shard=None) -> tuple[int, int]:
