@@ -31,6 +31,7 @@ CHECKS = {
     "served": (served_path, 180),
     "structured": (checks.structured, 90),
     "lora": (checks.lora, 120),
+    "quantized": (checks.quantized, 150),
     "speculative": (checks.speculative, 90),
     "transformers_generate": (checks.transformers_generate, 90),
     "decode_profile": (checks.decode_profile, 90),

@@ -26,12 +26,14 @@ from testing.model_factory import build_model_dir
 Result = tuple[dict, list[str]]  # (figures, failures)
 
 
-def model_dir(sizes: Sizes, work: Path, served: bool = False) -> Path:
+def model_dir(sizes: Sizes, work: Path, served: bool = False, quantizable: bool = False) -> Path:
     """The benchmark model (built on first use), or its copy whose vocabulary is its tokenizer's (what the
-    served path streams as text)."""
-    path = work / ("served-model" if served else "model")
+    served path streams as text), or one whose widths split into groups of 128 (the dry run's tiny model's do
+    not)."""
+    path = work / ("served-model" if served else "quantizable-model" if quantizable else "model")
+    shape = sizes.served_model if served else sizes.quantizable_model if quantizable else sizes.model
     if not (path / "config.json").exists():
-        build_model_dir(path, **(sizes.served_model if served else sizes.model))
+        build_model_dir(path, **shape)
     return path
 
 
@@ -143,6 +145,38 @@ def lora(sizes: Sizes, work: Path) -> Result:
     return (dict(adapters=sizes.adapters, rank=sizes.rank, requests=len(prompts), base_tok_s=round(base),
                  mixed_adapters_tok_s=round(mixed), lora_over_base=ratio),
             below("lora_over_base", ratio, sizes.targets.get("lora_over_base")))
+
+
+def quantized(sizes: Sizes, work: Path) -> Result:
+    """The model quantized (INT4 groups of 128 by compressed-tensors; FP8 128x128 blocks by transformers'
+    FineGrainedFP8) against itself unquantized: output tok/s over the same prompts, and the quantized
+    projections' resident bytes. Each engine is shut down before the next starts."""
+    from testing.quantized_checkpoints import write_fine_grained_fp8, write_quantized
+
+    base = model_dir(sizes, work, quantizable=True)
+    paths = {"base": base, "w4a16": write_quantized(base, work / "w4a16", "W4A16"),
+             "fp8_block": write_fine_grained_fp8(base, work / "fp8-block")}
+    rng = random.Random(2)
+    prompts = [[rng.randrange(3, 500) for _ in range(100)] for _ in range(sizes.feature_requests)]
+    params = SamplingParams(temperature=0, max_tokens=sizes.feature_output, ignore_eos=True)
+    figures = {}
+    for name, path in paths.items():
+        llm = LLM(str(path), **sizes.engine)
+        llm.generate(prompts[:4], params)  # warm-up
+        sync(sizes)
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params)
+        sync(sizes)
+        figures[f"{name}_tok_s"] = round(sum(len(o.outputs[0].token_ids) for o in outputs)
+                                         / (time.perf_counter() - start))
+        if name != "base":
+            weights = [m.quantized for m in llm.engine.runner.model.modules()
+                       if getattr(m, "quantized", None) is not None]
+            figures[f"{name}_projection_mib"] = round(sum(w.nbytes() for w in weights) / 2**20, 1)
+        llm.shutdown()
+    for name in ("w4a16", "fp8_block"):
+        figures[f"{name}_over_base"] = round(figures[f"{name}_tok_s"] / figures["base_tok_s"], 3)
+    return figures, []
 
 
 def structured(sizes: Sizes, work: Path) -> Result:

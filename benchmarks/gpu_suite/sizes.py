@@ -39,6 +39,7 @@ class Sizes:
     feature_output: int
     structured_concurrency: int
     speculative_requests: int
+    quantizable_model: dict  # the `quantized` check's: widths in whole groups of 128
     targets: dict = field(default_factory=dict)
 
     @property
@@ -60,7 +61,7 @@ GPU = Sizes(
     decode_batch=256, decode_context=512, decode_steps=20,
     concurrencies=(64, 256), served_output=128,
     adapters=8, rank=16, feature_requests=128, feature_output=128, structured_concurrency=64,
-    speculative_requests=8,
+    speculative_requests=8, quantizable_model=QWEN25_05B,
     targets=dict(output_tok_s=40_000, served_over_offline=0.85, lora_over_base=0.8,
                  structured_over_unconstrained=0.9),
 )
@@ -74,4 +75,6 @@ DRY = Sizes(
     concurrencies=(2, 4), served_output=8,
     adapters=2, rank=4, feature_requests=4, feature_output=8, structured_concurrency=2,
     speculative_requests=2,
+    quantizable_model={**TINY, "arch": "qwen3", "hidden_size": 256, "intermediate_size": 512, "num_heads": 4,
+                       "num_kv_heads": 2, "head_dim": 64},
 )
