@@ -60,6 +60,18 @@ def _prompts(tokenizer) -> list[list[int]]:
     return [tokenizer.encode(" ".join(WORDS[(i + j) % len(WORDS)] for j in range(2 + 3 * i))) for i in range(16)]
 
 
+def _reference_tokens(reference, prompts) -> list[list[int]]:
+    return [reference.generate(torch.tensor([p]), do_sample=False, max_new_tokens=MAX_TOKENS,
+                               pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+
+
+def _assert_reference_tokens(reference, prompts, ours) -> None:
+    """Our greedy tokens are the reference's, up to where it stops at EOS (ours ignore it), and that is most."""
+    expected = _reference_tokens(reference, prompts)
+    assert [tokens[:len(e)] for tokens, e in zip(ours, expected)] == expected
+    assert sum(map(len, expected)) > 8 * MAX_TOKENS
+
+
 def _generate(llm: LLM, prompts) -> list[list[int]]:
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
@@ -72,13 +84,10 @@ def test_greedy_tokens_match_transformers_on_the_same_checkpoint(quantized, sche
     prompts = _prompts(llm.tokenizer)
     ours = _generate(llm, prompts)
     reference = reference_model(path)
-    if scheme not in QUANTIZES_ACTIVATIONS:
-        expected = [reference.generate(torch.tensor([p]), do_sample=False, max_new_tokens=MAX_TOKENS,
-                                       pad_token_id=0)[0, len(p):].tolist() for p in prompts]
-        assert [tokens[:len(e)] for tokens, e in zip(ours, expected)] == expected  # the reference stops at EOS
-        assert sum(map(len, expected)) > 8 * MAX_TOKENS
-        return
-    _assert_near_reference_argmax(reference, prompts, ours)
+    if scheme in QUANTIZES_ACTIVATIONS:
+        _assert_near_reference_argmax(reference, prompts, ours)
+    else:
+        _assert_reference_tokens(reference, prompts, ours)
 
 
 def _assert_near_reference_argmax(reference, prompts, outputs) -> None:
@@ -128,11 +137,9 @@ def test_lora_adapters_on_a_quantized_base(quantized, tmp_path):
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     adapter = LoRARequest("int4-base", str(tmp_path))
     outputs = llm.generate(prompts * 2, params, lora_request=[adapter] * len(prompts) + [None] * len(prompts))
-    expected = [peft_model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=MAX_TOKENS,
-                                    pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    expected = _reference_tokens(peft_model, prompts)
     with peft_model.disable_adapter():
-        expected += [peft_model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=MAX_TOKENS,
-                                         pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+        expected += _reference_tokens(peft_model, prompts)
     ours = [o.outputs[0].token_ids for o in outputs]
     assert [tokens[:len(e)] for tokens, e in zip(ours, expected)] == expected
     assert ours[: len(prompts)] != ours[len(prompts):]  # the adapter changes the tokens
@@ -179,10 +186,7 @@ def test_deepseeks_fp8_layout_as_transformers_writes_it(quantized):
     prompts = _prompts(llm.tokenizer)
     ours = _generate(llm, prompts)
     reference = fine_grained_fp8_reference_model(path)
-    expected = [reference.generate(torch.tensor([p]), do_sample=False, max_new_tokens=MAX_TOKENS,
-                                   pad_token_id=0)[0, len(p):].tolist() for p in prompts]
-    assert [tokens[:len(e)] for tokens, e in zip(ours, expected)] == expected
-    assert sum(map(len, expected)) > 8 * MAX_TOKENS
+    _assert_reference_tokens(reference, prompts, ours)
     projections = [m for m in llm.engine.runner.model.modules() if getattr(m, "quantized", None) is not None]
     assert len(projections) == 2 * 4 and llm.engine.spec.quantization.label == "fp8 (fp8 block)"
     resident = sum(m.quantized.nbytes() for m in projections)
@@ -204,10 +208,7 @@ def test_quantized_moe_experts_match_the_dequantized_checkpoint(ray_cluster, moe
     prompts = _prompts(llm.tokenizer)
     ours = _generate(llm, prompts)
     reference = dequantized_reference_model(path, tmp_path_factory.mktemp("dequantized"))
-    expected = [reference.generate(torch.tensor([p]), do_sample=False, max_new_tokens=MAX_TOKENS,
-                                   pad_token_id=0)[0, len(p):].tolist() for p in prompts]
-    assert [tokens[:len(e)] for tokens, e in zip(ours, expected)] == expected
-    assert sum(map(len, expected)) > 8 * MAX_TOKENS
+    _assert_reference_tokens(reference, prompts, ours)
     experts = [m for m in llm.engine.runner.model.modules() if isinstance(m, QuantizedExperts)]
     assert len(experts) == 2 and not hasattr(experts[0], "gate_up_proj_weight_scale")
     weights = [w for m in experts for w in m.gate_up + m.down]
@@ -233,10 +234,7 @@ def test_deepseek_v3_quantized_throughout(tmp_path_factory):
     prompts = _prompts(llm.tokenizer)
     ours = _generate(llm, prompts)
     reference = dequantized_reference_model(path, tmp_path_factory.mktemp("deepseek-dequantized"))
-    expected = [reference.generate(torch.tensor([p]), do_sample=False, max_new_tokens=MAX_TOKENS,
-                                   pad_token_id=0)[0, len(p):].tolist() for p in prompts]
-    assert [tokens[:len(e)] for tokens, e in zip(ours, expected)] == expected
-    assert sum(map(len, expected)) > 8 * MAX_TOKENS
+    _assert_reference_tokens(reference, prompts, ours)
     model = llm.engine.runner.model
     assert sum(isinstance(m, QuantizedExperts) for m in model.modules()) == 1  # layer 2's; layer 1 is dense
     assert sum(getattr(m, "quantized", None) is not None for m in model.modules()) == 2 * 4 + 2 + 2
@@ -256,10 +254,7 @@ def test_gpt_oss_mxfp4_experts_match_transformers_and_stay_mxfp4(gpt_oss_mxfp4):
     prompts = _prompts(llm.tokenizer)
     ours = _generate(llm, prompts)
     reference = mxfp4_reference_model(path)
-    expected = [reference.generate(torch.tensor([p]), do_sample=False, max_new_tokens=MAX_TOKENS,
-                                   pad_token_id=0)[0, len(p):].tolist() for p in prompts]
-    assert [tokens[:len(e)] for tokens, e in zip(ours, expected)] == expected
-    assert sum(map(len, expected)) > 8 * MAX_TOKENS
+    _assert_reference_tokens(reference, prompts, ours)
     assert _generate(LLM(str(base), dtype="float32", max_model_len=256), prompts) != ours  # FP4 changes the tokens
     experts = [m for m in llm.engine.runner.model.modules() if isinstance(m, Mxfp4Experts)]
     assert len(experts) == 2 and not hasattr(experts[0], "gate_up_proj_blocks")
@@ -293,10 +288,7 @@ def test_an_fp8_kv_cache_holds_four_times_float32s_blocks_and_matches_attention_
     prompts = _prompts(llm.tokenizer)
     ours = _generate(llm, prompts)
     reference = fp8_kv_reference_model(base)
-    expected = [reference.generate(torch.tensor([p]), do_sample=False, max_new_tokens=MAX_TOKENS,
-                                   pad_token_id=0)[0, len(p):].tolist() for p in prompts]
-    assert [tokens[:len(e)] for tokens, e in zip(ours, expected)] == expected
-    assert sum(map(len, expected)) > 8 * MAX_TOKENS
+    _assert_reference_tokens(reference, prompts, ours)
     assert _generate(LLM(str(base), kv_cache_dtype="fp8", enable_prefix_caching=False, **options), prompts) == ours
     with pytest.raises(InvalidInputError, match="an FP8 cache needs torch or triton"):
         LLM(str(base), kv_cache_dtype="fp8", attention_backend="cpu", **options)

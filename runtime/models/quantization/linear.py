@@ -1,4 +1,6 @@
-"""Projections that keep a quantized checkpoint's weights quantized.
+"""Projections that keep a quantized checkpoint's weights quantized, and `quantize_model`, which prepares a
+whole model before loading: its projections here, its MoE experts (`experts.py`), and the matrices a family
+reads whole rather than multiplies through (DeepSeek's latent `kv_b_proj`), dequantized once as they load.
 
 Before loading, `quantize_linears` gives each projection the checkpoint quantizes parameters shaped as its
 tensors (the codes, `weight_scale`, `weight_zero_point`, ...) in place of `weight`. Each parameter's loader
