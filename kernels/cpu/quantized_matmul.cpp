@@ -24,27 +24,18 @@ using kernels::kTile;
 
 namespace {
 
-// An FP8 e4m3 code's value: sign, 4 exponent bits (bias 7) and 3 mantissa bits moved into a float's (bias 127);
-// exponent 0 is subnormal, mantissa * 2^-9. (The NaN codes, never in a checkpoint's weights, read as 480.)
-inline float fp8_e4m3(uint8_t code) {
-  const uint32_t exponent = (code >> 3) & 15, mantissa = code & 7, sign = static_cast<uint32_t>(code & 0x80) << 24;
-  float subnormal = static_cast<float>(mantissa) * (1.0f / 512);
+// The value of a small float code with E exponent bits (bias 2^(E-1) - 1) and M mantissa bits under its sign bit:
+// sign, exponent and mantissa moved into a float32's (bias 127); exponent 0 is subnormal, mantissa * 2^(1-bias-M).
+// FP8 e4m3 is <4, 3> (its NaN codes, never in a checkpoint's weights, read as 480), MXFP4's e2m1 is <2, 1>.
+template <int E, int M>
+inline float small_float(uint8_t code) {
+  constexpr int kBias = (1 << (E - 1)) - 1;
+  const uint32_t exponent = (code >> M) & ((1u << E) - 1), mantissa = code & ((1u << M) - 1);
+  const uint32_t sign = static_cast<uint32_t>((code >> (E + M)) & 1) << 31;
+  float subnormal = static_cast<float>(mantissa) * (1.0f / (1 << (kBias + M - 1)));
   uint32_t bits;
   std::memcpy(&bits, &subnormal, sizeof bits);
-  bits = sign | (exponent ? ((exponent + 120) << 23) | (mantissa << 20) : bits);
-  float value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
-}
-
-// An FP4 e2m1 code's value (the low 4 bits): sign, 2 exponent bits (bias 1), 1 mantissa bit; exponent 0 is
-// subnormal, mantissa * 0.5.
-inline float fp4_e2m1(uint8_t code) {
-  const uint32_t exponent = (code >> 1) & 3, mantissa = code & 1, sign = static_cast<uint32_t>(code & 8) << 28;
-  float subnormal = static_cast<float>(mantissa) * 0.5f;
-  uint32_t bits;
-  std::memcpy(&bits, &subnormal, sizeof bits);
-  bits = sign | (exponent ? ((exponent + 126) << 23) | (mantissa << 22) : bits);
+  bits = sign | (exponent ? ((exponent + 127 - kBias) << 23) | (mantissa << (23 - M)) : bits);
   float value;
   std::memcpy(&value, &bits, sizeof value);
   return value;
@@ -62,13 +53,13 @@ void dequantize_tile(const uint8_t* codes, int bits, bool floating, const float*
     float values[kTile];
     constexpr int kHalf = kTile / 2;
     if (bits == 8 && floating) {
-      for (int c = 0; c < kTile; ++c) values[c] = fp8_e4m3(row[c]);
+      for (int c = 0; c < kTile; ++c) values[c] = small_float<4, 3>(row[c]);
     } else if (bits == 8) {
       for (int c = 0; c < kTile; ++c) values[c] = static_cast<float>(row[c]) - 128.0f;
     } else if (floating) {
       for (int c = 0; c < kHalf; ++c) {
-        values[c] = fp4_e2m1(row[c] & 15);
-        values[c + kHalf] = fp4_e2m1(row[c] >> 4);
+        values[c] = small_float<2, 1>(row[c] & 15);
+        values[c + kHalf] = small_float<2, 1>(row[c] >> 4);
       }
     } else {
       for (int c = 0; c < kHalf; ++c) {

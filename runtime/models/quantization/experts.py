@@ -76,7 +76,7 @@ class QuantizedExperts(ExpertLoop):
         w = scheme.weights
         self.scheme, self.hidden, self.intermediate = scheme, hidden_size, intermediate_size
         self.shard = intermediate_size // tp_size()
-        self.groups = {"gate_up_proj": _group(w, hidden_size), "down_proj": _group(w, self.shard)}
+        self.groups = {"gate_up_proj": w.inputs_per_scale(hidden_size), "down_proj": w.inputs_per_scale(self.shard)}
         if self.shard % self.groups["down_proj"] or (w.packed and self.shard % (32 // w.bits)):
             raise InvalidInputError("model", f"quantized experts' {self.shard} intermediate features per rank do "
                                     f"not split into whole groups of {self.groups['down_proj']}")
@@ -138,11 +138,6 @@ class QuantizedExperts(ExpertLoop):
         data = getattr(self, name).data
         delattr(self, name)
         return data
-
-
-def _group(w, inputs: int) -> int:
-    """Inputs per scale: the scheme's group or block columns, else all of them (per channel or tensor)."""
-    return {"group": w.group_size, "block": w.block and w.block[1]}.get(w.strategy) or inputs
 
 
 def quantize_experts(model: nn.Module, quantization: Quantization, tensor_names: set[str]) -> None:

@@ -103,7 +103,7 @@ def _quantize(module: _Linear, scheme: LayerScheme, name: str) -> None:
     out, local_in = module.matrix_shape
     row_parallel = isinstance(module, RowParallelLinear)
     full_in = local_in * (tp_size() if row_parallel else 1)
-    group = {"group": w.group_size, "block": w.block and w.block[1]}.get(w.strategy) or local_in
+    group = w.inputs_per_scale(local_in)
     if local_in % group or (w.packed and local_in % (32 // w.bits)):
         raise InvalidInputError("model", f"{name}: {local_in} inputs per rank do not split into whole groups of "
                                 f"{group} (tensor_parallel_size {tp_size()})")
@@ -140,7 +140,7 @@ def _dequantize_at_load(module: nn.Module, scheme: LayerScheme) -> None:
     (rows sharded by its own loader)."""
     w = scheme.weights
     rows, columns = module.checkpoint_shape
-    group = {"group": w.group_size, "block": w.block and w.block[1]}.get(w.strategy) or columns
+    group = w.inputs_per_scale(columns)
     loader, held = module.weight.weight_loader, {}
 
     def hold(name: str, p, loaded):

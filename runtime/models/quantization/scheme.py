@@ -32,6 +32,11 @@ class WeightScheme:
     block: tuple[int, int] | None = None  # [rows, columns] per scale (block)
     scale_name: str = "weight_scale"  # the scales' tensor (DeepSeek's FP8 layout: `weight_scale_inv`)
 
+    def inputs_per_scale(self, inputs: int) -> int:
+        """How many of a matrix's `inputs` share a scale: the group or the block's columns, else all of them (a
+        scale per channel or for the whole tensor)."""
+        return {"group": self.group_size, "block": self.block and self.block[1]}.get(self.strategy) or inputs
+
     @property
     def checkpoint_name(self) -> str:
         """The suffix of the tensor holding the codes."""
@@ -65,9 +70,7 @@ class Quantization:
     def from_config(cls, hf_config: PretrainedConfig, requested: str | None = None) -> "Quantization | None":
         """The checkpoint's quantization (None for an unquantized one); `requested` (the `quantization` engine
         option) must name the method the checkpoint has. InvalidInputError for anything this engine cannot run."""
-        raw = getattr(hf_config, "quantization_config", None)
-        if raw is not None and not isinstance(raw, dict):
-            raw = raw.to_dict()
+        raw = _raw_config(hf_config)
         method = raw.get("quant_method", "unnamed") if raw else None
         if requested and requested != method:
             raise InvalidInputError("quantization", f"{requested!r} was asked for, but the checkpoint is "
@@ -110,10 +113,14 @@ class Quantization:
 
 def is_mxfp4(hf_config: PretrainedConfig) -> bool:
     """Whether the checkpoint's experts are MXFP4 (gpt-oss as OpenAI publishes it)."""
-    raw = getattr(hf_config, "quantization_config", None)
-    if raw is not None and not isinstance(raw, dict):
-        raw = raw.to_dict()
+    raw = _raw_config(hf_config)
     return bool(raw) and raw.get("quant_method") == "mxfp4"
+
+
+def _raw_config(hf_config: PretrainedConfig) -> dict | None:
+    """`quantization_config` as a dict (transformers may hold it as its own config object)."""
+    raw = getattr(hf_config, "quantization_config", None)
+    return raw if raw is None or isinstance(raw, dict) else raw.to_dict()
 
 
 def _anywhere(module: str) -> str:
