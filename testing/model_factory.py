@@ -36,6 +36,7 @@ from transformers import (
     Qwen2MoeConfig,
     Qwen3Config,
     Qwen3MoeConfig,
+    Qwen3NextConfig,
     SeedOssConfig,
     SmolLM3Config,
 )
@@ -101,6 +102,7 @@ ARCHITECTURES = {
     "seed_oss": SeedOssConfig,
     "ernie4_5_moe": Ernie4_5_MoeConfig,
     "smollm3": SmolLM3Config,
+    "qwen3_next": Qwen3NextConfig,
 }
 
 # config fields a family needs beyond the shared ones: no sliding window, no pad id outside the tiny
@@ -140,6 +142,12 @@ FAMILY_FIELDS = {
                   "shared_expert_intermediate_size": 96, "norm_topk_prob": False},
     "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": True},
     "gpt_oss": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    # linear attention (2 key heads, each with 2 value heads) and full attention with a quarter of each head
+    # rotated, alternating; 4 experts (top 2) and a gated shared expert, layer 2 dense
+    "qwen3_next": {"full_attention_interval": 2, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+                   "linear_value_head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
+                   "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64, "mlp_only_layers": [1],
+                   "pad_token_id": None},
 }
 
 

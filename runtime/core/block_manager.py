@@ -32,8 +32,11 @@ class Block:
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool,
-                 sliding_window: int | None = None):
+                 sliding_window: int | None = None, share_prefixes: bool = True):
         self.block_size = block_size
+        # False: no sequence starts from blocks another computed, not even a sibling (a model whose layers keep
+        # a state per sequence, which blocks cannot restore)
+        self.share_prefixes = share_prefixes
         self.sliding_window = sliding_window  # how far back any layer reads, when every layer slides
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
@@ -57,7 +60,7 @@ class BlockManager:
 
     def cached_prefix(self, seq: Sequence) -> list[int]:
         """Block ids of the longest cached prefix of `seq`, leaving at least one token to compute."""
-        if seq.request.needs_every_prompt_position:
+        if seq.request.needs_every_prompt_position or not self.share_prefixes:
             return []  # prompt logprobs (mean pooling) need every prompt position's logits (hidden states)
         if not self.enable_prefix_caching and seq.request.num_seqs == 1:
             return []

@@ -23,6 +23,9 @@ keep their blocks (nothing is recomputed) and run again as the ones ahead of
 them finish, or once the higher priority lapses; a higher priority that
 cannot be admitted for want of blocks or an adapter slot preempts paused ones
 for theirs.
+
+A model with stateful layers (linear attention) gives each running sequence a state slot of its own, of
+`max_num_seqs`, so a seat always comes with one; it goes back with the seat.
 """
 
 from collections import Counter
@@ -56,7 +59,7 @@ class ScheduledBatch:
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  adapters: AdapterSlots | None = None, max_num_seqs_per_owner: int | None = None,
-                 max_num_seqs_background: int | None = None):
+                 max_num_seqs_background: int | None = None, state_slots: bool = False):
         self.adapters = adapters  # LoRA slots: a sequence is admitted only once its adapter has one
         self.max_num_seqs = max_num_seqs
         self.max_num_seqs_background = max_num_seqs_background or max(1, max_num_seqs // 16)
@@ -72,6 +75,7 @@ class Scheduler:
         self._foreground_steps = 0  # steps left before it lapses
         self.num_waiting = 0  # sequences queued still waiting (those finished while waiting leave lazily)
         self.num_preemptions = 0
+        self.free_state_slots = list(range(max_num_seqs)) if state_slots else None
 
     def add(self, request: Request) -> None:
         for seq in request.seqs:
@@ -196,6 +200,8 @@ class Scheduler:
             self.waiting.pop(seq)
             self.num_waiting -= 1
             self.blocks.admit(seq, hits, cached + n)
+            if self.free_state_slots is not None:
+                seq.state_slot = self.free_state_slots.pop()
             seq.num_computed_tokens = cached
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = cached
@@ -243,6 +249,9 @@ class Scheduler:
         self.running.remove(seq)
         self.blocks.free(seq)
         self._unpin(seq)
+        if seq.state_slot is not None:
+            self.free_state_slots.append(seq.state_slot)
+            seq.state_slot = None
         owner = seq.request.owner
         self.running_per_owner[owner] -= 1
         if not self.running_per_owner[owner]:

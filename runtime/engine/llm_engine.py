@@ -49,11 +49,18 @@ class LLMEngine:
                 self.workers.shutdown(wait=False)
                 destroy_tp_group()
             raise
-        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
-                                          kv_window(self.spec.hf_config, self.spec.max_model_len))
+        stateful = self.spec.model_class.has_recurrent_state
+        if stateful and config.enable_prefix_caching:
+            logger.info("prefix caching is off for %s: its linear-attention layers keep a state per sequence, "
+                        "which cached KV blocks cannot restore", self.spec.model_class.__name__)
+        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
+                                          config.enable_prefix_caching and not stateful,
+                                          kv_window(self.spec.hf_config, self.spec.max_model_len),
+                                          share_prefixes=not stateful)
         self.adapter_slots = AdapterSlots(config.max_loras) if config.enable_lora else None
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   self.adapter_slots, config.max_num_seqs_per_owner, config.max_num_seqs_background)
+                                   self.adapter_slots, config.max_num_seqs_per_owner, config.max_num_seqs_background,
+                                   state_slots=stateful)
         self.speculator = build_speculator(config, self.spec, self.tokenizer, self.eos_token_ids,
                                            self.runner.num_blocks)
         self.requests: dict[str, Request] = {}

@@ -34,20 +34,21 @@ def head_dim_of(config: PretrainedConfig) -> int:
 class Attention(nn.Module):
     """Self-attention over the paged cache. Beyond the plain layer: a sliding `window`, a `scale` other than
     head_dim ** -0.5, soft-capped scores (`softcap`), per-head q/k norms of class `qk_norm`, learned
-    per-head attention `sinks` (gpt-oss), no rotary embedding (`rope` False: SmolLM3's NoPE layers), and a
-    rotary embedding over interleaved pairs (`interleaved`: ERNIE)."""
+    per-head attention `sinks` (gpt-oss), no rotary embedding (`rope` False: SmolLM3's NoPE layers), a
+    rotary embedding over interleaved pairs (`interleaved`: ERNIE), and an output gate per head that the query
+    projection computes beside each query (`gated`: Qwen3-Next, the sigmoid of it scales the head's output)."""
 
     kv_planes = 2  # the KV cache's planes: keys, values
 
     def __init__(self, config: PretrainedConfig, qkv_bias: bool, o_bias: bool, qk_norm: type[nn.Module] | None,
                  window: int | None = None, scale: float | None = None, softcap: float | None = None,
-                 sinks: bool = False, rope: bool = True, interleaved: bool = False):
+                 sinks: bool = False, rope: bool = True, interleaved: bool = False, gated: bool = False):
         super().__init__()
         head_dim = head_dim_of(config)
-        self.qkv_proj = QKVParallelLinear(
-            config.hidden_size, head_dim, config.num_attention_heads, config.num_key_value_heads, qkv_bias
-        )
-        self.num_heads = self.qkv_proj.num_heads
+        self.gated = gated
+        q_heads = config.num_attention_heads * (2 if gated else 1)  # a gate beside each query head
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, head_dim, q_heads, config.num_key_value_heads, qkv_bias)
+        self.num_heads = self.qkv_proj.num_heads // (2 if gated else 1)
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.head_dim = head_dim
         self.scale = scale or head_dim**-0.5
@@ -64,10 +65,19 @@ class Attention(nn.Module):
         """Attention runs on the backend that built `meta`, reached through it: metadata is only readable by
         its own backend, so pairing them in one object rules out a mismatch, and the forward pass (a CUDA
         graph's captured one included) needs no backend bound to each layer."""
-        q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
-        q, k, v = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)
-        q = q.reshape(-1, self.num_heads, self.head_dim)
+        if not self.gated:
+            q, k, v = self.qkv_proj(hidden).split([self.num_heads * self.head_dim, kv_size, kv_size], dim=-1)
+            return self.o_proj(self.attend(q.reshape(-1, self.num_heads, self.head_dim), k, v, cos_sin, meta))
+        q_gate, k, v = self.qkv_proj(hidden).split([2 * self.num_heads * self.head_dim, kv_size, kv_size], dim=-1)
+        q, gate = q_gate.reshape(-1, self.num_heads, 2, self.head_dim).unbind(2)  # per head: its query, its gate
+        out = self.attend(q.contiguous(), k, v, cos_sin, meta)
+        return self.o_proj(out * torch.sigmoid(gate.reshape(out.shape)))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin, meta: AttentionMetadata
+               ) -> torch.Tensor:
+        """The attention output [T, heads x head_dim] of q [T, heads, head_dim] and the new tokens' k and v
+        (each [T, kv_heads x head_dim]): norms and rotary embedding applied, k and v stored in the cache."""
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
         q, k = self.norm_qk(q, k)
@@ -76,7 +86,7 @@ class Attention(nn.Module):
         meta.backend.store_kv(k, v, self.k_cache, self.v_cache, meta)
         out = meta.backend.attend(q, self.k_cache, self.v_cache, meta, self.scale, self.window, self.softcap,
                                   self.sinks)
-        return self.o_proj(out.reshape(-1, q_size))
+        return out.reshape(-1, self.num_heads * self.head_dim)
 
     def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q [T, heads, head_dim] and k [T, kv_heads, head_dim] after their norms (none, or per head)."""
@@ -183,6 +193,8 @@ class CausalLM(nn.Module):
     # checkpoint names its tensors without the `model.` prefix
     headless = False
     supports_lora = True
+    # layers that keep a state per sequence (`runtime.models.state_cache`): no prefix caching, no speculation
+    has_recurrent_state = False
     # checkpoint projection -> (our fused parameter, its shard)
     stacked_params = {
         "q_proj": ("qkv_proj", "q"),

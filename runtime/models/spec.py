@@ -43,6 +43,9 @@ class ModelSpec:
                 f"{family.__name__} has no LM head: it serves embeddings only (runner: pooling)")
         require(not config.enable_lora or family.supports_lora, "enable_lora",
                 f"LoRA is not supported for {family.__name__} models")
+        require(config.speculative_config is None or not family.has_recurrent_state, "speculative_config",
+                f"speculative decoding is not supported for {family.__name__}: its linear-attention layers' state "
+                "cannot take back rejected draft tokens")
         quantization = Quantization.from_config(hf_config, config.quantization)
         return cls(path, hf_config, _dtype(config, hf_config), max_model_len, config.tokenizer or str(path), family,
                    quantization)
@@ -76,7 +79,8 @@ def _check_tp_split(hf: PretrainedConfig, tp: int) -> None:
         problems.append(f"{hf.num_attention_heads} attention heads")
     if kv % tp and tp % kv:
         problems.append(f"{kv} KV heads (neither divides the other)")
-    for name in ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size"):
+    for name in ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size",
+                 "linear_num_key_heads"):
         size = getattr(hf, name, None)
         if size and size % tp:
             problems.append(f"{name.replace('_', ' ')} {size}")

@@ -22,6 +22,7 @@ from runtime.models import load_weights, pack_linear_weights
 from runtime.models.loader import tensor_names
 from runtime.models.quantization import finish_quantized_linears, quantize_model
 from runtime.models.spec import ModelSpec
+from runtime.models.state_cache import StateStep, allocate_states, stateful_layers
 from runtime.outputs import TokenLogprob
 from runtime.speculative.verifier import GeneratorRewind, split_rows
 from runtime.worker.sampler import Sampler, token_logprob
@@ -76,6 +77,7 @@ class StepInputs:
     logit_rows: list[int]  # rows of the flattened batch whose logits are sampled from
     prompt_spans: list[tuple[int, int]]  # (first row, count) of prompt positions needing logprobs
     lora_slots: list[int] = field(default_factory=list)  # each sequence's adapter slot (-1: none), with LoRA
+    state_slots: list[int] = field(default_factory=list)  # each sequence's state slot, for stateful layers
     lora_loads: list[tuple[int, LoRAAdapter]] = field(default_factory=list)  # applied before the forward
     pool_spans: list[tuple[int, int]] = field(default_factory=list)  # (first row, count) of hidden states pooled
     # (row, row of the previous step's tokens) of input tokens still on the device (async scheduling; rank 0 only)
@@ -128,6 +130,11 @@ class ModelRunner:
                       and self.model.lm_head is not None
                       and all(getattr(module, "cuda_graphs", True) for module in self.model.modules()))
         self.graphs = None
+        # attention layers hold the paged KV cache; stateful ones (linear attention) a state per sequence's slot
+        self.attention_layers = [a for a in (getattr(layer, "self_attn", None) for layer in self.model.model.layers)
+                                 if a is not None]
+        self.stateful_layers = stateful_layers(self.model)
+        self.state_bytes = allocate_states(self.stateful_layers, config.max_num_seqs, self.device)
         self.num_blocks = self._allocate_kv_cache(use_graphs)
         if use_graphs:
             from runtime.worker.cuda_graphs import DecodeGraphs  # imports Triton, which a CPU machine may lack
@@ -137,7 +144,7 @@ class ModelRunner:
 
     def _allocate_kv_cache(self, use_graphs: bool) -> int:
         cfg, max_model_len, dtype = self.config, self.spec.max_model_len, self.kv_cache_dtype
-        layers, planes = len(self.model.model.layers), self._kv_planes()
+        layers, planes = len(self.attention_layers), self._kv_planes()
         shape = self._block_shape()
         bytes_per_block = planes * layers * shape[0] * shape[1] * shape[2] * dtype.itemsize
         self.kv_bytes_per_token = bytes_per_block // cfg.block_size
@@ -154,9 +161,9 @@ class ModelRunner:
                 f"fewer than max_model_len ({max_model_len}); raise the budget or lower max_model_len"
             )
         self.kv_cache = torch.zeros((planes, layers, num_blocks, *shape), dtype=dtype, device=self.device)
-        for i, layer in enumerate(self.model.model.layers):
-            layer.self_attn.k_cache = self.kv_cache[0, i]
-            layer.self_attn.v_cache = self.kv_cache[planes - 1, i]
+        for i, attention in enumerate(self.attention_layers):
+            attention.k_cache = self.kv_cache[0, i]
+            attention.v_cache = self.kv_cache[planes - 1, i]
         return num_blocks
 
     @torch.inference_mode()
@@ -173,14 +180,15 @@ class ModelRunner:
         blocks_per_seq = -(-seq_len // cfg.block_size)
         scratch = torch.empty((self._kv_planes(), len(lens) * blocks_per_seq, *self._block_shape()),
                               dtype=self.kv_cache_dtype, device=self.device)
-        for layer in self.model.model.layers:
-            layer.self_attn.k_cache, layer.self_attn.v_cache = scratch[0], scratch[-1]
+        for attention in self.attention_layers:
+            attention.k_cache, attention.v_cache = scratch[0], scratch[-1]
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
         tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(len(lens))]
-        inputs = StepInputs([0] * tokens, [p for n in lens for p in range(n)], lens, lens, tables, 0, [], [])
-        hidden = self.model(*self._tensors(inputs), self.attention_metadata(inputs))
+        inputs = StepInputs([0] * tokens, [p for n in lens for p in range(n)], lens, lens, tables, 0, [], [],
+                            state_slots=[i % cfg.max_num_seqs for i in range(len(lens))])
+        hidden = self._forward(inputs)
         workspace = []
         if self.model.lm_head is not None:  # a base (embedding) model samples nothing
             logits = self.model.compute_logits(hidden[: min(cfg.max_num_seqs, tokens)]).float()
@@ -199,11 +207,11 @@ class ModelRunner:
 
     def _kv_planes(self) -> int:
         """2 (keys, values), or 1 where values are read from the keys (latent attention)."""
-        return self.model.model.layers[0].self_attn.kv_planes
+        return self.attention_layers[0].kv_planes
 
     def _block_shape(self) -> tuple[int, int, int]:
         """One KV-cache block of one layer: (block_size, this rank's KV heads, head size)."""
-        return self.config.block_size, self.model.model.layers[0].self_attn.num_kv_heads, self.spec.head_dim
+        return self.config.block_size, self.attention_layers[0].num_kv_heads, self.spec.head_dim
 
     def _tensors(self, inputs: StepInputs, previous_tokens: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -307,6 +315,8 @@ class ModelRunner:
             inputs.block_tables.append(seq.block_table)
             if self.lora_batch is not None:
                 inputs.lora_slots.append(-1 if seq.lora_slot is None else seq.lora_slot)
+            if self.stateful_layers:
+                inputs.state_slots.append(seq.state_slot)
             pooling = seq.request.pooling
             if pooling is not None:
                 if pooling.pooling_type == "mean":
@@ -352,12 +362,20 @@ class ModelRunner:
                 len(inputs.query_lens), inputs.num_decodes, max(map(len, inputs.block_tables))):
             return self.graphs.run(self._input_ids(inputs, previous_tokens), inputs.positions, inputs.context_lens,
                                    inputs.block_tables, self.config.block_size), [], []
-        hidden = self.model(*self._tensors(inputs, previous_tokens), self.attention_metadata(inputs))
+        hidden = self._forward(inputs, previous_tokens)
         logits = self.model.compute_logits(hidden[inputs.logit_rows]) if inputs.logit_rows else None
         prompt_logits = [self.model.compute_logits(hidden[first : first + count])
                          for first, count in inputs.prompt_spans]
         pooled = [hidden[first : first + count].float().sum(0) for first, count in inputs.pool_spans]
         return logits, prompt_logits, pooled
+
+    def _forward(self, inputs: StepInputs, previous_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """The model's final hidden states for the step's tokens."""
+        if self.stateful_layers:
+            step = StateStep.build(inputs.state_slots, inputs.query_lens, inputs.context_lens, self.device)
+            for layer in self.stateful_layers:
+                layer.step = step
+        return self.model(*self._tensors(inputs, previous_tokens), self.attention_metadata(inputs))
 
     def attention_metadata(self, inputs: StepInputs) -> AttentionMetadata:
         return self.attention_backend.build_metadata(inputs.query_lens, inputs.context_lens, inputs.block_tables,

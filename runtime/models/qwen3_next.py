@@ -1,0 +1,57 @@
+"""Qwen3-Next: a hybrid stack, three Gated DeltaNet (linear attention) layers to one of full attention
+(`layer_types`). Its full attention gates each head's output and rotates a quarter of each head; every RMSNorm
+scales by 1 + weight; the MLPs are Qwen2-MoE's sparse blocks with a gated shared expert.
+
+Its linear layers keep a state per sequence (`runtime.models.state_cache`), not keys and values per token, so a
+cached prefix of blocks cannot restore them: the engine runs these models without prefix caching."""
+
+from torch import nn
+from transformers import PretrainedConfig
+
+from runtime.models.decoder import MLP, Attention, DecoderModel, normed_input
+from runtime.models.gated_deltanet import GatedDeltaNet
+from runtime.models.layers import GemmaRMSNorm
+from runtime.models.moe import MoeCausalLM, SparseMoeBlock
+from runtime.models.qwen2_moe import is_sparse
+
+
+class HybridDecoderLayer(nn.Module):
+    """A decoder layer whose token mixer is full attention (`self_attn`) or linear attention (`linear_attn`), as
+    the checkpoint names them."""
+
+    def __init__(self, config: PretrainedConfig, mixer: nn.Module, mlp: nn.Module):
+        super().__init__()
+        self.mixer_name = "linear_attn" if isinstance(mixer, GatedDeltaNet) else "self_attn"
+        self.add_module(self.mixer_name, mixer)
+        self.mlp = mlp
+        self.input_layernorm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, hidden, residual, cos_sin, meta):
+        hidden, residual = normed_input(self.input_layernorm, hidden, residual)
+        hidden = getattr(self, self.mixer_name)(hidden, cos_sin, meta)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class Qwen3NextForCausalLM(MoeCausalLM):
+    qk_norm = GemmaRMSNorm
+    has_recurrent_state = True
+
+    def make_attention(self, config: PretrainedConfig, window: int | None, layer: int) -> nn.Module:
+        if config.layer_types[layer] == "linear_attention":
+            return GatedDeltaNet(config)
+        return Attention(config, *self.attention_biases(config), self.qk_norm, window, gated=True)
+
+    def make_layer(self, config: PretrainedConfig, attention: nn.Module, mlp: nn.Module) -> nn.Module:
+        return HybridDecoderLayer(config, attention, mlp)
+
+    def make_model(self, config: PretrainedConfig, layers: list[nn.Module], max_positions: int) -> DecoderModel:
+        return DecoderModel(config, layers, max_positions, norm=GemmaRMSNorm)
+
+    def make_mlp(self, config: PretrainedConfig, layer: int) -> nn.Module:
+        if not is_sparse(config, layer):
+            return MLP(config.hidden_size, config.intermediate_size)
+        return SparseMoeBlock(config.hidden_size, config.num_experts, config.num_experts_per_tok,
+                              config.moe_intermediate_size, config.norm_topk_prob,
+                              config.shared_expert_intermediate_size)
