@@ -252,7 +252,9 @@ def kv_cache_bytes(path: Path, num_blocks: int, block_size: int = 16) -> int:
 
     c = AutoConfig.from_pretrained(path)
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    return num_blocks * 2 * c.num_hidden_layers * block_size * c.num_key_value_heads * head_dim * 4
+    types = getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers
+    layers = sum(kind != "linear_attention" for kind in types)  # linear attention keeps no KV
+    return num_blocks * 2 * layers * block_size * c.num_key_value_heads * head_dim * 4
 
 
 if __name__ == "__main__":

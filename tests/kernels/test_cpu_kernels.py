@@ -21,6 +21,8 @@ from kernels import (
 from kernels.activation import silu_and_mul_reference
 from kernels.cpu import attention as cpu_attention
 from kernels.cpu import build, elementwise, grouped_matmul
+from kernels.cpu import gated_delta as cpu_gated_delta
+from kernels.gated_delta import causal_conv1d, gated_delta_rule, gated_delta_rule_reference
 from kernels.moe import fused_experts, fused_experts_reference
 from kernels.norm import rms_norm_reference
 from kernels.rotary import apply_rotary_reference
@@ -203,3 +205,46 @@ def test_without_a_compiler_the_cpu_backend_falls_back_to_torch(tmp_path, monkey
     assert choose_attention_backend("auto", "cpu", torch.float32, 64).name == "cpu"
     assert choose_attention_backend("auto", "cpu", torch.bfloat16, 64).name == "torch"
     assert choose_attention_backend("auto", "cpu", torch.float32, 8).name == "torch"
+
+
+def gated_delta_case(value_dim: int = 24) -> tuple:
+    """A step of two decodes and two prefill chunks (7 and 3 tokens) over a pool of 5 states, 2 key heads with
+    2 value heads each: the arguments of `gated_delta_rule`."""
+    torch.manual_seed(0)
+    tokens, key_heads, value_heads, key_dim = 12, 2, 4, 16
+    q = torch.nn.functional.normalize(torch.randn(tokens, key_heads, key_dim), dim=-1) * key_dim**-0.5
+    k = torch.nn.functional.normalize(torch.randn(tokens, key_heads, key_dim), dim=-1)
+    v, g, beta = torch.randn(tokens, value_heads, value_dim), -torch.rand(tokens, value_heads), torch.rand(tokens, 4)
+    states = torch.randn(5, value_heads, key_dim, value_dim)
+    return q, k, v, g, beta, states, torch.tensor([3, 0, 4, 1]), torch.tensor([0, 1, 2, 9, 12])
+
+
+def test_gated_delta_rule_over_decodes_and_prefill_chunks():
+    q, k, v, g, beta, states, slots, cu_seqlens = gated_delta_case()
+    assert cpu_gated_delta.applies(q, k, v, g, beta, states)
+    expected_states = states.clone()
+    expected = gated_delta_rule_reference(q, k, v, g, beta, expected_states, slots, cu_seqlens)
+    torch.testing.assert_close(gated_delta_rule(q, k, v, g, beta, states, slots, cu_seqlens), expected)
+    torch.testing.assert_close(states, expected_states)
+    assert torch.equal(states[2], gated_delta_case()[5][2])  # a slot no sequence uses is left alone
+
+
+def test_causal_conv1d_in_chunks_equals_one_pass():
+    """A sequence convolved in a chunk of 5, a chunk of 2 and three decodes, resuming its state, equals the
+    whole sequence at once; a second sequence in the same steps keeps its own state."""
+    torch.manual_seed(0)
+    channels, width = 6, 4
+    weight, x, other = torch.randn(channels, width), torch.randn(10, channels), torch.randn(10, channels)
+    states = torch.zeros(3, channels, width - 1)
+    whole = causal_conv1d(x, weight, torch.zeros(1, channels, width - 1), torch.tensor([0]), [10])
+    chunks, other_chunks = [], []
+    for span in ([0, 5], [5, 7], [7, 8], [8, 9], [9, 10]):
+        n = span[1] - span[0]
+        out = causal_conv1d(torch.cat([x[span[0]:span[1]], other[span[0]:span[1]]]), weight, states,
+                            torch.tensor([2, 0]), [n, n])
+        chunks.append(out[:n])
+        other_chunks.append(out[n:])
+    torch.testing.assert_close(torch.cat(chunks), whole)
+    torch.testing.assert_close(torch.cat(other_chunks),
+                               causal_conv1d(other, weight, torch.zeros(1, channels, width - 1), torch.tensor([0]),
+                                             [10]))

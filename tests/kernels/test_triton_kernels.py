@@ -13,9 +13,12 @@ from kernels.moe import fused_experts_reference
 from kernels.norm import rms_norm_reference as reference_rms_norm
 from kernels.rotary import apply_rotary_reference as reference_rotary
 from kernels.triton import attention as triton_attention
+from kernels.gated_delta import gated_delta_rule_reference
 from kernels.triton import elementwise
+from kernels.triton import gated_delta as triton_gated_delta
 from kernels.triton import moe as triton_moe
 from kernels.triton import quantized_matmul as triton_quantized
+from tests.kernels.test_cpu_kernels import gated_delta_case
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -151,3 +154,13 @@ def test_quantized_matmul(kind, bits, group, zeros):
     on = [t.to(DEVICE) if t is not None else None for t in (x, codes, scale, zero, bias)]
     got = triton_quantized.quantized_matmul(on[0], on[1], bits, kind == "float", on[2], on[3], on[4]).cpu()
     torch.testing.assert_close(got, expected, atol=1e-3, rtol=1e-4)
+
+
+def test_gated_delta_rule_over_decodes_and_prefill_chunks():
+    """Value heads of 80 features: two blocks of 64, the second partly masked."""
+    q, k, v, g, beta, states, slots, cu_seqlens = (t.to(DEVICE) for t in gated_delta_case(value_dim=80))
+    expected_states = states.clone()
+    expected = gated_delta_rule_reference(q, k, v, g, beta, expected_states, slots, cu_seqlens)
+    torch.testing.assert_close(triton_gated_delta.gated_delta_rule(q, k, v, g, beta, states, slots, cu_seqlens),
+                               expected)
+    torch.testing.assert_close(states, expected_states)

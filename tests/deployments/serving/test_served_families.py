@@ -1,6 +1,7 @@
-"""Model families served end to end: DeepSeek-V3's (latent attention, a mixture of experts) and a sliding-window
-one (a 16-token window on every layer, shorter than every conversation here) behind the real app, through the
-`openai` SDK, answering as the offline engine does (greedy), streamed and whole, with a forced tool call."""
+"""Model families served end to end: DeepSeek-V3's (latent attention, a mixture of experts), Qwen3-Next's
+(linear attention beside full attention) and a sliding-window one (a 16-token window on every layer, shorter than
+every conversation here) behind the real app, through the `openai` SDK, answering as the offline engine does
+(greedy), streamed and whole, with a forced tool call."""
 
 import json
 
@@ -13,7 +14,7 @@ from tests.deployments.api.test_reasoning_and_tools import WEATHER_TOOL
 from tests.runtime.test_model_families import FAMILIES, SLIDING
 
 MESSAGES = [{"role": "user", "content": "Tell me about the weather in Paris"}]
-SERVED = {"deepseek_v3": FAMILIES["deepseek_v3"], "mistral_sliding": SLIDING["mistral_sliding"]}
+SERVED = {"deepseek_v3": FAMILIES["deepseek_v3"], "qwen3_next": {}, "mistral_sliding": SLIDING["mistral_sliding"]}
 
 
 @pytest.fixture(scope="module", params=list(SERVED))
