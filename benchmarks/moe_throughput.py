@@ -1,12 +1,14 @@
 """Mixture-of-experts offline throughput on CPU: our LLM.generate vs transformers generate (static batches of
 32) on the same requests, in one run, on a tiny Qwen3-MoE (8 experts, top-2, 4 layers, float32), or with
 `--arch deepseek_v3` a tiny DeepSeek-V3 of the same size (latent attention with kv_lora_rank 128, 8 experts in 4
-groups, top-2 within the best 2 groups, a shared expert, the first layer dense).
+groups, top-2 within the best 2 groups, a shared expert, the first layer dense), or with `--arch qwen3_next` a
+tiny Qwen3-Next of the same size (linear attention with 4 key and 8 value heads of 64 on three layers of four, gated
+full attention on the fourth; 8 experts, top-2, a gated shared expert).
 
 Workload: 64 requests, a shared ~100-token system prompt plus a unique ~20-token question each, 32 greedy
 output tokens with ignore_eos. Both sides' greedy tokens for the first request are compared.
 
-Run: python -m benchmarks.moe_throughput [--arch deepseek_v3]
+Run: python -m benchmarks.moe_throughput [--arch deepseek_v3 | qwen3_next]
 """
 
 import argparse
@@ -29,7 +31,10 @@ MLA_MOE_MODEL = dict(arch="deepseek_v3", hidden_size=256, intermediate_size=512,
                      num_experts_per_tok=2, n_group=4, topk_group=2, moe_intermediate_size=256, n_shared_experts=1,
                      first_k_dense_replace=1, kv_lora_rank=128, q_lora_rank=192, qk_rope_head_dim=32,
                      qk_nope_head_dim=64, v_head_dim=64, head_dim=32)
-MODELS = {"qwen3_moe": MOE_MODEL, "deepseek_v3": MLA_MOE_MODEL}
+HYBRID_MOE_MODEL = dict(MOE_MODEL, arch="qwen3_next", full_attention_interval=4, linear_num_key_heads=4,
+                        linear_num_value_heads=8, linear_key_head_dim=64, linear_value_head_dim=64,
+                        shared_expert_intermediate_size=256, mlp_only_layers=[])
+MODELS = {"qwen3_moe": MOE_MODEL, "deepseek_v3": MLA_MOE_MODEL, "qwen3_next": HYBRID_MOE_MODEL}
 NUM_REQUESTS, PREFIX, QUESTION, OUTPUT = 64, 100, 20, 32
 GREEDY = SamplingParams(temperature=0, max_tokens=OUTPUT, ignore_eos=True)
 

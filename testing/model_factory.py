@@ -37,6 +37,8 @@ from transformers import (
     Qwen3Config,
     Qwen3MoeConfig,
     Qwen3NextConfig,
+    Qwen3_5MoeTextConfig,
+    Qwen3_5TextConfig,
     SeedOssConfig,
     SmolLM3Config,
 )
@@ -103,6 +105,8 @@ ARCHITECTURES = {
     "ernie4_5_moe": Ernie4_5_MoeConfig,
     "smollm3": SmolLM3Config,
     "qwen3_next": Qwen3NextConfig,
+    "qwen3_5": Qwen3_5TextConfig,
+    "qwen3_5_moe": Qwen3_5MoeTextConfig,
 }
 
 # config fields a family needs beyond the shared ones: no sliding window, no pad id outside the tiny
@@ -148,6 +152,13 @@ FAMILY_FIELDS = {
                    "linear_value_head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
                    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64, "mlp_only_layers": [1],
                    "pad_token_id": None},
+    # Qwen3-Next's attention plan with the linear layers' projections apart; dense MLPs, or 4 experts (top 2) and
+    # a gated shared expert on every layer
+    "qwen3_5": {"full_attention_interval": 2, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                "linear_key_head_dim": 16, "linear_value_head_dim": 16},
+    "qwen3_5_moe": {"full_attention_interval": 2, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                    "linear_key_head_dim": 16, "linear_value_head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
+                    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64},
 }
 
 
@@ -232,6 +243,28 @@ def build_model_dir(
     eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
     GenerationConfig(eos_token_id=eos, bos_token_id=None).save_pretrained(path)
     return path
+
+
+def add_vision_tower(text_dir: Path, path: Path) -> Path:
+    """Write, to `path`, the Qwen3.5 text checkpoint at `text_dir` as Qwen3.5 is published: inside
+    `Qwen3_5ForConditionalGeneration` (or its MoE twin) beside a tiny random vision tower, the config's
+    `text_config` holding the text model's."""
+    from transformers import AutoConfig, AutoModelForImageTextToText, Qwen3_5Config, Qwen3_5MoeConfig
+
+    text = AutoConfig.from_pretrained(text_dir)
+    wrapper = {"qwen3_5_text": Qwen3_5Config, "qwen3_5_moe_text": Qwen3_5MoeConfig}[text.model_type]
+    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+              "out_hidden_size": text.hidden_size}
+    config = wrapper(text_config=text.to_dict(), vision_config=vision, tie_word_embeddings=text.tie_word_embeddings)
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    language = AutoModelForCausalLM.from_pretrained(text_dir, dtype=torch.float32)
+    model.model.language_model.load_state_dict(language.model.state_dict())
+    model.lm_head.load_state_dict(language.lm_head.state_dict())
+    model.save_pretrained(path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        (Path(path) / name).write_bytes((Path(text_dir) / name).read_bytes())
+    return Path(path)
 
 
 def write_sentence_transformers_modules(path: Path, pooling_mode: str, normalize: bool) -> None:

@@ -221,6 +221,12 @@ class CausalLM(nn.Module):
         return head_dim_of(config)
 
     @classmethod
+    def text_config(cls, config: PretrainedConfig) -> PretrainedConfig:
+        """The config the model is built from: the checkpoint's, or its language model's where the checkpoint
+        holds more (a vision tower) that the engine leaves unloaded."""
+        return config
+
+    @classmethod
     def check_config(cls, config: PretrainedConfig, max_model_len: int) -> None:
         """Refuse, at engine start, a config this implementation would run wrongly (raises InvalidInputError)."""
         check_rope(config, max_model_len)

@@ -3,9 +3,12 @@ gate z and the per-head b (the update's strength) and a (the decay's step), a sh
 the gated delta rule (`kernels.gated_delta`) against each sequence's recurrent state, a gated RMSNorm per head, and
 the output projection.
 
-Tensor parallel splits the key heads (each with its group of value heads) across ranks: the checkpoint's fused
-projections are laid out head group by head group, so a rank's share is one contiguous slice; the convolution's
-channels (all q, then all k, then all v) are sliced per part.
+Checkpoints lay the projections out two ways: Qwen3-Next fuses q, k, v, z in one tensor and b, a in another,
+key head by key head (each with its group of value heads); Qwen3.5 keeps q, k, v (all q, then all k, then all v),
+z, b and a in tensors of their own, which load into the same two fused projections part by part (`grouped` False).
+Tensor parallel splits the key heads, each with its value heads, across ranks: a contiguous slice of a grouped
+projection, a slice of each part otherwise; the convolution's channels (all q, then all k, then all v) are sliced
+per part.
 """
 
 import torch
@@ -15,7 +18,13 @@ from transformers import PretrainedConfig
 
 from kernels.gated_delta import causal_conv1d, gated_delta_rule
 from runtime.distributed import tp_rank, tp_size
-from runtime.models.layers import ColumnParallelLinear, RowParallelLinear, default_weight_loader, head_parameter
+from runtime.models.layers import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    RowParallelLinear,
+    default_weight_loader,
+    head_parameter,
+)
 from runtime.models.state_cache import StatefulLayer
 
 
@@ -55,8 +64,9 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 class GatedDeltaNet(StatefulLayer):
-    def __init__(self, config: PretrainedConfig):
+    def __init__(self, config: PretrainedConfig, grouped: bool = True):
         super().__init__()
+        self.grouped = grouped
         tp = tp_size()
         self.num_k_heads = config.linear_num_key_heads // tp
         self.num_v_heads = config.linear_num_value_heads // tp
@@ -65,8 +75,12 @@ class GatedDeltaNet(StatefulLayer):
         key_dim = config.linear_num_key_heads * self.head_k_dim
         value_dim = config.linear_num_value_heads * self.head_v_dim
         self.conv_width = config.linear_conv_kernel_dim
-        self.in_proj_qkvz = ColumnParallelLinear(config.hidden_size, 2 * key_dim + 2 * value_dim)
-        self.in_proj_ba = ColumnParallelLinear(config.hidden_size, 2 * config.linear_num_value_heads)
+        if grouped:
+            self.in_proj_qkvz = ColumnParallelLinear(config.hidden_size, 2 * key_dim + 2 * value_dim)
+            self.in_proj_ba = ColumnParallelLinear(config.hidden_size, 2 * config.linear_num_value_heads)
+        else:
+            self.in_proj_qkvz = MergedColumnParallelLinear(config.hidden_size, [key_dim, key_dim, value_dim, value_dim])
+            self.in_proj_ba = MergedColumnParallelLinear(config.hidden_size, [config.linear_num_value_heads] * 2)
         self.conv1d = ShardedDepthwiseConv([key_dim, key_dim, value_dim], self.conv_width)
         self.A_log = head_parameter(self.num_v_heads)
         self.dt_bias = head_parameter(self.num_v_heads)
@@ -81,10 +95,14 @@ class GatedDeltaNet(StatefulLayer):
     def forward(self, hidden: torch.Tensor, cos_sin, meta) -> torch.Tensor:
         tokens, dk, dv, group = hidden.shape[0], self.head_k_dim, self.head_v_dim, self.group
         states, step = self.fresh_states(), self.step
-        # per key head: its q, k, then its group's values and gates; then its group's b, then a
-        q, k, v, z = self.in_proj_qkvz(hidden).view(tokens, self.num_k_heads, -1).split(
-            [dk, dk, group * dv, group * dv], dim=-1)
-        b, a = self.in_proj_ba(hidden).view(tokens, self.num_k_heads, -1).split([group, group], dim=-1)
+        if self.grouped:  # per key head: its q, k, then its group's values and gates; then its group's b, then a
+            q, k, v, z = self.in_proj_qkvz(hidden).view(tokens, self.num_k_heads, -1).split(
+                [dk, dk, group * dv, group * dv], dim=-1)
+            b, a = self.in_proj_ba(hidden).view(tokens, self.num_k_heads, -1).split([group, group], dim=-1)
+        else:
+            key_size, value_size = self.num_k_heads * dk, self.num_v_heads * dv
+            q, k, v, z = self.in_proj_qkvz(hidden).split([key_size, key_size, value_size, value_size], dim=-1)
+            b, a = self.in_proj_ba(hidden).split([self.num_v_heads] * 2, dim=-1)
         mixed = torch.cat([q.reshape(tokens, -1), k.reshape(tokens, -1), v.reshape(tokens, -1)], dim=-1)
         mixed = causal_conv1d(mixed, self.conv1d.weight, states["conv"], step.slots, step.query_lens)
         q, k, v = mixed.split([self.num_k_heads * dk, self.num_k_heads * dk, self.num_v_heads * dv], dim=-1)

@@ -87,10 +87,13 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.out_features = out_features
         super().__init__(in_features, sum(out_features), bias)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int | None = None) -> None:
-        """Load projection `shard_id`, or all of them from a checkpoint that holds them fused (Phi-3)."""
-        if shard_id is None:
-            for i, part in enumerate(loaded.split(self.out_features)):
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int | tuple[int, ...] | None = None
+                      ) -> None:
+        """Load projection `shard_id`, the consecutive projections of a tuple from a checkpoint tensor holding
+        them fused (Qwen3.5's q, k and v), or all of them from one that holds every one (Phi-3's gate and up)."""
+        if not isinstance(shard_id, int):
+            ids = range(len(self.out_features)) if shard_id is None else shard_id
+            for i, part in zip(ids, loaded.split([self.out_features[i] for i in ids])):
                 self.weight_loader(param, part, i)
             return
         size = self.out_features[shard_id] // tp_size()

@@ -37,10 +37,11 @@ class HybridDecoderLayer(nn.Module):
 class Qwen3NextForCausalLM(MoeCausalLM):
     qk_norm = GemmaRMSNorm
     has_recurrent_state = True
+    grouped_projections = True  # the linear layers' projections as the checkpoint lays them out (gated_deltanet.py)
 
     def make_attention(self, config: PretrainedConfig, window: int | None, layer: int) -> nn.Module:
         if config.layer_types[layer] == "linear_attention":
-            return GatedDeltaNet(config)
+            return GatedDeltaNet(config, self.grouped_projections)
         return Attention(config, *self.attention_biases(config), self.qk_norm, window, gated=True)
 
     def make_layer(self, config: PretrainedConfig, attention: nn.Module, mlp: nn.Module) -> nn.Module:
@@ -55,3 +56,8 @@ class Qwen3NextForCausalLM(MoeCausalLM):
         return SparseMoeBlock(config.hidden_size, config.num_experts, config.num_experts_per_tok,
                               config.moe_intermediate_size, config.norm_topk_prob,
                               config.shared_expert_intermediate_size)
+
+    def param_for(self, name: str) -> tuple[str | None, tuple]:
+        if name.startswith("mtp."):  # the multi-token-prediction layer: not loaded
+            return None, ()
+        return super().param_for(name)

@@ -23,6 +23,12 @@ from runtime.models.phi3 import Phi3ForCausalLM
 from runtime.models.qwen2 import Qwen2ForCausalLM
 from runtime.models.qwen2_moe import Qwen2MoeForCausalLM
 from runtime.models.qwen3 import Qwen3ForCausalLM
+from runtime.models.qwen3_5 import (
+    Qwen3_5ForCausalLM,
+    Qwen3_5ForConditionalGeneration,
+    Qwen3_5MoeForCausalLM,
+    Qwen3_5MoeForConditionalGeneration,
+)
 from runtime.models.qwen3_moe import Qwen3MoeForCausalLM
 from runtime.models.qwen3_next import Qwen3NextForCausalLM
 from runtime.models.seed_oss import SeedOssForCausalLM
@@ -39,8 +45,9 @@ _EMBEDDABLE = (LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3For
                Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)
 _CAUSAL_LMS = (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Ernie4_5ForCausalLM, Ernie4_5_MoeForCausalLM,
                Exaone4ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM,
-               GraniteForCausalLM, MiniMaxM2ForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, Qwen3NextForCausalLM,
-               SeedOssForCausalLM, SmolLM3ForCausalLM, *_EMBEDDABLE)
+               GraniteForCausalLM, MiniMaxM2ForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, Qwen3_5ForCausalLM,
+               Qwen3_5ForConditionalGeneration, Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration,
+               Qwen3NextForCausalLM, SeedOssForCausalLM, SmolLM3ForCausalLM, *_EMBEDDABLE)
 _FAMILIES: dict[str, type[CausalLM]] = {cls.__name__: cls for cls in (*_CAUSAL_LMS, *map(_base_model, _EMBEDDABLE))}
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_FAMILIES))

@@ -31,13 +31,14 @@ class ModelSpec:
     @classmethod
     def resolve(cls, config: EngineConfig) -> "ModelSpec":
         path = resolve_model_path(config.model)
-        hf_config = AutoConfig.from_pretrained(path)
+        checkpoint_config = AutoConfig.from_pretrained(path)
+        family = model_class(checkpoint_config)
+        hf_config = family.text_config(checkpoint_config)
         limit = hf_config.max_position_embeddings
         max_model_len = limit if config.max_model_len is None else config.max_model_len
         require(max_model_len <= limit, "max_model_len",
                 f"{max_model_len} exceeds the model's max_position_embeddings ({limit})")
         _check_tp_split(hf_config, config.tensor_parallel_size)
-        family = model_class(hf_config)
         family.check_config(hf_config, max_model_len)
         require(config.runner == "pooling" or not family.headless, "runner",
                 f"{family.__name__} has no LM head: it serves embeddings only (runner: pooling)")
@@ -46,7 +47,7 @@ class ModelSpec:
         require(config.speculative_config is None or not family.has_recurrent_state, "speculative_config",
                 f"speculative decoding is not supported for {family.__name__}: its linear-attention layers' state "
                 "cannot take back rejected draft tokens")
-        quantization = Quantization.from_config(hf_config, config.quantization)
+        quantization = Quantization.from_config(checkpoint_config, config.quantization)
         return cls(path, hf_config, _dtype(config, hf_config), max_model_len, config.tokenizer or str(path), family,
                    quantization)
 
