@@ -34,11 +34,11 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2MoeConfig,
+    Qwen3_5MoeTextConfig,
+    Qwen3_5TextConfig,
     Qwen3Config,
     Qwen3MoeConfig,
     Qwen3NextConfig,
-    Qwen3_5MoeTextConfig,
-    Qwen3_5TextConfig,
     SeedOssConfig,
     SmolLM3Config,
 )
@@ -148,8 +148,8 @@ FAMILY_FIELDS = {
     "gpt_oss": {"num_local_experts": 4, "num_experts_per_tok": 2},
     # linear attention (2 key heads, each with 2 value heads) and full attention with a quarter of each head
     # rotated, alternating; 4 experts (top 2) and a gated shared expert, layer 2 dense
-    "qwen3_next": {"full_attention_interval": 2, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
-                   "linear_value_head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
+    "qwen3_next": {"full_attention_interval": 2, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                   "linear_key_head_dim": 16, "linear_value_head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
                    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64, "mlp_only_layers": [1],
                    "pad_token_id": None},
     # Qwen3-Next's attention plan with the linear layers' projections apart; dense MLPs, or 4 experts (top 2) and

@@ -9,11 +9,11 @@ from kernels.activation import silu_and_mul_reference
 from kernels.attention import TorchBackend
 from kernels.attention import paged_attention as reference_attention
 from kernels.attention import store_kv_cache as reference_store
+from kernels.gated_delta import gated_delta_rule_reference
 from kernels.moe import fused_experts_reference
 from kernels.norm import rms_norm_reference as reference_rms_norm
 from kernels.rotary import apply_rotary_reference as reference_rotary
 from kernels.triton import attention as triton_attention
-from kernels.gated_delta import gated_delta_rule_reference
 from kernels.triton import elementwise
 from kernels.triton import gated_delta as triton_gated_delta
 from kernels.triton import moe as triton_moe
