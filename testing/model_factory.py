@@ -24,6 +24,7 @@ from transformers import (
     Glm4MoeConfig,
     GptOssConfig,
     GraniteConfig,
+    Llama4TextConfig,
     LlamaConfig,
     MiniMaxM2Config,
     MistralConfig,
@@ -107,6 +108,7 @@ ARCHITECTURES = {
     "qwen3_next": Qwen3NextConfig,
     "qwen3_5": Qwen3_5TextConfig,
     "qwen3_5_moe": Qwen3_5MoeTextConfig,
+    "llama4": Llama4TextConfig,
 }
 
 # config fields a family needs beyond the shared ones: no sliding window, no pad id outside the tiny
@@ -154,6 +156,11 @@ FAMILY_FIELDS = {
                    "pad_token_id": None},
     # Qwen3-Next's attention plan with the linear layers' projections apart; dense MLPs, or 4 experts (top 2) and
     # a gated shared expert on every layer
+    # chunks of 32 positions on layers 1-3 of 4 (interleaved rotary, L2 q/k norms), layer 4 global without RoPE,
+    # its queries scaled from position 8 on; 4 experts (top 1) and a shared expert on layers 2 and 4
+    "llama4": {"attention_chunk_size": 32, "floor_scale": 8, "attn_scale": 0.5,
+               "intermediate_size_mlp": 128, "num_local_experts": 4, "interleave_moe_layer_step": 2,
+               "pad_token_id": None},
     "qwen3_5": {"full_attention_interval": 2, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
                 "linear_key_head_dim": 16, "linear_value_head_dim": 16},
     "qwen3_5_moe": {"full_attention_interval": 2, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
@@ -246,21 +253,31 @@ def build_model_dir(
 
 
 def add_vision_tower(text_dir: Path, path: Path) -> Path:
-    """Write, to `path`, the Qwen3.5 text checkpoint at `text_dir` as Qwen3.5 is published: inside
-    `Qwen3_5ForConditionalGeneration` (or its MoE twin) beside a tiny random vision tower, the config's
-    `text_config` holding the text model's."""
-    from transformers import AutoConfig, AutoModelForImageTextToText, Qwen3_5Config, Qwen3_5MoeConfig
+    """Write, to `path`, the text checkpoint at `text_dir` (Qwen3.5, Qwen3.5-MoE, Llama 4) as those models are
+    published: inside `...ForConditionalGeneration` beside a tiny random vision tower, the config's `text_config`
+    holding the text model's."""
+    from transformers import AutoConfig, AutoModelForImageTextToText, Llama4Config, Qwen3_5Config, Qwen3_5MoeConfig
 
     text = AutoConfig.from_pretrained(text_dir)
-    wrapper = {"qwen3_5_text": Qwen3_5Config, "qwen3_5_moe_text": Qwen3_5MoeConfig}[text.model_type]
-    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
-              "out_hidden_size": text.hidden_size}
+    wrapper, vision = {
+        "qwen3_5_text": (Qwen3_5Config, {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                                         "out_hidden_size": text.hidden_size}),
+        "qwen3_5_moe_text": (Qwen3_5MoeConfig, {"depth": 1, "hidden_size": 32, "intermediate_size": 64,
+                                                "num_heads": 2, "out_hidden_size": text.hidden_size}),
+        "llama4_text": (Llama4Config, {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                       "intermediate_size": 64, "vision_output_dim": 64, "projector_input_dim": 64,
+                                       "projector_output_dim": text.hidden_size, "image_size": 28, "patch_size": 14}),
+    }[text.model_type]
     config = wrapper(text_config=text.to_dict(), vision_config=vision, tie_word_embeddings=text.tie_word_embeddings)
     torch.manual_seed(0)
     model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
-    language = AutoModelForCausalLM.from_pretrained(text_dir, dtype=torch.float32)
-    model.model.language_model.load_state_dict(language.model.state_dict())
-    model.lm_head.load_state_dict(language.lm_head.state_dict())
+    state = model.state_dict()
+    for name, tensor in AutoModelForCausalLM.from_pretrained(text_dir, dtype=torch.float32).state_dict().items():
+        # the language model's tensors sit under `language_model.` (Llama 4) or `model.language_model.` (Qwen3.5)
+        target = next(n for n in (f"language_model.{name}", name.replace("model.", "model.language_model.", 1), name)
+                      if n in state)
+        state[target] = tensor
+    model.load_state_dict(state)
     model.save_pretrained(path)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
         (Path(path) / name).write_bytes((Path(text_dir) / name).read_bytes())

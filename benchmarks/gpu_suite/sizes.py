@@ -69,7 +69,8 @@ GPU = Sizes(
 DRY = Sizes(
     dry_run=True, model=TINY, served_model=TINY,
     engine=dict(dtype="float32", max_model_len=512, max_num_seqs=8, kv_cache_bytes=16 << 20),
-    tests=("tests/kernels/test_triton_kernels.py::test_rotary",),
+    tests=("tests/kernels/test_triton_kernels.py::test_rotary",
+           "tests/kernels/test_triton_kernels.py::test_gated_delta_rule_over_decodes_and_prefill_chunks"),
     sequences=6, lengths=(8, 24), hf_sequences=2, hf_max_output=16,
     decode_batch=4, decode_context=16, decode_steps=2,
     concurrencies=(2, 4), served_output=8,

@@ -195,6 +195,8 @@ class CausalLM(nn.Module):
     supports_lora = True
     # layers that keep a state per sequence (`runtime.models.state_cache`): no prefix caching, no speculation
     has_recurrent_state = False
+    # layers that attend within chunks of this many positions (`runtime.models.chunked_attention`), if any
+    attention_chunk_size: int | None = None
     # checkpoint projection -> (our fused parameter, its shard)
     stacked_params = {
         "q_proj": ("qkv_proj", "q"),
@@ -222,8 +224,7 @@ class CausalLM(nn.Module):
 
     @classmethod
     def text_config(cls, config: PretrainedConfig) -> PretrainedConfig:
-        """The config the model is built from: the checkpoint's, or its language model's where the checkpoint
-        holds more (a vision tower) that the engine leaves unloaded."""
+        """The config the model is built from: the checkpoint's (see `language_model_config`)."""
         return config
 
     @classmethod
@@ -264,3 +265,11 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+
+def language_model_config(config: PretrainedConfig) -> PretrainedConfig:
+    """The config of the language model in a checkpoint that holds more (a vision tower the engine leaves
+    unloaded): its `text_config`, its embeddings tied as the checkpoint's own config says."""
+    text = config.text_config
+    text.tie_word_embeddings = getattr(config, "tie_word_embeddings", False)
+    return text

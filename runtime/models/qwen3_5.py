@@ -11,7 +11,7 @@ left unloaded."""
 from torch import nn
 from transformers import PretrainedConfig
 
-from runtime.models.decoder import MLP, CausalLM
+from runtime.models.decoder import MLP, CausalLM, language_model_config
 from runtime.models.moe import SparseMoeBlock
 from runtime.models.qwen3_next import Qwen3NextForCausalLM
 
@@ -42,9 +42,7 @@ def _text_only(family: type[Qwen3_5ForCausalLM]) -> type[Qwen3_5ForCausalLM]:
     class TextOnly(family):
         @classmethod
         def text_config(cls, config: PretrainedConfig) -> PretrainedConfig:
-            text = config.text_config
-            text.tie_word_embeddings = getattr(config, "tie_word_embeddings", False)  # the checkpoint's says
-            return text
+            return language_model_config(config)
 
         def param_for(self, name: str) -> tuple[str | None, tuple]:
             if name.startswith("model.visual."):

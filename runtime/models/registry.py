@@ -15,6 +15,7 @@ from runtime.models.glm4_moe import Glm4MoeForCausalLM
 from runtime.models.gpt_oss import GptOssForCausalLM
 from runtime.models.granite import GraniteForCausalLM
 from runtime.models.llama import LlamaForCausalLM
+from runtime.models.llama4 import Llama4ForCausalLM, Llama4ForConditionalGeneration
 from runtime.models.minimax_m2 import MiniMaxM2ForCausalLM
 from runtime.models.mistral import MistralForCausalLM
 from runtime.models.mixtral import MixtralForCausalLM
@@ -45,9 +46,10 @@ _EMBEDDABLE = (LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3For
                Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)
 _CAUSAL_LMS = (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Ernie4_5ForCausalLM, Ernie4_5_MoeForCausalLM,
                Exaone4ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM,
-               GraniteForCausalLM, MiniMaxM2ForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, Qwen3_5ForCausalLM,
-               Qwen3_5ForConditionalGeneration, Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration,
-               Qwen3NextForCausalLM, SeedOssForCausalLM, SmolLM3ForCausalLM, *_EMBEDDABLE)
+               GraniteForCausalLM, Llama4ForCausalLM, Llama4ForConditionalGeneration, MiniMaxM2ForCausalLM,
+               Olmo2ForCausalLM, Olmo3ForCausalLM, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration,
+               Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration, Qwen3NextForCausalLM, SeedOssForCausalLM,
+               SmolLM3ForCausalLM, *_EMBEDDABLE)
 _FAMILIES: dict[str, type[CausalLM]] = {cls.__name__: cls for cls in (*_CAUSAL_LMS, *map(_base_model, _EMBEDDABLE))}
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_FAMILIES))

@@ -19,6 +19,7 @@ from runtime.distributed import all_reduce_min, broadcast_from_rank0, destroy_tp
 from runtime.errors import InvalidInputError, describe
 from runtime.lora import LoRAAdapter, attach_lora, load_into_slot
 from runtime.models import load_weights, pack_linear_weights
+from runtime.models.chunked_attention import ChunkedAttentionMetadata, chunked_view
 from runtime.models.loader import tensor_names
 from runtime.models.quantization import finish_quantized_linears, quantize_model
 from runtime.models.spec import ModelSpec
@@ -117,6 +118,10 @@ class ModelRunner:
             if spec.quantization is not None:
                 quantize_model(self.model, spec.quantization, tensor_names(self.model, spec.path))
         torch.set_default_dtype(default_dtype)
+        chunk = self.model.attention_chunk_size
+        if chunk is not None and chunk % config.block_size:
+            raise InvalidInputError("block_size", f"{config.block_size} does not divide the model's attention chunks "
+                                    f"({chunk} positions)")
         load_weights(self.model, spec.path)
         finish_quantized_linears(self.model)
         pack_linear_weights(self.model)
@@ -377,9 +382,17 @@ class ModelRunner:
                 layer.step = step
         return self.model(*self._tensors(inputs, previous_tokens), self.attention_metadata(inputs))
 
-    def attention_metadata(self, inputs: StepInputs) -> AttentionMetadata:
-        return self.attention_backend.build_metadata(inputs.query_lens, inputs.context_lens, inputs.block_tables,
-                                                     self.config.block_size, inputs.num_decodes, self.device)
+    def attention_metadata(self, inputs: StepInputs) -> AttentionMetadata | ChunkedAttentionMetadata:
+        """The step's attention metadata; for a model with chunked layers, theirs beside it."""
+        block_size, backend = self.config.block_size, self.attention_backend
+        meta = backend.build_metadata(inputs.query_lens, inputs.context_lens, inputs.block_tables, block_size,
+                                      inputs.num_decodes, self.device)
+        chunk = self.model.attention_chunk_size
+        if chunk is None:
+            return meta
+        pieces = chunked_view(inputs.query_lens, inputs.context_lens, inputs.block_tables, chunk, block_size)
+        return ChunkedAttentionMetadata(meta, backend.build_metadata(*pieces, block_size, inputs.num_decodes,
+                                                                     self.device))
 
     def serve_rank0(self) -> None:
         """A worker rank's loop: run every step rank 0 broadcasts, until it sends None."""

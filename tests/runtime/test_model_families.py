@@ -15,7 +15,7 @@ from runtime.core.block_manager import FREED
 from runtime.models import SUPPORTED_ARCHITECTURES
 from runtime.models.rotary import RotaryTables
 from testing.bf16_reference import assert_tokens_are_bf16_argmax
-from testing.model_factory import build_model_dir
+from testing.model_factory import add_vision_tower, build_model_dir
 from tests.runtime.test_greedy_parity import WORDS, _reference
 
 # each family's tiny shape beyond build_model_dir's defaults (MoE families: 4 experts, top-2); "arch" when the
@@ -50,6 +50,8 @@ FAMILIES |= {
     # post-norm layers, per-head q/k norms; layers 1-3 of 4 slide and rotate, layer 4 attends fully without RoPE
     "exaone4": {"num_layers": 4, "sliding_window": 16, "sliding_window_pattern": 4},
     "ernie4_5_moe": {"num_layers": 3},  # softmax routing with a selection bias, a dense first layer
+    # chunks of 32 positions on layers 1-3, layer 4 global without RoPE with scaled queries; input-scaled experts
+    "llama4": {"num_layers": 4},
 }
 # a 16-token window: every layer (Mistral), or layer 1 of 2 (Qwen2 slides from layer `max_window_layers` on)
 SLIDING = {
@@ -140,7 +142,7 @@ def test_sliding_window_matches_transformers(model_dirs, family):
 
 @pytest.mark.parametrize("family", ["gemma2", "gemma3", "gpt_oss", "mistral_sliding", "granite", "smollm3", "olmo2",
                                     "olmo3", "exaone4", "deepseek_v2", "deepseek_v3", "glm4_moe", "minimax_m2",
-                                    "ernie4_5_moe"])
+                                    "ernie4_5_moe", "llama4"])
 def test_logprobs_match_transformers(model_dirs, family):
     """Every prompt position's and every generated token's log-probability (chunked prefill, then decode) equal
     transformers' over the whole sequence: numerics that greedy tokens of a tiny model can hide (a soft cap or a
@@ -161,10 +163,11 @@ def test_logprobs_match_transformers(model_dirs, family):
 
 
 @pytest.mark.parametrize("family", ["qwen2_moe", "phi3", "mistral_sliding", "gemma2", "gemma3", "gpt_oss", "olmo2",
-                                    "deepseek_v3", "minimax_m2", "ernie4_5_moe"])
+                                    "deepseek_v3", "minimax_m2", "ernie4_5_moe", "llama4"])
 # experts and a shared expert; fused q/k/v and gate/up; a window; Gemma's layers; sinks and biased experts; q/k
 # norms across the ranks; latent attention (its latent replicated, heads split) and grouped sigmoid routing;
-# sigmoid routing beside partial rotary; softmax routing with interleaved rotary. (Granite, SmolLM3, GLM-4.5 and
+# sigmoid routing beside partial rotary; softmax routing with interleaved rotary; chunked layers and input-scaled
+# experts. (Granite, SmolLM3, GLM-4.5 and
 # DeepSeek-V2 shard nothing these do not: left out for the suite's time.)
 def test_tp2_matches_tp1(ray_cluster, model_dirs, family):
     path = model_dirs(family)
@@ -176,6 +179,23 @@ def test_tp2_matches_tp1(ray_cluster, model_dirs, family):
         assert _tokens(llm, prompts) == expected
     finally:
         llm.shutdown()
+
+
+def test_chunked_attention_on_every_backend_and_as_published(model_dirs, tmp_path):
+    """Llama 4's chunked layers (32 positions) over prompts of up to four chunks and 30 tokens more, prefilled in
+    pieces of 32 that straddle chunk starts, on each attention backend; and the checkpoint as Meta publishes it
+    (`Llama4ForConditionalGeneration`, a vision tower beside the language model), served as its language model."""
+    path = model_dirs("llama4")
+    params = SamplingParams(temperature=0, max_tokens=30)
+    options = {"dtype": "float32", "max_model_len": 256, "max_num_batched_tokens": 48}
+    prompts = [p for p in _prompts(LLM(str(path), **options).tokenizer) if len(p) > 40][:6]
+    expected = _reference(path, prompts, params.max_tokens)
+    for backend in ("torch", "triton") if torch.cuda.is_available() else ("torch", "cpu"):
+        llm = LLM(str(path), attention_backend=backend, **options)
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == expected
+    published = LLM(str(add_vision_tower(path, tmp_path)), **options)
+    assert type(published.engine.runner.model).__name__ == "Llama4ForConditionalGeneration"
+    assert [o.outputs[0].token_ids for o in published.generate(prompts, params)] == expected
 
 
 def test_fused_expert_tensors_load(model_dirs, tmp_path):
