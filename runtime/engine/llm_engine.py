@@ -61,8 +61,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.adapter_slots, config.max_num_seqs_per_owner, config.max_num_seqs_background,
                                    state_slots=stateful)
-        self.speculator = build_speculator(config, self.spec, self.tokenizer, self.eos_token_ids,
-                                           self.runner.num_blocks)
+        self.speculator = build_speculator(config, self.spec, self.tokenizer, self.eos_token_ids, self.runner)
         self.requests: dict[str, Request] = {}
         self._launched: LaunchedStep | None = None  # async scheduling: the batch whose tokens are still in flight
         if config.warm_up and config.runner == "generate":
@@ -199,6 +198,8 @@ class LLMEngine:
         for request, error in failed.items():
             if not request.finished:
                 deltas[request.request_id] = self._fail(request, error)
+        if self.speculator is not None:
+            self.speculator.observe(launched)
         for request_id, delta in deltas.items():
             request = self.requests[request_id]
             delta.finished = request.finished

@@ -6,6 +6,7 @@ Module names mirror transformers' so checkpoint names map directly. Sliding-wind
 to the attention backend (`sliding_window.layer_windows`).
 """
 
+import re
 from collections.abc import Callable
 
 import torch
@@ -25,6 +26,8 @@ from runtime.models.layers import (
 )
 from runtime.models.rotary import RotaryTables, check_rope, deinterleave_pairs, rope_key
 from runtime.models.sliding_window import layer_windows
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 def head_dim_of(config: PretrainedConfig) -> int:
@@ -252,13 +255,21 @@ class CausalLM(nn.Module):
         """The feed-forward block of decoder layer `layer`."""
         return MLP(config.hidden_size, config.intermediate_size, bool(getattr(config, "mlp_bias", False)))
 
-    def param_for(self, name: str) -> tuple[str, tuple]:
+    def param_for(self, name: str) -> tuple[str | None, tuple]:
         """The parameter a checkpoint tensor fills (named as a causal LM's checkpoint names it), and the shard
-        arguments its weight loader takes after it."""
+        arguments its weight loader takes after it; None for a tensor of a layer past the last decoder layer (a
+        multi-token-prediction layer, which DeepSeek and GLM save there: `runtime.speculative.mtp` loads it)."""
+        if self.past_last_layer(name):
+            return None, ()
         for part, (fused, shard) in self.stacked_params.items():
             if f".{part}." in name:
                 return name.replace(f".{part}.", f".{fused}."), (shard,)
         return name, ()
+
+    def past_last_layer(self, name: str) -> bool:
+        """Whether a checkpoint tensor belongs to a layer past the last decoder layer."""
+        layer = _LAYER.match(name)
+        return layer is not None and int(layer.group(1)) >= len(self.model.layers)
 
     def forward(self, input_ids, positions, meta) -> torch.Tensor:
         return self.model(input_ids, positions, meta)

@@ -1,9 +1,7 @@
 """DeepSeek-V3 (and Kimi K2, which shares its architecture): multi-head latent attention (mla.py) and
 DeepSeek's mixture of experts (sigmoid_moe.py: grouped sigmoid routing with a correction bias, shared experts)
-after `first_k_dense_replace` dense layers. Multi-token-prediction layers in the checkpoint (past
-`num_hidden_layers`) are not loaded."""
-
-import re
+after `first_k_dense_replace` dense layers. The multi-token-prediction layer the checkpoint saves past
+`num_hidden_layers` is loaded only as a speculative proposer (`runtime.speculative.mtp`)."""
 
 from torch import nn
 from transformers import PretrainedConfig
@@ -13,8 +11,6 @@ from runtime.models.decoder import MLP
 from runtime.models.mla import LatentAttention, latent_cache_head_dim
 from runtime.models.moe import MoeCausalLM
 from runtime.models.sigmoid_moe import GroupedTopkRouter, SigmoidMoE
-
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 class DeepseekV3ForCausalLM(MoeCausalLM):
@@ -42,9 +38,3 @@ class DeepseekV3ForCausalLM(MoeCausalLM):
 
     def make_router(self, config: PretrainedConfig) -> nn.Module:
         return GroupedTopkRouter(config)
-
-    def param_for(self, name: str) -> tuple[str | None, tuple]:
-        layer = _LAYER.match(name)
-        if layer and int(layer.group(1)) >= len(self.model.layers):  # a multi-token-prediction layer
-            return None, ()
-        return super().param_for(name)

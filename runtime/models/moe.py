@@ -127,7 +127,7 @@ class MoeCausalLM(CausalLM):
         quantized one's the parameter of its suffix (`gate_up_proj_weight_scale`: `QuantizedExperts`); fused
         expert tensors already carry the stacked parameter's name."""
         match = _EXPERT.search(name)
-        if match is None or match.group(2) not in self.expert_names:
+        if match is None or match.group(2) not in self.expert_names or self.past_last_layer(name):
             return super().param_for(name)
         expert, which = int(match.group(1)), self.expert_names.index(match.group(2))
         suffix = "" if match.group(3) == "weight" else f"_{match.group(3)}"

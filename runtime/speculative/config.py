@@ -1,10 +1,11 @@
-"""`speculative_config` as vLLM names it: `method` ngram (prompt lookup) or draft_model, checked on construction."""
+"""`speculative_config` as vLLM names it: `method` ngram (prompt lookup), draft_model or mtp (the checkpoint's own
+multi-token-prediction layer), checked on construction."""
 
 from dataclasses import dataclass
 
 from runtime.errors import require
 
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "draft_model", "mtp")
 _KEYS = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model",
          "disable_by_batch_size"}
 
@@ -38,9 +39,11 @@ class SpeculativeConfig:
             require(isinstance(lo, int) and lo >= 1, f"{field}.prompt_lookup_min", f"must be at least 1, got {lo!r}")
             require(isinstance(hi, int) and hi >= lo, f"{field}.prompt_lookup_max",
                     f"must be at least prompt_lookup_min ({lo}), got {hi!r}")
-        else:
+        elif method == "draft_model":
             require(isinstance(config.model, str) and config.model, f"{field}.model",
                     "method draft_model needs the draft checkpoint's path or id")
+        else:
+            require(config.model is None, f"{field}.model", "method mtp drafts with the target's own layer: no model")
         require(isinstance(config.disable_by_batch_size, int) and config.disable_by_batch_size >= 1,
                 f"{field}.disable_by_batch_size", f"must be at least 1, got {config.disable_by_batch_size!r}")
         return config

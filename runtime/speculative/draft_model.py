@@ -42,6 +42,9 @@ class DraftModelProposer:
         """`k` slots, filled by `complete` once the step is scheduled (and the slots' blocks exist)."""
         return [-1] * k
 
+    def observe(self, step) -> None:
+        """Nothing to learn from a step: the draft catches up on tokens when it next proposes."""
+
     @torch.inference_mode()
     def complete(self, seqs: list[Sequence]) -> None:
         chunks = []

@@ -39,6 +39,9 @@ class NgramProposer:
                 return _copy(tokens, end + 1, last - end, k)
         return []
 
+    def observe(self, step) -> None:
+        """Nothing to learn from a step: proposals come from the sequence's own tokens."""
+
     def complete(self, seqs: list[Sequence]) -> None:
         """Nothing to do: prompt-lookup proposals are final when made."""
 

@@ -28,6 +28,8 @@ class SequenceSpeculation:
     idle: int = 0  # steps since it last proposed, while its estimate is too low
     ngram: NgramIndex = field(default_factory=NgramIndex)
     draft_valid: int = 0  # tokens whose keys and values the draft model holds
+    # a multi-token predictor's first draft for the sequence at a length: (length, token, the layer's output there)
+    next_draft: tuple | None = None
 
     def num_drafts(self, k: int) -> int:
         rate = self.hits / self.trials
@@ -79,6 +81,10 @@ class Speculator:
     def scheduled(self, seqs: list[Sequence]) -> None:
         """The scheduled sequences' proposals made final (a draft model fills the slots it was given)."""
         self.proposer.complete([s for s in seqs if s.draft_token_ids])
+
+    def observe(self, step) -> None:
+        """A step's tokens are in (`LaunchedStep`, counted and appended): what the proposer learns from it."""
+        self.proposer.observe(step)
 
     def record(self, seq: Sequence, accepted: int) -> None:
         """`accepted` of `seq`'s draft tokens matched the target's; its state follows."""

@@ -56,6 +56,10 @@ class LaunchedStep:
     pooled: dict[Sequence, torch.Tensor]
     failed: dict[Request, str]
     prefilled: list[Sequence]  # sequences of requests that sample nothing (max_tokens 0): they end with their prompt
+    # with `ModelRunner.keep_hidden`: the final hidden states of every row, and each sequence's (first row, first
+    # position) among them
+    hidden: torch.Tensor | None = None
+    spans: list[tuple[Sequence, int, int]] = field(default_factory=list)
 
     def row_of(self) -> dict[Sequence, int]:
         """Each sampled sequence's (first) row."""
@@ -135,6 +139,8 @@ class ModelRunner:
                       and self.model.lm_head is not None
                       and all(getattr(module, "cuda_graphs", True) for module in self.model.modules()))
         self.graphs = None
+        self.keep_hidden = False  # a multi-token-prediction proposer reads each step's hidden states (every row)
+        self.hidden: torch.Tensor | None = None  # the last step's, when kept
         # attention layers hold the paged KV cache; stateful ones (linear attention) a state per sequence's slot
         self.attention_layers = [a for a in (getattr(layer, "self_attn", None) for layer in self.model.model.layers)
                                  if a is not None]
@@ -250,9 +256,16 @@ class ModelRunner:
         rewind = GeneratorRewind(seqs, self.sampler.seeded_generator)
         rows = [s for s in seqs for _ in range(1 + len(s.draft_token_ids))]  # a verified draft adds a row
         tokens, raw_logprobs = self._sample(logits, rows, failed)
-        return LaunchedStep(seqs, rows, tokens, raw_logprobs, rewind,
+        step = LaunchedStep(seqs, rows, tokens, raw_logprobs, rewind,
                             [(seq, start, chunk) for (seq, start), chunk in zip(prompt_seqs, prompt_logits)],
                             dict(zip(pool_seqs, pooled)), failed, prefilled)
+        if self.keep_hidden:
+            firsts = [0]
+            for n in inputs.query_lens[:-1]:
+                firsts.append(firsts[-1] + n)
+            step.hidden = self.hidden
+            step.spans = [(seq, row, inputs.positions[row]) for seq, row in zip(batch.seqs, firsts)]
+        return step
 
     def collect(self, step: LaunchedStep) -> StepResult:
         """Wait for a launched step; its tokens, logprobs and prompt logprobs on the host."""
@@ -363,11 +376,12 @@ class ModelRunner:
             for slot, adapter in inputs.lora_loads:
                 load_into_slot(self.model, slot, adapter)
             self.lora_batch.set(inputs.lora_slots, inputs.query_lens, self.device)
-        if self.graphs is not None and inputs.one_sampled_row_each and self.graphs.fits(
+        if self.graphs is not None and not self.keep_hidden and inputs.one_sampled_row_each and self.graphs.fits(
                 len(inputs.query_lens), inputs.num_decodes, max(map(len, inputs.block_tables))):
             return self.graphs.run(self._input_ids(inputs, previous_tokens), inputs.positions, inputs.context_lens,
                                    inputs.block_tables, self.config.block_size), [], []
         hidden = self._forward(inputs, previous_tokens)
+        self.hidden = hidden if self.keep_hidden else None
         logits = self.model.compute_logits(hidden[inputs.logit_rows]) if inputs.logit_rows else None
         prompt_logits = [self.model.compute_logits(hidden[first : first + count])
                          for first, count in inputs.prompt_spans]

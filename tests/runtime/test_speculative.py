@@ -14,6 +14,9 @@ from runtime.speculative.ngram import NgramProposer
 from runtime.speculative.speculator import SequenceSpeculation
 from runtime.text.grammar import Constraint
 from testing.model_factory import build_model_dir, kv_cache_bytes
+from testing.mtp_checkpoint import add_mtp_layer, mtp_first_draft
+from tests.runtime.test_hybrid_attention import _prompts as hybrid_prompts
+from tests.runtime.test_model_families import FAMILIES
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 
@@ -147,6 +150,7 @@ def test_speculative_config_is_checked_with_vllms_names():
                        ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3,
                          "prompt_lookup_max": 2}, "prompt_lookup_max"),
                        ({"method": "draft_model", "num_speculative_tokens": 2}, "model"),
+                       ({"method": "mtp", "num_speculative_tokens": 2, "model": "a-draft"}, "model"),
                        ({**NGRAM, "typo": 1}, "speculative_config")]:
         with pytest.raises(InvalidInputError, match=field):
             SpeculativeConfig.parse(bad)
@@ -258,3 +262,39 @@ def test_a_draft_model_beside_a_target_whose_every_layer_slides_is_refused(tmp_p
                       speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3})
     assert speculating.generate(prompts, greedy)[0].outputs[0].token_ids == plain[0].outputs[0].token_ids
     assert speculating.stats()["spec_num_draft_tokens"] > 0
+
+
+@pytest.fixture(scope="module")
+def mtp_model(tmp_path_factory):
+    """A tiny DeepSeek-V3 with a multi-token-prediction layer after its last decoder layer."""
+    source = build_model_dir(tmp_path_factory.mktemp("deepseek_v3"), "deepseek_v3", **FAMILIES["deepseek_v3"])
+    return add_mtp_layer(source, tmp_path_factory.mktemp("deepseek_v3_mtp"))
+
+
+def test_the_checkpoints_prediction_layer_drafts_and_plain_decodings_tokens_come_out(mtp_model):
+    """Prompts of up to 95 tokens prefilled in chunks of 32, the prediction layer catching up on each chunk; its
+    first draft after a prompt is transformers' (its decoder layer as a one-layer DeepSeek-V3 over the target's
+    hidden states); greedy and seeded tokens are plain decoding's."""
+    options = {"dtype": "float32", "max_model_len": 256, "max_num_batched_tokens": 32}
+    plain = LLM(str(mtp_model), **options)
+    prompts = hybrid_prompts(plain.tokenizer)
+    greedy = SamplingParams(temperature=0, max_tokens=24)
+    seeded = SamplingParams(temperature=0.8, seed=7, max_tokens=16)
+    llm = LLM(str(mtp_model), speculative_config={"method": "mtp", "num_speculative_tokens": 2}, **options)
+    assert _tokens(llm, prompts, greedy) == _tokens(plain, prompts, greedy)
+    assert _tokens(llm, prompts[:3], seeded) == _tokens(plain, prompts[:3], seeded)
+    stats = llm.stats()
+    assert stats["spec_num_draft_tokens"] > stats["spec_num_drafts"] > 20  # first drafts, and second ones
+    assert stats["num_free_blocks"] == stats["num_blocks"]
+    engine = llm.engine
+    engine.add_request("first", prompts[7], SamplingParams(temperature=0, max_tokens=4))
+    seq = engine.requests["first"].seqs[0]
+    while seq.num_output_tokens == 0:
+        engine.step()
+    assert seq.speculation.next_draft[:2] == (seq.num_tokens, mtp_first_draft(mtp_model, seq.token_ids))
+
+
+def test_mtp_without_a_prediction_layer_in_the_checkpoint_is_refused(copy_model):
+    with pytest.raises(InvalidInputError, match="speculative_config.method: mtp: .* has no multi-token-prediction"):
+        LLM(str(copy_model), dtype="float32", max_model_len=128,
+            speculative_config={"method": "mtp", "num_speculative_tokens": 1})
