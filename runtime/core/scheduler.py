@@ -25,7 +25,9 @@ cannot be admitted for want of blocks or an adapter slot preempts paused ones
 for theirs.
 
 A model with stateful layers (linear attention) gives each running sequence a state slot of its own, of
-`max_num_seqs`, so a seat always comes with one; it goes back with the seat.
+`max_num_seqs`, so a seat always comes with one; it goes back with the seat. In a longrope model past its
+original context, a sequence that grows past that context is preempted once, to be recomputed with the long
+factors throughout (`runtime.models.rotary`).
 """
 
 from collections import Counter
@@ -59,7 +61,8 @@ class ScheduledBatch:
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  adapters: AdapterSlots | None = None, max_num_seqs_per_owner: int | None = None,
-                 max_num_seqs_background: int | None = None, state_slots: bool = False):
+                 max_num_seqs_background: int | None = None, state_slots: bool = False,
+                 long_rope_from: int | None = None):
         self.adapters = adapters  # LoRA slots: a sequence is admitted only once its adapter has one
         self.max_num_seqs = max_num_seqs
         self.max_num_seqs_background = max_num_seqs_background or max(1, max_num_seqs // 16)
@@ -76,6 +79,7 @@ class Scheduler:
         self.num_waiting = 0  # sequences queued still waiting (those finished while waiting leave lazily)
         self.num_preemptions = 0
         self.free_state_slots = list(range(max_num_seqs)) if state_slots else None
+        self.long_rope_from = long_rope_from  # a longrope model's original context, when max_model_len passes it
 
     def add(self, request: Request) -> None:
         for seq in request.seqs:
@@ -106,6 +110,9 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING or seq.last_token_in_flight:
                 continue  # preempted earlier in this loop, or ends when its token in flight comes back
+            if self._outgrew_short_rope(seq):
+                self._preempt(seq)
+                continue
             if self._in_background(seq):
                 if background_seats == 0:
                     continue  # paused beside the foreground
@@ -190,6 +197,9 @@ class Scheduler:
             seq = self.waiting.peek(self.running_per_owner, self.max_num_seqs_per_owner)
             if seq is None or self._background_full(seq):
                 break
+            long_rope = self.long_rope_from is not None and seq.num_tokens > self.long_rope_from
+            if long_rope != seq.long_rope:  # its blocks hash otherwise from now on
+                seq.long_rope, seq.block_hashes = long_rope, []
             hits = self.blocks.cached_prefix(seq)
             cached = len(hits) * self.blocks.block_size
             n = min(seq.num_tokens - cached, budget)
@@ -212,6 +222,10 @@ class Scheduler:
             scheduled[seq] = n
             budget -= n
         return budget
+
+    def _outgrew_short_rope(self, seq: Sequence) -> bool:
+        """`seq` has grown past a longrope model's original context with keys rotated by the short factors."""
+        return self.long_rope_from is not None and not seq.long_rope and seq.num_tokens > self.long_rope_from
 
     def _preempt_paused(self, scheduled: dict[Sequence, int]) -> bool:
         """Preempt the newest background sequence not running this step, if any, for the foreground's blocks and

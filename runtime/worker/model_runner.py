@@ -22,6 +22,7 @@ from runtime.models import load_weights, pack_linear_weights
 from runtime.models.chunked_attention import ChunkedAttentionMetadata, chunked_view
 from runtime.models.loader import tensor_names
 from runtime.models.quantization import finish_quantized_linears, quantize_model
+from runtime.models.rotary import long_rope_context
 from runtime.models.spec import ModelSpec
 from runtime.models.state_cache import StateStep, allocate_states, stateful_layers
 from runtime.outputs import TokenLogprob
@@ -83,6 +84,8 @@ class StepInputs:
     prompt_spans: list[tuple[int, int]]  # (first row, count) of prompt positions needing logprobs
     lora_slots: list[int] = field(default_factory=list)  # each sequence's adapter slot (-1: none), with LoRA
     state_slots: list[int] = field(default_factory=list)  # each sequence's state slot, for stateful layers
+    # a longrope model past its original context: each token's rotary-table row (`runtime.models.rotary`)
+    rope_rows: list[int] = field(default_factory=list)
     lora_loads: list[tuple[int, LoRAAdapter]] = field(default_factory=list)  # applied before the forward
     pool_spans: list[tuple[int, int]] = field(default_factory=list)  # (first row, count) of hidden states pooled
     # (row, row of the previous step's tokens) of input tokens still on the device (async scheduling; rank 0 only)
@@ -139,6 +142,7 @@ class ModelRunner:
                       and self.model.lm_head is not None
                       and all(getattr(module, "cuda_graphs", True) for module in self.model.modules()))
         self.graphs = None
+        self.long_rope_from = long_rope_context(spec.hf_config, spec.max_model_len)
         self.keep_hidden = False  # a multi-token-prediction proposer reads each step's hidden states (every row)
         self.hidden: torch.Tensor | None = None  # the last step's, when kept
         # attention layers hold the paged KV cache; stateful ones (linear attention) a state per sequence's slot
@@ -226,8 +230,9 @@ class ModelRunner:
 
     def _tensors(self, inputs: StepInputs, previous_tokens: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step's input ids and positions on the device."""
-        return self._input_ids(inputs, previous_tokens), tensor_on(inputs.positions, torch.long, self.device)
+        """The step's input ids and positions (rotary-table rows) on the device."""
+        return (self._input_ids(inputs, previous_tokens),
+                tensor_on(inputs.rope_rows or inputs.positions, torch.long, self.device))
 
     def _input_ids(self, inputs: StepInputs, previous_tokens: torch.Tensor | None) -> torch.Tensor:
         """The step's input tokens on the device, those in flight copied from the previous step's tokens there
@@ -328,6 +333,9 @@ class ModelRunner:
                 ids.append(0)
             inputs.input_ids.extend((ids + drafts)[:n])  # drafts follow its last token
             inputs.positions.extend(range(start, start + n))
+            if self.long_rope_from is not None:  # the long rows follow the short ones
+                first_row = start + (self.spec.max_model_len if seq.long_rope else 0)
+                inputs.rope_rows.extend(range(first_row, first_row + n))
             inputs.query_lens.append(n)
             inputs.context_lens.append(start + n)
             inputs.block_tables.append(seq.block_table)

@@ -250,22 +250,30 @@ def test_unknown_architecture_is_refused_naming_it_and_the_supported_ones(model_
     assert {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Phi3ForCausalLM"} <= set(SUPPORTED_ARCHITECTURES)
 
 
-def test_longrope_past_its_original_context_is_refused_and_partial_rotary_runs(model_dirs, tmp_path):
+def test_longrope_past_its_original_context_matches_transformers_and_partial_rotary_runs(model_dirs, tmp_path):
+    """A longrope model (original context 128) run to 256, as transformers' Phi-3 generates: prompts of 91 and 94
+    tokens generating past 128 (rotated by the short factors, then recomputed with the long ones as they pass it)
+    beside prompts of 130 and 138 (long throughout), all opening with the same text, under chunked prefill and the
+    prefix cache (a long sequence never reuses a short one's blocks)."""
     rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8, "long_factor": [4.0] * 8,
             "original_max_position_embeddings": 128}
     path = _edited(model_dirs("phi3"), tmp_path / "longrope", rope_parameters=rope,
                    original_max_position_embeddings=128)
-    with pytest.raises(InvalidInputError, match="longrope"):
-        LLM(path, max_model_len=256)
-    llm = LLM(path, dtype="float32", max_model_len=128)  # within the original context: the short factors
-    prompts = _prompts(llm.tokenizer)[:4]
-    assert _tokens(llm, prompts) == _reference(path, prompts, GREEDY.max_tokens)
+    llm = LLM(path, dtype="float32", max_model_len=256, max_num_batched_tokens=64)
+    system = llm.tokenizer.encode(" ".join(WORDS * 3))
+    prompts = [system + llm.tokenizer.encode(" ".join(WORDS[i:] * (1 + 2 * (i % 2)))) for i in range(4)]
+    assert sorted(len(p) > 128 for p in prompts) == [False, False, True, True]
+    params = SamplingParams(temperature=0, max_tokens=48)
+    outputs = llm.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outputs] == _reference(path, prompts, params.max_tokens)
+    assert llm.stats()["num_preemptions"] == 2  # each short sequence, once, as it passed 128
     with torch.device("meta"):  # a model is built under its device: the tables too, whatever the rope type
-        tables = RotaryTables(AutoConfig.from_pretrained(path), 16, 128)
-    assert tables.cos.is_meta and tables.sin.is_meta
+        tables = RotaryTables(AutoConfig.from_pretrained(path), 16, 256)
+    assert tables.cos.is_meta and tables.cos.shape[0] == 512  # short rows, then long ones
     partial = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75}  # as Phi-4-mini
     path = _edited(model_dirs("phi3"), tmp_path / "partial", rope_parameters=partial)
     llm = LLM(path, dtype="float32", max_model_len=256)
+    prompts = _prompts(llm.tokenizer)[:4]
     assert _tokens(llm, prompts) == _reference(path, prompts, GREEDY.max_tokens)
 
 
