@@ -14,13 +14,18 @@ def is_sparse(config: PretrainedConfig, layer: int) -> bool:
             and (layer + 1) % config.decoder_sparse_step == 0)
 
 
+def sparse_block_with_shared_expert(config: PretrainedConfig, layer: int) -> nn.Module:
+    """Layer `layer`'s feed-forward block: a sparse block with a gated shared expert, or a dense MLP (Qwen2-MoE,
+    Qwen3-Next)."""
+    if not is_sparse(config, layer):
+        return MLP(config.hidden_size, config.intermediate_size)
+    return SparseMoeBlock(config.hidden_size, config.num_experts, config.num_experts_per_tok,
+                          config.moe_intermediate_size, config.norm_topk_prob, config.shared_expert_intermediate_size)
+
+
 class Qwen2MoeForCausalLM(MoeCausalLM):
     def attention_biases(self, config: PretrainedConfig) -> tuple[bool, bool]:
         return bool(getattr(config, "qkv_bias", True)), False
 
     def make_mlp(self, config: PretrainedConfig, layer: int) -> nn.Module:
-        if not is_sparse(config, layer):
-            return MLP(config.hidden_size, config.intermediate_size)
-        return SparseMoeBlock(config.hidden_size, config.num_experts, config.num_experts_per_tok,
-                              config.moe_intermediate_size, config.norm_topk_prob,
-                              config.shared_expert_intermediate_size)
+        return sparse_block_with_shared_expert(config, layer)

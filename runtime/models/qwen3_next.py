@@ -8,11 +8,11 @@ cached prefix of blocks cannot restore them: the engine runs these models withou
 from torch import nn
 from transformers import PretrainedConfig
 
-from runtime.models.decoder import MLP, Attention, DecoderModel, normed_input
+from runtime.models.decoder import Attention, DecoderModel, normed_input
 from runtime.models.gated_deltanet import GatedDeltaNet
 from runtime.models.layers import GemmaRMSNorm
-from runtime.models.moe import MoeCausalLM, SparseMoeBlock
-from runtime.models.qwen2_moe import is_sparse
+from runtime.models.moe import MoeCausalLM
+from runtime.models.qwen2_moe import sparse_block_with_shared_expert
 
 
 class HybridDecoderLayer(nn.Module):
@@ -51,11 +51,7 @@ class Qwen3NextForCausalLM(MoeCausalLM):
         return DecoderModel(config, layers, max_positions, norm=GemmaRMSNorm)
 
     def make_mlp(self, config: PretrainedConfig, layer: int) -> nn.Module:
-        if not is_sparse(config, layer):
-            return MLP(config.hidden_size, config.intermediate_size)
-        return SparseMoeBlock(config.hidden_size, config.num_experts, config.num_experts_per_tok,
-                              config.moe_intermediate_size, config.norm_topk_prob,
-                              config.shared_expert_intermediate_size)
+        return sparse_block_with_shared_expert(config, layer)
 
     def param_for(self, name: str) -> tuple[str | None, tuple]:
         if name.startswith("mtp."):  # the multi-token-prediction layer: not loaded
