@@ -1,5 +1,6 @@
 """Direct streaming: the model's replica is the app's HTTP ingress; the same API, without the ingress hop."""
 
+import anthropic
 import openai
 import pytest
 import requests
@@ -9,6 +10,7 @@ from deployments.app_config import DIRECT_STREAMING_ENV, parse_app_config, repli
 from tests.conftest import MODEL_ID, another_app, app_args
 from tests.deployments.batch.test_batches import chat_line, finished, jsonl, read_jsonl
 from tests.deployments.serving.test_serving import assert_a_disconnect_frees_blocks
+from tests.deployments.serving.test_serving_modes import assert_messages_create_and_stream
 
 MESSAGES = [{"role": "user", "content": "List 3 countries and their capitals."}]
 
@@ -48,6 +50,10 @@ def test_chat_and_its_stream_equal_the_ingress_apps(direct, client):
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
         chat.choices[0].finish_reason]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == chat.usage.completion_tokens
+
+
+def test_a_message_and_its_stream_through_the_anthropic_sdk(direct_url):
+    assert_messages_create_and_stream(anthropic.Anthropic(base_url=direct_url, api_key="None"), MODEL_ID)
 
 
 def test_completions_and_generate(direct, direct_url, client):

@@ -23,8 +23,10 @@ from tests.conftest import MODEL_ID
 ROOT = Path(__file__).resolve().parents[3]
 SERVE = str(Path(sys.executable).parent / "serve")  # the CLI of the Ray this interpreter imports
 HAPROXY = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
-MODES = {"ingress": ({}, False), "haproxy": (HAPROXY, False), "direct": ({}, True),
-         # both at once: in the reliability run (.ci/run), the default suite has each alone
+# direct streaming under `serve run`, alone and under HAProxy, runs in the reliability run (.ci/run); the default
+# suite has the app's direct streaming in-process (test_direct_streaming.py: chats, messages, batches)
+MODES = {"ingress": ({}, False), "haproxy": (HAPROXY, False),
+         "direct": pytest.param(({}, True), marks=pytest.mark.reliability),
          "direct+haproxy": pytest.param((HAPROXY, True), marks=pytest.mark.reliability)}
 
 
