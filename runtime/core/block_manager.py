@@ -188,8 +188,8 @@ class BlockManager:
             # the request's LoRA adapter (the same tokens under another adapter have other keys and values)
             adapter = seq.request.adapter
             start = adapter.name if adapter is not None else None
-            if seq.long_rope:  # rotated otherwise: its blocks never match a sequence rotated by the short factors
-                start = (start, "long rope")
+            if seq.rope_scale:  # rotated otherwise: its blocks never match a sequence rotated by another scale
+                start = (start, "rope scale", seq.rope_scale)
             parent = hashes[i - 1] if i else (start if self.enable_prefix_caching else seq.request.request_id)
             hashes.append(hash((parent, self._tokens(seq, i))))
         return hashes[index]

@@ -25,9 +25,9 @@ cannot be admitted for want of blocks or an adapter slot preempts paused ones
 for theirs.
 
 A model with stateful layers (linear attention) gives each running sequence a state slot of its own, of
-`max_num_seqs`, so a seat always comes with one; it goes back with the seat. In a longrope model past its
-original context, a sequence that grows past that context is preempted once, to be recomputed with the long
-factors throughout (`runtime.models.rotary`).
+`max_num_seqs`, so a seat always comes with one; it goes back with the seat. Where the RoPE scales with length
+past the original context, a sequence is admitted with the scale its length calls for, and one that outgrows
+it (longrope) is preempted, to be recomputed (`runtime.models.rotary.LengthScaledRope`).
 """
 
 from collections import Counter
@@ -37,6 +37,7 @@ from runtime.core.block_manager import BlockManager
 from runtime.core.sequence import Request, Sequence, SequenceStatus
 from runtime.core.waiting_queue import WaitingQueue
 from runtime.lora import AdapterSlots, LoRAAdapter
+from runtime.models.rotary import LengthScaledRope
 
 FOREGROUND_STEPS = 100  # steps a higher priority keeps lower ones at their background seats after it was last seen
 
@@ -62,7 +63,7 @@ class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  adapters: AdapterSlots | None = None, max_num_seqs_per_owner: int | None = None,
                  max_num_seqs_background: int | None = None, state_slots: bool = False,
-                 long_rope_from: int | None = None):
+                 scaled_rope: LengthScaledRope | None = None):
         self.adapters = adapters  # LoRA slots: a sequence is admitted only once its adapter has one
         self.max_num_seqs = max_num_seqs
         self.max_num_seqs_background = max_num_seqs_background or max(1, max_num_seqs // 16)
@@ -79,7 +80,7 @@ class Scheduler:
         self.num_waiting = 0  # sequences queued still waiting (those finished while waiting leave lazily)
         self.num_preemptions = 0
         self.free_state_slots = list(range(max_num_seqs)) if state_slots else None
-        self.long_rope_from = long_rope_from  # a longrope model's original context, when max_model_len passes it
+        self.scaled_rope = scaled_rope
 
     def add(self, request: Request) -> None:
         for seq in request.seqs:
@@ -110,7 +111,7 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING or seq.last_token_in_flight:
                 continue  # preempted earlier in this loop, or ends when its token in flight comes back
-            if self._outgrew_short_rope(seq):
+            if self.scaled_rope is not None and self.scaled_rope.outgrown(seq.rope_scale, seq.num_tokens):
                 self._preempt(seq)
                 continue
             if self._in_background(seq):
@@ -197,9 +198,10 @@ class Scheduler:
             seq = self.waiting.peek(self.running_per_owner, self.max_num_seqs_per_owner)
             if seq is None or self._background_full(seq):
                 break
-            long_rope = self.long_rope_from is not None and seq.num_tokens > self.long_rope_from
-            if long_rope != seq.long_rope:  # its blocks hash otherwise from now on
-                seq.long_rope, seq.block_hashes = long_rope, []
+            if self.scaled_rope is not None:
+                scale = self.scaled_rope.sequence_scale(seq.num_tokens, seq.num_prompt_tokens)
+                if scale != seq.rope_scale:  # its blocks hash otherwise from now on
+                    seq.rope_scale, seq.block_hashes = scale, []
             hits = self.blocks.cached_prefix(seq)
             cached = len(hits) * self.blocks.block_size
             n = min(seq.num_tokens - cached, budget)
@@ -222,10 +224,6 @@ class Scheduler:
             scheduled[seq] = n
             budget -= n
         return budget
-
-    def _outgrew_short_rope(self, seq: Sequence) -> bool:
-        """`seq` has grown past a longrope model's original context with keys rotated by the short factors."""
-        return self.long_rope_from is not None and not seq.long_rope and seq.num_tokens > self.long_rope_from
 
     def _preempt_paused(self, scheduled: dict[Sequence, int]) -> bool:
         """Preempt the newest background sequence not running this step, if any, for the foreground's blocks and

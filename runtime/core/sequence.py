@@ -101,7 +101,8 @@ class Sequence:
         self.matcher = Matcher(grammar) if grammar is not None else None  # structured output state
         self.lora_slot: int | None = None  # the adapter slot pinned while it runs
         self.state_slot: int | None = None  # its layers' state while it runs, in a model with stateful layers
-        self.long_rope = False  # rotated by a longrope model's long factors (longer than its original context)
+        # the frequencies it is computed with, where the RoPE scales with length (`rotary.LengthScaledRope`)
+        self.rope_scale = 0
         self.pooled: torch.Tensor | None = None  # an embedding request's pooled hidden states so far (float32 sum)
         self.draft_token_ids: list[int] = []  # speculative tokens the coming step verifies after its last token
         self.speculation = None  # runtime.speculative's per-sequence state, once it has speculated

@@ -19,7 +19,7 @@ from runtime.engine.validator import RequestValidator, ValidRequest
 from runtime.engine.warm_up import warm_up
 from runtime.errors import InvalidInputError, describe
 from runtime.lora import AdapterSlots, LoRARequest
-from runtime.models.rotary import long_rope_context
+from runtime.models.rotary import LengthScaledRope
 from runtime.models.sliding_window import kv_window
 from runtime.outputs import RequestDelta, SequenceDelta
 from runtime.sampling_params import SamplingParams
@@ -62,7 +62,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.adapter_slots, config.max_num_seqs_per_owner, config.max_num_seqs_background,
                                    state_slots=stateful,
-                                   long_rope_from=long_rope_context(self.spec.hf_config, self.spec.max_model_len))
+                                   scaled_rope=LengthScaledRope.of(self.spec.hf_config, self.spec.max_model_len))
         self.speculator = build_speculator(config, self.spec, self.tokenizer, self.eos_token_ids, self.runner)
         self.requests: dict[str, Request] = {}
         self._launched: LaunchedStep | None = None  # async scheduling: the batch whose tokens are still in flight

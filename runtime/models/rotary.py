@@ -1,12 +1,20 @@
 """Rotary-embedding cos/sin tables, with every RoPE variant transformers knows, one table per set of RoPE
 parameters: a config may hold one set per layer type (Gemma 3: its local layers use their own base).
 
-Longrope (Phi-3, Phi-4-mini) has two sets of frequencies: a sequence no longer than the original context is
-rotated by the short factors, a longer one by the long factors throughout (transformers' Phi-3 recomputes a
-sequence's cache when it grows past the original context; the scheduler does so by preemption,
-`Sequence.long_rope`). When max_model_len reaches past the original context, the table holds both: row p the
-short rotation of position p, row max_positions + p its long one, and the model runner picks the rows.
+Two variants scale their frequencies with a sequence's length once it passes the model's original context, and
+run past it as transformers generates with them (`LengthScaledRope`), once max_model_len reaches past it:
+- longrope (Phi-3, Phi-4-mini): a sequence within the original context is rotated by the short factors, a longer
+  one by the long factors throughout (transformers' Phi-3 recomputes a sequence's cache when it grows past the
+  original context; the scheduler does so by preemption);
+- dynamic NTK: transformers rotates a pass by a base scaled for the pass's length, so a prompt longer than the
+  original context is rotated by the base of its own length, and each token generated past it by the base of the
+  length it makes.
+A token's row of the tables is then position + max_positions x scale, the scale being what its frequencies are
+for (longrope: 0 short, 1 long; dynamic NTK: the length, 0 within the original context); the model runner picks
+the rows (`LengthScaledRope.rows`), and dynamic NTK's rows past the original context are computed as they come.
 """
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -40,12 +48,53 @@ def check_rope(config: PretrainedConfig, max_model_len: int) -> None:
                                     f"{', '.join(['default', *ROPE_INIT_FUNCTIONS])}")
 
 
-def long_rope_context(config: PretrainedConfig, max_model_len: int) -> int | None:
-    """The original context of a longrope model that max_model_len reaches past (its tables then hold long rows
-    too), else None."""
+def max_context(config: PretrainedConfig) -> int:
+    """How far the model's positions reach: its max_position_embeddings, times the factor of dynamic NTK (which
+    scales past it as it goes)."""
     rope = _parameters(config, "default")
-    original = rope.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings", 0)
-    return original if rope.get("rope_type") == "longrope" and max_model_len > original else None
+    factor = rope.get("factor", 1.0) if rope.get("rope_type") == "dynamic" else 1.0
+    return int(config.max_position_embeddings * factor)
+
+
+@dataclass(frozen=True)
+class LengthScaledRope:
+    kind: str  # longrope | dynamic
+    original: int  # the context past which the frequencies scale
+    max_positions: int
+
+    @classmethod
+    def of(cls, config: PretrainedConfig, max_model_len: int) -> "LengthScaledRope | None":
+        """The model's, when its frequencies scale with length and max_model_len reaches past its original
+        context; else None."""
+        rope = _parameters(config, "default")
+        kind = rope.get("rope_type")
+        if kind == "longrope":
+            original = (rope.get("original_max_position_embeddings")
+                        or getattr(config, "original_max_position_embeddings", 0))
+        elif kind == "dynamic":
+            original = config.max_position_embeddings
+        else:
+            return None
+        return cls(kind, original, max_model_len) if max_model_len > original else None
+
+    def sequence_scale(self, num_tokens: int, prompt_len: int) -> int:
+        """The scale a sequence is computed with from admission on (`Sequence.rope_scale`; 0 within the original
+        context): longrope 1 once it is longer than the original context, dynamic NTK its prompt's length."""
+        if self.kind == "longrope":
+            return int(num_tokens > self.original)
+        return prompt_len if prompt_len > self.original else 0
+
+    def outgrown(self, scale: int, num_tokens: int) -> bool:
+        """Whether a running sequence has grown past the frequencies it was computed with, and must be recomputed
+        (longrope's short factors past the original context)."""
+        return self.kind == "longrope" and not scale and num_tokens > self.original
+
+    def rows(self, scale: int, prompt_len: int, start: int, count: int) -> list[int]:
+        """The table rows of a sequence's positions start .. start + count - 1."""
+        if self.kind == "longrope":
+            return [p + self.max_positions * scale for p in range(start, start + count)]
+        return [p + self.max_positions * (scale if p < prompt_len and scale else p + 1 if p >= self.original else 0)
+                for p in range(start, start + count)]
 
 
 def deinterleave_pairs(x: torch.Tensor) -> torch.Tensor:
@@ -71,14 +120,30 @@ class RotaryTables(nn.Module):
             inv_freq, scaling = ROPE_INIT_FUNCTIONS[kind](config, torch.get_default_device(), **by_type)
         positions = torch.arange(max_positions, dtype=torch.float32)
         angles = torch.outer(positions, inv_freq.float())
-        original = long_rope_context(config, max_positions) if kind == "longrope" else None
-        if original is not None:  # the long rows after the short ones
-            long_inv_freq, _ = ROPE_INIT_FUNCTIONS[kind](config, torch.get_default_device(), seq_len=original + 1,
-                                                          **by_type)
+        self.scaled = LengthScaledRope.of(config, max_positions) if key == "default" else None
+        self.scaling = scaling
+        if self.scaled is not None:
+            self.cuda_graphs = False  # a decode graph would read the rows of positions, not the step's rows
+        if self.scaled is not None and kind == "longrope":  # the long rows after the short ones
+            long_inv_freq, _ = ROPE_INIT_FUNCTIONS[kind](config, torch.get_default_device(),
+                                                          seq_len=self.scaled.original + 1)
             angles = torch.cat([angles, torch.outer(positions, long_inv_freq.float())])
-            self.cuda_graphs = False  # a decode graph would read the short rows
+        if self.scaled is not None and kind == "dynamic":  # what a length's base is computed from
+            dim = 2 * inv_freq.shape[0]
+            self.dynamic = (rope["rope_theta"], rope["factor"], dim)
+            self.register_buffer("exponents", torch.arange(0, dim, 2, dtype=torch.float32) / dim, persistent=False)
         self.register_buffer("cos", angles.cos() * scaling, persistent=False)
         self.register_buffer("sin", angles.sin() * scaling, persistent=False)
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.cos[positions], self.sin[positions]
+    def forward(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin at each token's row (its position, unless the frequencies scale with length)."""
+        if self.scaled is None or self.scaled.kind != "dynamic":
+            return self.cos[rows], self.sin[rows]
+        positions, lengths = rows % self.scaled.max_positions, rows // self.scaled.max_positions
+        base, factor, dim = self.dynamic  # as transformers computes a length's base and frequencies, in float32
+        scaled_base = base * ((factor * lengths.float() / self.scaled.original) - (factor - 1)) ** (dim / (dim - 2))
+        angles = positions.float()[:, None] * (1.0 / (scaled_base[:, None] ** self.exponents))
+        within = (lengths == 0)[:, None]
+        cos = torch.where(within, self.cos[positions], angles.cos() * self.scaling)
+        sin = torch.where(within, self.sin[positions], angles.sin() * self.scaling)
+        return cos, sin

@@ -16,6 +16,7 @@ from runtime.errors import InvalidInputError, require
 from runtime.models import CausalLM, model_class
 from runtime.models.files import resolve_model_path
 from runtime.models.quantization import Quantization
+from runtime.models.rotary import max_context
 
 
 @dataclass(frozen=True)
@@ -34,10 +35,11 @@ class ModelSpec:
         checkpoint_config = AutoConfig.from_pretrained(path)
         family = model_class(checkpoint_config)
         hf_config = family.text_config(checkpoint_config)
-        limit = hf_config.max_position_embeddings
-        max_model_len = limit if config.max_model_len is None else config.max_model_len
+        limit = max_context(hf_config)
+        max_model_len = hf_config.max_position_embeddings if config.max_model_len is None else config.max_model_len
         require(max_model_len <= limit, "max_model_len",
-                f"{max_model_len} exceeds the model's max_position_embeddings ({limit})")
+                f"{max_model_len} exceeds the model's context ({limit}: max_position_embeddings"
+                f"{'' if limit == hf_config.max_position_embeddings else ' times its dynamic NTK factor'})")
         _check_tp_split(hf_config, config.tensor_parallel_size)
         family.check_config(hf_config, max_model_len)
         require(config.runner == "pooling" or not family.headless, "runner",

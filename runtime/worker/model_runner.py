@@ -22,7 +22,7 @@ from runtime.models import load_weights, pack_linear_weights
 from runtime.models.chunked_attention import ChunkedAttentionMetadata, chunked_view
 from runtime.models.loader import tensor_names
 from runtime.models.quantization import finish_quantized_linears, quantize_model
-from runtime.models.rotary import long_rope_context
+from runtime.models.rotary import LengthScaledRope
 from runtime.models.spec import ModelSpec
 from runtime.models.state_cache import StateStep, allocate_states, stateful_layers
 from runtime.outputs import TokenLogprob
@@ -84,7 +84,8 @@ class StepInputs:
     prompt_spans: list[tuple[int, int]]  # (first row, count) of prompt positions needing logprobs
     lora_slots: list[int] = field(default_factory=list)  # each sequence's adapter slot (-1: none), with LoRA
     state_slots: list[int] = field(default_factory=list)  # each sequence's state slot, for stateful layers
-    # a longrope model past its original context: each token's rotary-table row (`runtime.models.rotary`)
+    # a model whose RoPE scales with length, past its original context: each token's rotary-table row
+    # (`runtime.models.rotary`)
     rope_rows: list[int] = field(default_factory=list)
     lora_loads: list[tuple[int, LoRAAdapter]] = field(default_factory=list)  # applied before the forward
     pool_spans: list[tuple[int, int]] = field(default_factory=list)  # (first row, count) of hidden states pooled
@@ -142,7 +143,7 @@ class ModelRunner:
                       and self.model.lm_head is not None
                       and all(getattr(module, "cuda_graphs", True) for module in self.model.modules()))
         self.graphs = None
-        self.long_rope_from = long_rope_context(spec.hf_config, spec.max_model_len)
+        self.scaled_rope = LengthScaledRope.of(spec.hf_config, spec.max_model_len)
         self.keep_hidden = False  # a multi-token-prediction proposer reads each step's hidden states (every row)
         self.hidden: torch.Tensor | None = None  # the last step's, when kept
         # attention layers hold the paged KV cache; stateful ones (linear attention) a state per sequence's slot
@@ -333,9 +334,8 @@ class ModelRunner:
                 ids.append(0)
             inputs.input_ids.extend((ids + drafts)[:n])  # drafts follow its last token
             inputs.positions.extend(range(start, start + n))
-            if self.long_rope_from is not None:  # the long rows follow the short ones
-                first_row = start + (self.spec.max_model_len if seq.long_rope else 0)
-                inputs.rope_rows.extend(range(first_row, first_row + n))
+            if self.scaled_rope is not None:
+                inputs.rope_rows.extend(self.scaled_rope.rows(seq.rope_scale, seq.num_prompt_tokens, start, n))
             inputs.query_lens.append(n)
             inputs.context_lens.append(start + n)
             inputs.block_tables.append(seq.block_table)

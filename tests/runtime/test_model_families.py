@@ -277,6 +277,23 @@ def test_longrope_past_its_original_context_matches_transformers_and_partial_rot
     assert _tokens(llm, prompts) == _reference(path, prompts, GREEDY.max_tokens)
 
 
+def test_dynamic_ntk_past_its_original_context_matches_transformers(tmp_path):
+    """Dynamic NTK (original context 128, factor 2) run to 256, as transformers generates: prompts of 91 and 94
+    tokens generating past 128 (each new token by the base of the length it makes) beside prompts of 130 and 138
+    (rotated by the base of their own length, then by their growing length), under chunked prefill and the prefix
+    cache. transformers keeps the last base it computed across calls, so each prompt gets a fresh model."""
+    rope = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    path = build_model_dir(tmp_path, "llama", max_positions=128, rope_parameters=rope)
+    llm = LLM(str(path), dtype="float32", max_model_len=256, max_num_batched_tokens=64)
+    system = llm.tokenizer.encode(" ".join(WORDS * 3))
+    prompts = [system + llm.tokenizer.encode(" ".join(WORDS[i:] * (1 + 2 * (i % 2)))) for i in range(4)]
+    params = SamplingParams(temperature=0, max_tokens=48)
+    outputs = llm.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outputs] == [_reference(path, [p], params.max_tokens)[0] for p in prompts]
+    with pytest.raises(InvalidInputError, match="257 exceeds the model's context"):
+        LLM(str(path), max_model_len=257)
+
+
 def test_lora_on_a_mixture_of_experts_is_refused(model_dirs):
     with pytest.raises(InvalidInputError) as e:
         LLM(str(model_dirs("qwen3_moe")), enable_lora=True)
