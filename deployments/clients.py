@@ -63,6 +63,8 @@ class ModelClient(Protocol):
 
     async def quantization(self) -> str | None: ...
 
+    async def architecture(self) -> str: ...
+
 
 class RemoteModel:
     """A model served by its own deployment: every call and streamed chunk crosses to one of its replicas.
@@ -131,6 +133,9 @@ class RemoteModel:
 
     async def quantization(self) -> str | None:
         return await self.handle.quantization.remote()
+
+    async def architecture(self) -> str:
+        return await self.handle.architecture.remote()
 
 
 # What a replica's death looks like through a handle

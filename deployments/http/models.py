@@ -19,7 +19,7 @@ class ModelRegistry:
                            for c in config.llm_configs if c.lora_config}
         self.created = int(time.time())
         self._max_model_len: dict[str, int] = {}
-        self._quantization: dict[str, str | None] = {}
+        self._described: dict[str, dict] = {}  # each model's architecture and quantization, asked once
 
     def client(self, model: str | None) -> ModelClient:
         return self.clients[self.model_id(model)]
@@ -50,14 +50,18 @@ class ModelRegistry:
         return self._max_model_len[model_id]
 
     async def card(self, model_id: str) -> dict:
-        """OpenAI's model object, with `max_model_len` as vLLM and SGLang give it, and a quantized checkpoint's
-        `quantization` ("compressed-tensors (w4a16)")."""
+        """OpenAI's model object, with `max_model_len` as vLLM and SGLang give it, the `architecture` the engine
+        runs it as, and a quantized checkpoint's `quantization` ("compressed-tensors (w4a16)")."""
         card = {"id": model_id, "object": "model", "created": self.created, "owned_by": "rayllm-engine",
                 "root": self.sources[model_id], "max_model_len": await self.max_model_len(model_id)}
-        if model_id not in self._quantization:
-            self._quantization[model_id] = await self.clients[model_id].quantization()
-        if self._quantization[model_id]:
-            card["quantization"] = self._quantization[model_id]
+        if model_id not in self._described:
+            client = self.clients[model_id]
+            self._described[model_id] = {"architecture": await client.architecture(),
+                                         "quantization": await client.quantization()}
+        described = self._described[model_id]
+        card["architecture"] = described["architecture"]
+        if described["quantization"]:
+            card["quantization"] = described["quantization"]
         return card
 
     async def cards(self) -> list[dict]:

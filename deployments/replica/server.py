@@ -148,6 +148,9 @@ class LLMServer:
     async def quantization(self) -> str | None:
         return self.engine.quantization
 
+    async def architecture(self) -> str:
+        return self.engine.architecture
+
     async def stats(self) -> dict:
         return {**self.engine.stats(), "rss_bytes": _rss_bytes(), "pid": os.getpid()}
 

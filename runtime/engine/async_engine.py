@@ -125,6 +125,11 @@ class AsyncLLMEngine:
         return None if quantization is None else quantization.label
 
     @property
+    def architecture(self) -> str:
+        """The checkpoint's architecture as the engine runs it (`Qwen3NextForCausalLM`)."""
+        return self.engine.spec.model_class.__name__
+
+    @property
     def runner(self) -> str:
         """What the model serves: generate or pooling (embeddings)."""
         return self.engine.config.runner

@@ -69,6 +69,9 @@ class ScriptedModel:
     async def quantization(self) -> str | None:
         return None
 
+    async def architecture(self) -> str:
+        return "ScriptedForCausalLM"
+
 
 def serve_in_process(model: ScriptedModel, tmp_path, api_key: str | list[str] | None = None, **app_args
                      ) -> TestClient:

@@ -15,6 +15,8 @@ from tests.runtime.test_model_families import FAMILIES, SLIDING
 
 MESSAGES = [{"role": "user", "content": "Tell me about the weather in Paris"}]
 SERVED = {"deepseek_v3": FAMILIES["deepseek_v3"], "qwen3_next": {}, "mistral_sliding": SLIDING["mistral_sliding"]}
+ARCHITECTURES = {"deepseek_v3": "DeepseekV3ForCausalLM", "qwen3_next": "Qwen3NextForCausalLM",
+                 "mistral_sliding": "MistralForCausalLM"}
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +40,7 @@ def families_app(server, tmp_path_factory):
 @pytest.mark.parametrize("family", list(SERVED))
 def test_chat_whole_and_streamed_equals_the_offline_engine(families_app, family):
     client, dirs = families_app
+    assert client.models.retrieve(family).architecture == ARCHITECTURES[family]  # the model card names it
     offline = LLM(str(dirs[family]), **ENGINE_KWARGS)
     expected = offline.chat([MESSAGES], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))[0]
     whole = client.chat.completions.create(model=family, messages=MESSAGES, max_tokens=16, temperature=0,
