@@ -123,7 +123,8 @@ def test_speculative_decoding_is_refused_at_start(qwen3_next):
         LLM(str(qwen3_next), speculative_config={"method": "ngram", "num_speculative_tokens": 2}, **OPTIONS)
 
 
-@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5_moe"])
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5_moe",
+                                    pytest.param("qwen3_5", marks=pytest.mark.reliability)])  # shards as -MoE's
 def test_tp2_matches_tp1(ray_cluster, model_dirs, family):
     """Each rank holds one key head with its two value heads, and one of the two KV heads: sliced from the grouped
     projections (Qwen3-Next) or part by part (Qwen3.5)."""

@@ -163,12 +163,14 @@ def test_logprobs_match_transformers(model_dirs, family):
 
 
 @pytest.mark.parametrize("family", ["qwen2_moe", "phi3", "mistral_sliding", "gemma2", "gemma3", "gpt_oss", "olmo2",
-                                    "deepseek_v3", "minimax_m2", "ernie4_5_moe", "llama4"])
+                                    "deepseek_v3", "minimax_m2", "ernie4_5_moe", "llama4",
+                                    *(pytest.param(f, marks=pytest.mark.reliability)
+                                      for f in ("granite", "smollm3", "glm4_moe", "deepseek_v2", "exaone4"))])
 # experts and a shared expert; fused q/k/v and gate/up; a window; Gemma's layers; sinks and biased experts; q/k
 # norms across the ranks; latent attention (its latent replicated, heads split) and grouped sigmoid routing;
 # sigmoid routing beside partial rotary; softmax routing with interleaved rotary; chunked layers and input-scaled
-# experts. (Granite, SmolLM3, GLM-4.5 and
-# DeepSeek-V2 shard nothing these do not: left out for the suite's time.)
+# experts. Granite, SmolLM3, GLM-4.5, DeepSeek-V2 and EXAONE 4 shard nothing these do not: they run in the
+# reliability run (.ci/run), out of the default suite for its time.
 def test_tp2_matches_tp1(ray_cluster, model_dirs, family):
     path = model_dirs(family)
     tp1 = LLM(str(path), max_model_len=256)
