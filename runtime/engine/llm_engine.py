@@ -25,7 +25,8 @@ from runtime.outputs import RequestDelta, SequenceDelta
 from runtime.sampling_params import SamplingParams
 from runtime.speculative.build import build_speculator
 from runtime.text.detokenizer import IncrementalDetokenizer
-from runtime.worker.model_runner import LaunchedStep, ModelRunner
+from runtime.worker.model_runner import ModelRunner
+from runtime.worker.step import LaunchedStep
 
 logger = logging.getLogger(__name__)
 

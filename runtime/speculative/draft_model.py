@@ -16,7 +16,8 @@ from runtime.core.sequence import Sequence
 from runtime.errors import InvalidInputError
 from runtime.models.spec import ModelSpec
 from runtime.text.tokenizer import load_tokenizer
-from runtime.worker.model_runner import ModelRunner, StepInputs
+from runtime.worker.model_runner import ModelRunner
+from runtime.worker.step import StepInputs
 
 _FIELD = "speculative_config.model"
 

@@ -25,7 +25,8 @@ from runtime.models.layers import ParallelLMHead, ReplicatedLinear, RMSNorm, Voc
 from runtime.models.loader import tensor_names
 from runtime.models.spec import ModelSpec
 from runtime.speculative.speculator import SequenceSpeculation
-from runtime.worker.model_runner import LaunchedStep, ModelRunner
+from runtime.worker.model_runner import ModelRunner
+from runtime.worker.step import LaunchedStep
 
 _FIELD = "speculative_config.method"
 

@@ -7,8 +7,6 @@ final hidden states are summed over the rows they pool (their last prompt
 token, or every prompt token of the chunk), and nothing is sampled for them.
 """
 
-from dataclasses import dataclass, field
-
 import torch
 
 from kernels import AttentionMetadata, choose_attention_backend, tensor_on
@@ -17,7 +15,7 @@ from runtime.core.scheduler import ScheduledBatch
 from runtime.core.sequence import Request, Sequence
 from runtime.distributed import all_reduce_min, broadcast_from_rank0, destroy_tp_group, init_tp_group
 from runtime.errors import InvalidInputError, describe
-from runtime.lora import LoRAAdapter, attach_lora, load_into_slot
+from runtime.lora import attach_lora, load_into_slot
 from runtime.models import load_weights, pack_linear_weights
 from runtime.models.chunked_attention import ChunkedAttentionMetadata, chunked_view
 from runtime.models.loader import tensor_names
@@ -25,78 +23,11 @@ from runtime.models.quantization import finish_quantized_linears, quantize_model
 from runtime.models.rotary import LengthScaledRope
 from runtime.models.spec import ModelSpec
 from runtime.models.state_cache import StateStep, allocate_states, stateful_layers
-from runtime.outputs import TokenLogprob
 from runtime.speculative.verifier import GeneratorRewind, split_rows
 from runtime.worker.sampler import Sampler, token_logprob
+from runtime.worker.step import LaunchedStep, StepInputs, StepResult
 
 _CPU_KV_BYTES = 2 << 30
-
-
-@dataclass
-class StepResult:
-    # per sampled sequence, in `batch.sampled` order: the tokens it gains (one, or its accepted draft tokens and
-    # one more) and their logprobs; [-1] where its request failed
-    token_ids: list[list[int]]
-    logprobs: list[list[TokenLogprob | None]]
-    prompt_logprobs: dict[Request, list[TokenLogprob]]  # logprobs of prompt tokens computed this step
-    failed: dict[Request, str]  # requests whose sampling or prompt logprobs raised: why
-    pooled: dict[Sequence, torch.Tensor] = field(default_factory=dict)  # embedding requests' sums of pooled rows
-
-
-@dataclass
-class LaunchedStep:
-    """A step whose forward pass and sampling are queued on the device (`ModelRunner.launch`); its tokens stay
-    there, where the next step can read them, until `ModelRunner.collect` brings them to the host."""
-
-    sampled: list[Sequence]  # `batch.sampled`: the sequences it samples for
-    rows: list[Sequence]  # the sequence of each sampled row (a verified draft adds a row)
-    tokens: torch.Tensor | None  # each row's token, on the device (-1 where sampling failed); None: no rows
-    raw_logprobs: torch.Tensor | list | None  # what `Sampler.logprobs` reads, per row
-    rewind: GeneratorRewind
-    prompt_logits: list[tuple[Sequence, int, torch.Tensor]]  # (sequence, first position, logits) of prompt spans
-    pooled: dict[Sequence, torch.Tensor]
-    failed: dict[Request, str]
-    prefilled: list[Sequence]  # sequences of requests that sample nothing (max_tokens 0): they end with their prompt
-    # with `ModelRunner.keep_hidden`: the final hidden states of every row, and each sequence's (first row, first
-    # position) among them
-    hidden: torch.Tensor | None = None
-    spans: list[tuple[Sequence, int, int]] = field(default_factory=list)
-
-    def row_of(self) -> dict[Sequence, int]:
-        """Each sampled sequence's (first) row."""
-        rows = {}
-        for i, seq in enumerate(self.rows):
-            rows.setdefault(seq, i)
-        return rows
-
-
-@dataclass
-class StepInputs:
-    """Everything every rank needs to run one forward pass (plain lists: cheap to broadcast)."""
-
-    input_ids: list[int]
-    positions: list[int]
-    query_lens: list[int]
-    context_lens: list[int]
-    block_tables: list[list[int]]
-    num_decodes: int
-    logit_rows: list[int]  # rows of the flattened batch whose logits are sampled from
-    prompt_spans: list[tuple[int, int]]  # (first row, count) of prompt positions needing logprobs
-    lora_slots: list[int] = field(default_factory=list)  # each sequence's adapter slot (-1: none), with LoRA
-    state_slots: list[int] = field(default_factory=list)  # each sequence's state slot, for stateful layers
-    # a model whose RoPE scales with length, past its original context: each token's rotary-table row
-    # (`runtime.models.rotary`)
-    rope_rows: list[int] = field(default_factory=list)
-    lora_loads: list[tuple[int, LoRAAdapter]] = field(default_factory=list)  # applied before the forward
-    pool_spans: list[tuple[int, int]] = field(default_factory=list)  # (first row, count) of hidden states pooled
-    # (row, row of the previous step's tokens) of input tokens still on the device (async scheduling; rank 0 only)
-    in_flight: list[tuple[int, int]] = field(default_factory=list)
-
-    @property
-    def one_sampled_row_each(self) -> bool:
-        """Whether the step's only outputs are one sampled logit row per sequence, in order (what a decode graph
-        computes): no prompt logprobs, no pooled states, no sequence that samples nothing."""
-        return not (self.prompt_spans or self.pool_spans) and self.logit_rows == list(range(len(self.query_lens)))
 
 
 class ModelRunner:
