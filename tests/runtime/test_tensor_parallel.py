@@ -62,7 +62,12 @@ def tp_app(server, tmp_path_factory):
         yield f"{url}/v1"
 
 
-def test_served_tp2_matches_offline_tp1(server, any_model, tmp_path):
+def test_served_tp2_matches_offline_tp1(server, qwen2_model, tmp_path):
+    _served_tp2_matches_offline_tp1(server, qwen2_model, tmp_path)
+
+
+@pytest.mark.reliability  # out of the default suite for its time: there each family's TP=2 runs offline
+def test_served_tp2_matches_offline_tp1_for_every_architecture(server, any_model, tmp_path):
     _served_tp2_matches_offline_tp1(server, any_model, tmp_path)
 
 
