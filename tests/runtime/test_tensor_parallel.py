@@ -66,11 +66,6 @@ def test_served_tp2_matches_offline_tp1(server, qwen2_model, tmp_path):
     _served_tp2_matches_offline_tp1(server, qwen2_model, tmp_path)
 
 
-@pytest.mark.reliability  # out of the default suite for its time: there each family's TP=2 runs offline
-def test_served_tp2_matches_offline_tp1_for_every_architecture(server, any_model, tmp_path):
-    _served_tp2_matches_offline_tp1(server, any_model, tmp_path)
-
-
 @pytest.mark.reliability  # the default suite has it offline (test_tp2_with_one_kv_head_replicates_it) and served TP2
 def test_served_tp2_with_one_kv_head(server, one_kv_head_model, tmp_path):
     _served_tp2_matches_offline_tp1(server, one_kv_head_model, tmp_path)

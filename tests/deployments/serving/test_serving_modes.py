@@ -1,8 +1,8 @@
-"""Every serving mode the README names starts with `serve run` on the installed Ray, streams a chat through the
-`openai` SDK and creates and streams a message through the `anthropic` SDK: the ingress hop with Serve's Python
-proxy, the ingress hop under HAProxy, direct streaming, and direct streaming under HAProxy. Each runs
-configs/local.yaml (on the tiny test model) in its own `serve run`, which starts its own Ray: HAProxy is switched
-on by the environment Ray's processes start with."""
+"""The serving modes the README names, each started with `serve run` on the installed Ray, stream a chat through
+the `openai` SDK and create and stream a message through the `anthropic` SDK: the ingress hop with Serve's Python
+proxy, the ingress hop under HAProxy, and direct streaming under HAProxy (direct streaming alone runs in-process,
+in test_direct_streaming.py). Each runs configs/local.yaml (on the tiny test model) in its own `serve run`, which
+starts its own Ray: HAProxy is switched on by the environment Ray's processes start with."""
 
 import os
 import signal
@@ -23,12 +23,11 @@ from tests.conftest import MODEL_ID
 ROOT = Path(__file__).resolve().parents[3]
 SERVE = str(Path(sys.executable).parent / "serve")  # the CLI of the Ray this interpreter imports
 HAPROXY = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
-# The default suite runs `serve run` under HAProxy; the other modes run in the reliability run (.ci/run), each
-# covered in the default suite without `serve run`'s own Ray: the ingress hop behind Serve's proxy by every test
-# of the shared in-process app (conftest's `server`), direct streaming by test_direct_streaming.py's app (chats,
+# The default suite runs `serve run` under HAProxy; the other two in the reliability run (.ci/run), each covered
+# in the default suite without `serve run`'s own Ray: the ingress hop behind Serve's proxy by every test of the
+# shared in-process app (conftest's `server`), direct streaming by test_direct_streaming.py's app (chats,
 # messages, batches)
 MODES = {"ingress": pytest.param(({}, False), marks=pytest.mark.reliability), "haproxy": (HAPROXY, False),
-         "direct": pytest.param(({}, True), marks=pytest.mark.reliability),
          "direct+haproxy": pytest.param((HAPROXY, True), marks=pytest.mark.reliability)}
 
 
