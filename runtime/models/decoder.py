@@ -233,7 +233,7 @@ class CausalLM(nn.Module):
     @classmethod
     def check_config(cls, config: PretrainedConfig, max_model_len: int) -> None:
         """Refuse, at engine start, a config this implementation would run wrongly (raises InvalidInputError)."""
-        check_rope(config, max_model_len)
+        check_rope(config)
 
     def attention_biases(self, config: PretrainedConfig) -> tuple[bool, bool]:
         """Whether the q/k/v projections and o_proj have biases (Llama's `attention_bias` sets both)."""

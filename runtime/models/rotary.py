@@ -39,7 +39,7 @@ def _parameters(config: PretrainedConfig, key: str) -> dict:
     return rope[key] if key in rope else rope
 
 
-def check_rope(config: PretrainedConfig, max_model_len: int) -> None:
+def check_rope(config: PretrainedConfig) -> None:
     """Refuse RoPE settings these tables would get wrong: an unknown type."""
     for key in {rope_key(config, i) for i in range(config.num_hidden_layers)}:
         kind = _parameters(config, key).get("rope_type", "default")

@@ -5,6 +5,8 @@ Options that can only be checked against the model (max_model_len, tensor_parall
 with errors naming the option.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +54,17 @@ class ModelSpec:
         quantization = Quantization.from_config(checkpoint_config, config.quantization)
         return cls(path, hf_config, _dtype(config, hf_config), max_model_len, config.tokenizer or str(path), family,
                    quantization)
+
+    @contextmanager
+    def building(self, device: torch.device) -> Iterator[None]:
+        """Modules created inside take the model's dtype and live on `device`, as its implementation is built."""
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device(device):
+                yield
+        finally:
+            torch.set_default_dtype(default_dtype)
 
     @property
     def head_dim(self) -> int:

@@ -60,12 +60,9 @@ def stateful_layers(model: nn.Module) -> list[StatefulLayer]:
     return [m for m in model.modules() if isinstance(m, StatefulLayer)]
 
 
-def allocate_states(layers: list[StatefulLayer], num_slots: int, device: torch.device) -> int:
-    """Give each layer `num_slots` of each of its states; the bytes they take."""
-    total = 0
+def allocate_states(layers: list[StatefulLayer], num_slots: int, device: torch.device) -> None:
+    """Give each layer `num_slots` of each of its states."""
     for layer in layers:
         layer.states = {name: torch.zeros((num_slots, *shape), dtype=dtype, device=device)
                         for name, (shape, dtype) in layer.state_shapes().items()}
-        total += sum(state.nbytes for state in layer.states.values())
-    return total
 

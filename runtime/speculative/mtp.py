@@ -18,6 +18,7 @@ change a token.
 import torch
 from torch import nn
 
+from kernels import tensor_on
 from runtime.core.sequence import Sequence
 from runtime.errors import InvalidInputError
 from runtime.models import CausalLM, load_weights, pack_linear_weights
@@ -100,11 +101,8 @@ class MtpProposer:
         if spec.quantization is not None:
             raise InvalidInputError(_FIELD, "mtp: the prediction layer of a quantized checkpoint is not supported")
         self.runner = runner
-        default_dtype = torch.get_default_dtype()
-        torch.set_default_dtype(spec.dtype)
-        with torch.device(runner.device):
+        with spec.building(runner.device):
             self.predictor = MultiTokenPredictor(runner.model, config, names)
-        torch.set_default_dtype(default_dtype)
         load_weights(self.predictor, spec.path)
         pack_linear_weights(self.predictor)
         self.predictor.eval()
@@ -174,6 +172,5 @@ class MtpProposer:
         meta = runner.attention_backend.build_metadata(
             [n for _, _, n in spans], [start + n for _, start, n in spans], [s.block_table for s, _, _ in spans],
             runner.config.block_size, sum(n == 1 for _, _, n in spans), runner.device)
-        device = runner.device
-        return self.predictor(torch.tensor(tokens, device=device), torch.tensor(positions, device=device), hidden,
-                              meta)
+        return self.predictor(tensor_on(tokens, torch.long, runner.device),
+                              tensor_on(positions, torch.long, runner.device), hidden, meta)

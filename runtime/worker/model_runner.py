@@ -50,13 +50,10 @@ class ModelRunner:
         if config.tensor_parallel_size > 1:
             init_tp_group(rank, config.tensor_parallel_size, tp_address, self.device.type)
         torch.manual_seed(config.seed)
-        default_dtype = torch.get_default_dtype()
-        torch.set_default_dtype(spec.dtype)
-        with torch.device(self.device):
+        with spec.building(self.device):
             self.model = spec.model_class(spec.hf_config, spec.max_model_len)
             if spec.quantization is not None:
                 quantize_model(self.model, spec.quantization, tensor_names(self.model, spec.path))
-        torch.set_default_dtype(default_dtype)
         chunk = self.model.attention_chunk_size
         if chunk is not None and chunk % config.block_size:
             raise InvalidInputError("block_size", f"{config.block_size} does not divide the model's attention chunks "
@@ -81,7 +78,7 @@ class ModelRunner:
         self.attention_layers = [a for a in (getattr(layer, "self_attn", None) for layer in self.model.model.layers)
                                  if a is not None]
         self.stateful_layers = stateful_layers(self.model)
-        self.state_bytes = allocate_states(self.stateful_layers, config.max_num_seqs, self.device)
+        allocate_states(self.stateful_layers, config.max_num_seqs, self.device)
         self.num_blocks = self._allocate_kv_cache(use_graphs)
         if use_graphs:
             from runtime.worker.cuda_graphs import DecodeGraphs  # imports Triton, which a CPU machine may lack
