@@ -1,6 +1,6 @@
 """Pure compute used by the engine's models: attention over the paged KV cache,
 KV-cache writes, projections against packed or quantized weights, RMSNorm, rotary embeddings and
-the MLP's activation, a mixture-of-experts layer's experts, and the sampler's argmax.
+the MLP's activation, a mixture-of-experts layer's experts, and the sampler's argmax and draw.
 
 Each operation has one interface here; the implementation behind it is chosen
 per device (the torch reference runs everywhere and is the oracle for faster
@@ -17,6 +17,7 @@ from kernels.norm import rms_norm
 from kernels.quantized_linear import QuantizedWeight, code_table
 from kernels.reduce import argmax
 from kernels.rotary import apply_rotary
+from kernels.sampling import sample
 from kernels.transfer import tensor_on, to_device
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "linear",
     "pack_weight",
     "rms_norm",
+    "sample",
     "apply_rotary",
     "clamped_swiglu",
     "gelu_tanh_and_mul",

@@ -76,42 +76,8 @@ extern "C" void silu_and_mul_f32(const float* gate_up, float* out, int tokens, i
   }
 }
 
-// out[r] = the index of row r's largest value, the first of equal ones; a row holding NaN gives its first
-// NaN, as torch.argmax does. One pass keeps each of 8 lanes' largest value and its first index (GCC does not
-// vectorise a scalar max over floats, as NaN makes it order-dependent), then the lanes are compared.
+// out[r] = the index of row r's largest value (kernels::first_argmax).
 extern "C" void argmax_f32(const float* x, long* out, int rows, int size, int num_threads) {
-  typedef float v8 __attribute__((vector_size(8 * sizeof(float))));
-  typedef int v8i __attribute__((vector_size(8 * sizeof(int))));
 #pragma omp parallel for num_threads(num_threads) if (static_cast<long>(rows) * size >= 8 * kParallelElements)
-  for (int r = 0; r < rows; ++r) {
-    const float* row = x + static_cast<long>(r) * size;
-    const int whole = size / 8 * 8;
-    int best = 0, nan = 0;
-    if (whole) {
-      v8 top, v;
-      v8i at = {0, 1, 2, 3, 4, 5, 6, 7}, index = at, nans = {};
-      std::memcpy(&top, row, sizeof top);
-      for (int i = 8; i < whole; i += 8) {
-        std::memcpy(&v, row + i, sizeof v);
-        index += 8;
-        const v8i larger = v > top;
-        top = larger ? v : top;
-        at = larger ? index : at;
-        nans |= v != v;
-      }
-      for (int lane = 1; lane < 8; ++lane)
-        if (top[lane] > top[best] || (top[lane] == top[best] && at[lane] < at[best])) best = lane;
-      for (int lane = 0; lane < 8; ++lane) nan |= nans[lane] | (top[lane] != top[lane]);
-      best = at[best];
-    }
-    for (int i = whole; i < size; ++i) {
-      nan |= row[i] != row[i];
-      if (row[i] > row[best]) best = i;
-    }
-    if (nan) {
-      best = 0;
-      while (row[best] == row[best]) ++best;
-    }
-    out[r] = best;
-  }
+  for (int r = 0; r < rows; ++r) out[r] = kernels::first_argmax(x + static_cast<long>(r) * size, size);
 }

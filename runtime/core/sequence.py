@@ -97,7 +97,6 @@ class Sequence:
         self.logprobs: list[TokenLogprob] = []
         self.finish_reason: str | None = None
         self.matched_stop: int | str | None = None
-        self.generator: torch.Generator | None = None  # made by the sampler for seeded requests
         self.matcher = Matcher(grammar) if grammar is not None else None  # structured output state
         self.lora_slot: int | None = None  # the adapter slot pinned while it runs
         self.state_slot: int | None = None  # its layers' state while it runs, in a model with stateful layers

@@ -23,8 +23,8 @@ from runtime.models.quantization import finish_quantized_linears, quantize_model
 from runtime.models.rotary import LengthScaledRope
 from runtime.models.spec import ModelSpec
 from runtime.models.state_cache import StateStep, allocate_states, stateful_layers
-from runtime.speculative.verifier import GeneratorRewind, split_rows
-from runtime.worker.sampler import Sampler, token_logprob
+from runtime.speculative.verifier import split_rows
+from runtime.worker.sampler import Sampler, draw_offsets, token_logprob
 from runtime.worker.step import LaunchedStep, StepInputs, StepResult
 
 _CPU_KV_BYTES = 2 << 30
@@ -187,10 +187,9 @@ class ModelRunner:
         logits, prompt_logits, pooled = self.execute(inputs, None if previous is None else previous.tokens)
         failed: dict[Request, str] = {}
         seqs = batch.sampled
-        rewind = GeneratorRewind(seqs, self.sampler.seeded_generator)
         rows = [s for s in seqs for _ in range(1 + len(s.draft_token_ids))]  # a verified draft adds a row
         tokens, raw_logprobs = self._sample(logits, rows, failed)
-        step = LaunchedStep(seqs, rows, tokens, raw_logprobs, rewind,
+        step = LaunchedStep(seqs, rows, tokens, raw_logprobs,
                             [(seq, start, chunk) for (seq, start), chunk in zip(prompt_seqs, prompt_logits)],
                             dict(zip(pool_seqs, pooled)), failed, prefilled)
         if self.keep_hidden:
@@ -205,7 +204,7 @@ class ModelRunner:
         """Wait for a launched step; its tokens, logprobs and prompt logprobs on the host."""
         token_list = [] if step.tokens is None else step.tokens.tolist()
         logprobs = self.sampler.logprobs(token_list, step.raw_logprobs, step.rows)
-        token_ids, logprobs = split_rows(step.sampled, token_list, logprobs, step.rewind)
+        token_ids, logprobs = split_rows(step.sampled, token_list, logprobs)
         failed, prompt_logprobs = step.failed, {}
         for seq, start, chunk in step.prompt_logits:
             targets = seq.token_ids[start + 1 : start + 1 + chunk.shape[0]]
@@ -219,22 +218,20 @@ class ModelRunner:
 
     def _sample(self, logits: torch.Tensor | None, seqs: list[Sequence], failed: dict[Request, str]):
         """The batch's tokens (on the device) in one pass; if that raises, row by row, so only the rows that
-        raise fail (token -1).
-
-        Seeded generators are rewound first, so every other row draws exactly what the batched pass would.
-        """
+        raise fail (token -1). Every other row draws what the batched pass would (its uniform depends on its
+        sequence and position alone)."""
         if not seqs:  # a step of embedding requests only
             return None, None
-        states = [(s, s.generator.get_state()) for s in seqs if s.generator is not None]
         try:
             return self.sampler.sample(logits, seqs)
-        except Exception:
-            for s, state in states:
-                s.generator.set_state(state)
+        except Exception:  # some row's sampling raised: which, row by row
+            return self._sample_rows(logits, seqs, failed)
+
+    def _sample_rows(self, logits: torch.Tensor, seqs: list[Sequence], failed: dict[Request, str]):
         tokens, raw_logprobs = [], []
-        for i, seq in enumerate(seqs):
+        for i, (seq, offset) in enumerate(zip(seqs, draw_offsets(seqs))):
             try:
-                token, raw = self.sampler.sample(logits[i : i + 1], [seq])
+                token, raw = self.sampler.sample(logits[i : i + 1], [seq], [offset])
                 raw = None if raw is None else raw[0]
             except Exception as e:
                 failed[seq.request] = describe(e)

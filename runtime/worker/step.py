@@ -8,7 +8,6 @@ import torch
 from runtime.core.sequence import Request, Sequence
 from runtime.lora import LoRAAdapter
 from runtime.outputs import TokenLogprob
-from runtime.speculative.verifier import GeneratorRewind
 
 
 @dataclass
@@ -31,7 +30,6 @@ class LaunchedStep:
     rows: list[Sequence]  # the sequence of each sampled row (a verified draft adds a row)
     tokens: torch.Tensor | None  # each row's token, on the device (-1 where sampling failed); None: no rows
     raw_logprobs: torch.Tensor | list | None  # what `Sampler.logprobs` reads, per row
-    rewind: GeneratorRewind
     prompt_logits: list[tuple[Sequence, int, torch.Tensor]]  # (sequence, first position, logits) of prompt spans
     pooled: dict[Sequence, torch.Tensor]
     failed: dict[Request, str]

@@ -16,16 +16,19 @@ from kernels import (
     linear,
     pack_weight,
     rms_norm,
+    sample,
     silu_and_mul,
 )
 from kernels.activation import silu_and_mul_reference
 from kernels.cpu import attention as cpu_attention
 from kernels.cpu import build, elementwise, grouped_matmul
 from kernels.cpu import gated_delta as cpu_gated_delta
+from kernels.cpu import sampling as cpu_sampling
 from kernels.gated_delta import causal_conv1d, gated_delta_rule, gated_delta_rule_reference
 from kernels.moe import fused_experts, fused_experts_reference
 from kernels.norm import rms_norm_reference
 from kernels.rotary import apply_rotary_reference
+from kernels.sampling import sample_reference
 
 
 @pytest.mark.parametrize("rows", [3, 700])  # one thread, and spread over threads
@@ -248,3 +251,32 @@ def test_causal_conv1d_in_chunks_equals_one_pass():
     torch.testing.assert_close(torch.cat(other_chunks),
                                causal_conv1d(other, weight, torch.zeros(1, channels, width - 1), torch.tensor([0]),
                                              [10]))
+
+
+def sampling_case(rows: int, vocab: int) -> tuple:
+    """Logits and options for `kernels.sample`, every kind of row among them: greedy; temperature alone; top-k
+    from 1 to past the vocabulary; top-p from 1e-6 to 0.999; min-p up to 1; rows with ties (logits in steps of
+    0.5), masked tokens (-inf), a single finite token; and uniforms at 0 and just below 1."""
+    torch.manual_seed(1)
+    logits = torch.randn(rows, vocab) * (torch.rand(rows, 1) * 6 + 0.1)
+    logits[1::9] = (logits[1::9] * 2).round() / 2
+    logits[::7, ::3] = float("-inf")
+    logits[5::41, 1:] = float("-inf")
+    temperatures = torch.rand(rows) * 1.5 + 0.05
+    temperatures[::11] = 0
+    top_ks = torch.randint(1, 60, (rows,))
+    top_ks[::2], top_ks[3::13], top_ks[4::17] = 0, vocab + 5, 1
+    top_ps = torch.rand(rows) * 0.9 + 0.1
+    top_ps[::3], top_ps[2::19], top_ps[6::23] = 1.0, 1e-6, 0.999
+    min_ps = torch.rand(rows) * 0.3
+    min_ps[::2], min_ps[8::29] = 0.0, 1.0
+    uniforms = torch.rand(rows, dtype=torch.float64)
+    uniforms[::31], uniforms[10::37] = 0.0, 1 - 2**-53
+    return logits, temperatures, top_ks, top_ps, min_ps, uniforms
+
+
+@pytest.mark.parametrize(("rows", "vocab"), [(1, 50), (300, 3000)])  # one row, and spread over threads
+def test_sampling_equals_the_reference(rows, vocab):
+    case = sampling_case(rows, vocab)
+    assert cpu_sampling.applies(case[0])
+    assert torch.equal(sample(*case), sample_reference(*case))

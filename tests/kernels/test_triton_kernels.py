@@ -13,12 +13,14 @@ from kernels.gated_delta import gated_delta_rule_reference
 from kernels.moe import fused_experts_reference
 from kernels.norm import rms_norm_reference as reference_rms_norm
 from kernels.rotary import apply_rotary_reference as reference_rotary
+from kernels.sampling import sample_reference
 from kernels.triton import attention as triton_attention
 from kernels.triton import elementwise
 from kernels.triton import gated_delta as triton_gated_delta
 from kernels.triton import moe as triton_moe
 from kernels.triton import quantized_matmul as triton_quantized
-from tests.kernels.test_cpu_kernels import gated_delta_case
+from kernels.triton import sampling as triton_sampling
+from tests.kernels.test_cpu_kernels import gated_delta_case, sampling_case
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -164,3 +166,9 @@ def test_gated_delta_rule_over_decodes_and_prefill_chunks():
     torch.testing.assert_close(triton_gated_delta.gated_delta_rule(q, k, v, g, beta, states, slots, cu_seqlens),
                                expected)
     torch.testing.assert_close(states, expected_states)
+
+
+def test_sampling_equals_the_reference():
+    case = sampling_case(40, 300)
+    got = triton_sampling.sample(*(t.to(DEVICE) for t in case)).cpu()
+    assert torch.equal(got, sample_reference(*case))

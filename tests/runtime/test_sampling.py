@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from runtime import LLM, SamplingParams
 from runtime.core.sequence import Request
-from runtime.worker.sampler import Sampler, _sorted_top_k_top_p, _top_k_top_p
+from runtime.worker.sampler import Sampler
 
 
 def _llm(path):
@@ -138,7 +138,9 @@ def test_values_that_used_to_stop_the_engine_are_refused_or_handled_and_the_engi
 
 @pytest.mark.parametrize("fields", [dict(temperature=0.7), dict(temperature=1.3, top_k=5),
                                     dict(temperature=1.0, top_p=0.6), dict(temperature=1.0, min_p=0.3),
-                                    dict(temperature=0.8, top_k=8, top_p=0.9, seed=11)])
+                                    dict(temperature=0.8, top_k=8, top_p=0.9, seed=11),
+                                    dict(temperature=3.0, top_k=39, top_p=0.999), dict(temperature=2.0, top_p=0.3),
+                                    dict(temperature=5.0, top_k=3, min_p=0.5, seed=3)])
 def test_sampled_tokens_follow_the_processed_distribution(fields):
     """20,000 draws from one row of logits: only tokens the options keep, at the frequencies softmax gives the kept
     ones (a chi-square test at a fixed seed), whether rows draw from the batch's generator or each from its own
@@ -164,15 +166,3 @@ def test_sampled_tokens_follow_the_processed_distribution(fields):
     assert not counts[~keep].any()
     expected = probs[keep] / probs[keep].sum() * draws
     assert chisquare(counts[keep].numpy(), expected.numpy()).pvalue > 1e-3
-
-
-def test_top_k_top_p_thresholds_equal_a_full_sort():
-    """Each row's kept tokens by thresholds among its most likely candidates equal those a full sort keeps, for
-    nuclei inside the candidates and wider ones (a flat row over a vocabulary larger than the candidates)."""
-    torch.manual_seed(3)
-    logits = torch.cat([torch.randn(4, 3000) * 4, torch.randn(4, 3000) * 0.05])
-    top_ks = [0, 7, 2000, 0, 0, 2500, 0, 5]
-    top_ps = [0.5, 1.0, 0.95, 1e-6, 0.9, 0.9, 1.0, 0.99]
-    got = _top_k_top_p(logits, top_ks, top_ps)
-    assert torch.equal(got.isinf(), _sorted_top_k_top_p(logits, top_ks, top_ps).isinf())
-    assert torch.equal(got[~got.isinf()], logits[~got.isinf()])
