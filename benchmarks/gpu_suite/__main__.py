@@ -30,6 +30,7 @@ CHECKS = {
     "throughput_async": (partial(checks.throughput, async_scheduling=True), 120),
     "served": (served_path, 180),
     "structured": (checks.structured, 90),
+    "sampler": (checks.sampler, 60),
     "lora": (checks.lora, 120),
     "quantized": (checks.quantized, 150),
     "speculative": (checks.speculative, 90),

@@ -17,6 +17,7 @@ from benchmarks.common import transformers_static_batches
 from benchmarks.decode_profile import profile_decode
 from benchmarks.gpu_suite.sizes import Sizes
 from benchmarks.gpu_throughput import workload
+from benchmarks.sampler import sampler_ms
 from benchmarks.speculative import NGRAM, copy_workload, drive
 from benchmarks.structured_output import SCHEMA
 from runtime import LLM, AsyncLLMEngine, LoRARequest, SamplingParams
@@ -94,6 +95,13 @@ def throughput(sizes: Sizes, work: Path, async_scheduling: bool) -> Result:
     return (dict(async_scheduling=async_scheduling, sequences=sizes.sequences, output_tokens=tokens,
                  seconds=round(seconds, 2), output_tok_s=rate),
             wrong + below("output_tok_s", rate, sizes.targets.get("output_tok_s")))
+
+
+def sampler(sizes: Sizes, work: Path) -> Result:
+    """The sampler alone on [sequences x sampler_vocab] logits (on a GPU, Qwen's 151,936): greedy, temperature 1
+    (unseeded and seeded), temperature 0.7 with top_p 0.9."""
+    rows, vocab = sizes.sequences, sizes.sampler_vocab
+    return dict(rows=rows, vocab=vocab, **sampler_ms(rows, vocab, torch.device(sizes.device))), []
 
 
 def transformers_generate(sizes: Sizes, work: Path) -> Result:

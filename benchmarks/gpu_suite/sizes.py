@@ -40,6 +40,7 @@ class Sizes:
     structured_concurrency: int
     speculative_requests: int
     quantizable_model: dict  # the `quantized` check's: widths in whole groups of 128
+    sampler_vocab: int
     targets: dict = field(default_factory=dict)
 
     @property
@@ -61,7 +62,7 @@ GPU = Sizes(
     decode_batch=256, decode_context=512, decode_steps=20,
     concurrencies=(64, 256), served_output=128,
     adapters=8, rank=16, feature_requests=128, feature_output=128, structured_concurrency=64,
-    speculative_requests=8, quantizable_model=QWEN25_05B,
+    speculative_requests=8, quantizable_model=QWEN25_05B, sampler_vocab=151936,
     targets=dict(output_tok_s=40_000, served_over_offline=0.85, lora_over_base=0.8,
                  structured_over_unconstrained=0.9),
 )
@@ -70,12 +71,13 @@ DRY = Sizes(
     dry_run=True, model=TINY, served_model=TINY,
     engine=dict(dtype="float32", max_model_len=512, max_num_seqs=8, kv_cache_bytes=16 << 20),
     tests=("tests/kernels/test_triton_kernels.py::test_rotary",
-           "tests/kernels/test_triton_kernels.py::test_gated_delta_rule_over_decodes_and_prefill_chunks"),
+           "tests/kernels/test_triton_kernels.py::test_gated_delta_rule_over_decodes_and_prefill_chunks",
+           "tests/kernels/test_triton_kernels.py::test_sampling_equals_the_reference"),
     sequences=6, lengths=(8, 24), hf_sequences=2, hf_max_output=16,
     decode_batch=4, decode_context=16, decode_steps=2,
     concurrencies=(2, 4), served_output=8,
     adapters=2, rank=4, feature_requests=4, feature_output=8, structured_concurrency=2,
-    speculative_requests=2,
+    speculative_requests=2, sampler_vocab=2048,
     quantizable_model={**TINY, "arch": "qwen3", "hidden_size": 256, "intermediate_size": 512, "num_heads": 4,
                        "num_kv_heads": 2, "head_dim": 64},
 )
