@@ -1,6 +1,10 @@
 """The base of every request body the APIs parse."""
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+
+# vLLM's `priority` on a request: lower runs first, 0 by default; the engine orders by it within a tier (online
+# requests, then batch lines: `engine_priority`)
+Priority = Field(0, ge=-(2**31), lt=2**31)
 
 
 class RequestModel(BaseModel):
@@ -10,3 +14,9 @@ class RequestModel(BaseModel):
     infinities are refused."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+def engine_priority(tier: int, priority: int) -> int:
+    """What the engine orders a request by (lower first): its caller's tier (0 online, a batch line's above
+    every online request's) plus the request's own `priority`."""
+    return tier + priority

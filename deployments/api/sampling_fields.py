@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from deployments.api.request_model import RequestModel
+from deployments.api.request_model import Priority, RequestModel
 from runtime import InvalidInputError, SamplingParams
 from runtime.text.grammar import Constraint
 
@@ -107,6 +107,7 @@ class SamplingFields(RequestModel):
     prompt_logprobs: int | None = Field(None, ge=0, le=20)  # vLLM's: each prompt token's logprob and top ones
     return_token_ids: bool = False  # vLLM's: the prompt's and each choice's token ids in the reply
     prompt_logprobs_temperature: float | None = Field(None, gt=0)  # vLLM's: prompt logprobs of logits / it
+    priority: int = Priority
 
     @model_validator(mode="after")
     def _stream_options_need_a_stream(self):

@@ -36,7 +36,7 @@ from runtime.engine.startup_heap import freeze_startup_heap
 
 logger = logging.getLogger(__name__)
 
-BATCH_PRIORITY = 1  # online requests run at 0: lower goes first
+BATCH_PRIORITY = 1 << 32  # a batch line's tier, above any online request's own priority (lower goes first)
 _REPLICAS_EVERY_S = 5.0  # how often each model's running replicas are read from Serve
 
 

@@ -13,6 +13,7 @@ from deployments.api.chat.prompt import ChatPrompt
 from deployments.api.chat.protocol import ChatCompletionRequest
 from deployments.api.choice_parser import ChoiceParser, HarmonyChoiceParser, tool_call_json
 from deployments.api.format import TokenTexts, chat_logprobs, chunk_builder, now, prompt_logprobs_json, usage
+from deployments.api.request_model import engine_priority
 from deployments.errors import OpenAIError
 from deployments.replica.adapters import ModelAdapters
 from deployments.work_pool import off_loop
@@ -66,7 +67,8 @@ class ChatHandler:
         valid = await off_loop(self._prepare, req, priority=priority)
         prompt = valid.prompt_token_ids
         result = RequestOutput.empty(request_id, prompt, valid.params.n)
-        async for delta in self.engine.generate(valid, request_id, priority, owner, stream=False):
+        async for delta in self.engine.generate(valid, request_id, engine_priority(priority, req.priority), owner,
+                                                stream=False):
             result.add(delta)
         parsers = [self._parser(req) for _ in result.outputs]
         choices = [self._choice(c, parser, req) for c, parser in zip(result.outputs, parsers)]
@@ -114,7 +116,7 @@ class ChatHandler:
                      owner: str | None = None) -> AsyncIterator[dict]:
         """Prepare (errors raise before the first chunk), then stream the chunks."""
         valid = await self.engine.compile(await off_loop(self._prepare, req))  # bad grammar: refused before streaming
-        generator = self.engine.generate(valid, request_id, owner=owner)
+        generator = self.engine.generate(valid, request_id, engine_priority(0, req.priority), owner)
         return self._chunks(req, request_id, valid.prompt_token_ids, valid.params.n, generator)
 
     async def _chunks(self, req, request_id, prompt, n, generator) -> AsyncIterator[dict]:

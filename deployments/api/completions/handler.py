@@ -5,6 +5,7 @@ from collections.abc import AsyncIterator
 from deployments.api.completions.protocol import CompletionRequest
 from deployments.api.format import TokenTexts, chunk_builder, completion_logprobs, now, prompt_logprobs_json, usage
 from deployments.api.merge import merge
+from deployments.api.request_model import engine_priority
 from deployments.replica.adapters import ModelAdapters
 from deployments.work_pool import off_loop
 from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput, ValidRequest
@@ -32,7 +33,8 @@ class CompletionHandler:
         params, valid = await off_loop(self._prepare, req, priority=priority)
         prompts = [v.prompt_token_ids for v in valid]
         results = [RequestOutput.empty(f"{request_id}-{i}", ids, params.n) for i, ids in enumerate(prompts)]
-        async for i, delta in merge(self._streams(valid, request_id, priority, owner, stream=False)):
+        streams = self._streams(valid, request_id, engine_priority(priority, req.priority), owner, stream=False)
+        async for i, delta in merge(streams):
             results[i].add(delta)
         choices = []
         for i, result in enumerate(results):
@@ -96,7 +98,7 @@ class CompletionHandler:
         def extra() -> dict:  # usage so far on every chunk, with continuous_usage_stats
             return {"usage": usage(prompt_tokens, generated, sum(cached))} if req.usage_on_every_chunk else {}
 
-        async for i, delta in merge(self._streams(valid, request_id, 0, owner, stream=True)):
+        async for i, delta in merge(self._streams(valid, request_id, req.priority, owner, stream=True)):
             cached[i] = delta.num_cached_tokens
             if req.echo and i * params.n not in offsets:  # this prompt's first delta
                 for item in self._echo(req, i, prompts[i], params.n, delta.prompt_logprobs, offsets):

@@ -7,6 +7,7 @@ import math
 import struct
 
 from deployments.api.embeddings.protocol import EmbeddingRequest
+from deployments.api.request_model import engine_priority
 from deployments.errors import OpenAIError
 from deployments.work_pool import off_loop
 from runtime import AsyncLLMEngine, ValidRequest
@@ -28,6 +29,7 @@ class EmbeddingHandler:
 
     async def embed(self, req: EmbeddingRequest, request_id: str, priority: int = 0, owner: str | None = None) -> dict:
         valid = await off_loop(self._prepare, req, priority=priority)
+        priority = engine_priority(priority, req.priority)
         deltas = await asyncio.gather(*(self.engine.embed(v, f"{request_id}-{i}", priority, owner)
                                         for i, v in enumerate(valid)))
         tokens = sum(len(v.prompt_token_ids) for v in valid)

@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from deployments.api.request_model import RequestModel
+from deployments.api.request_model import Priority, RequestModel
 from deployments.api.sampling_fields import MAX_SEQUENCES
 
 
@@ -14,6 +14,7 @@ class EmbeddingRequest(RequestModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)  # the first `dimensions` components, renormalised
     user: str | None = None  # accepted, unused
+    priority: int = Priority
 
     @field_validator("input")
     @classmethod
