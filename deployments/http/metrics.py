@@ -1,5 +1,5 @@
 """The HTTP side's metrics: requests counted by route and status, and /metrics's text for runs without a
-Prometheus (this node's export from Ray, filtered to our metric families)."""
+Prometheus (this node's export from Ray, filtered to our metric families, vLLM's under vLLM's spelling)."""
 
 import ray
 import requests
@@ -34,8 +34,10 @@ class RequestCounter:
 
 
 def node_metrics_text() -> str:
-    """This node's Prometheus export from Ray, keeping only our metric families."""
+    """This node's Prometheus export from Ray, keeping only our metric families; those under vLLM's names with
+    vLLM's own spelling (Ray's `ray_vllm_x` is `vllm:x`), so dashboards made for vLLM read them."""
     node_id = ray.get_runtime_context().get_node_id()
     node = next(n for n in ray.nodes() if n["NodeID"] == node_id)
     text = requests.get(f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics", timeout=5).text
-    return "".join(line + "\n" for line in text.splitlines() if "rayllm_" in line)
+    return "".join(line.replace("ray_vllm_", "vllm:") + "\n" for line in text.splitlines()
+                   if "rayllm_" in line or "ray_vllm_" in line)

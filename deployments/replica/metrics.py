@@ -1,4 +1,6 @@
-"""A replica's metrics: its engine's request latencies and token counts, and its gauges."""
+"""A replica's metrics: its engine's request latencies and token counts, and its gauges, under vLLM's names where
+vLLM has the metric (`vllm_...` here: Ray's metric names take no colon; /metrics shows them as vLLM's `vllm:...`),
+ours (`rayllm_...`) where it has not."""
 
 import time
 from dataclasses import dataclass, field
@@ -12,20 +14,25 @@ _LATENCY = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120
 
 
 class RequestMetrics:
-    """The engine's `StreamObserver` on a replica: time to first token, inter-token and end-to-end latency,
-    tokens by kind, per model."""
+    """The engine's `StreamObserver` on a replica: time to first token, inter-token and end-to-end latency, prompt
+    and generated tokens, finished completions by reason, under vLLM's names and `model_name` label; prompt tokens
+    served from the prefix cache under ours."""
 
     def __init__(self, model_id: str):
-        self.tags = {"model": model_id}
-        m = ("model",)
-        self._ttft = metric(Histogram, "rayllm_time_to_first_token_seconds", "Time to first token", m,
+        self.tags = {"model_name": model_id}
+        m = ("model_name",)
+        self._ttft = metric(Histogram, "vllm_time_to_first_token_seconds", "Time to first token", m,
                              boundaries=_LATENCY)
-        self._itl = metric(Histogram, "rayllm_inter_token_latency_seconds", "Time between tokens", m,
+        self._itl = metric(Histogram, "vllm_inter_token_latency_seconds", "Time between tokens", m,
                             boundaries=_LATENCY)
-        self._e2e = metric(Histogram, "rayllm_e2e_latency_seconds", "Request latency in the engine", m,
+        self._e2e = metric(Histogram, "vllm_e2e_request_latency_seconds", "Request latency in the engine", m,
                             boundaries=_LATENCY)
-        self._tokens = metric(Counter, "rayllm_tokens", "Tokens by kind: prompt, generation, cached",
-                               ("model", "kind"))
+        self._tokens = {kind: metric(Counter, name, text, m) for kind, name, text in [
+            ("prompt", "vllm_prompt_tokens", "Prompt tokens"),
+            ("generation", "vllm_generation_tokens", "Generated tokens"),
+            ("cached", "rayllm_cached_prompt_tokens", "Prompt tokens served from the prefix cache")]}
+        self._finished = metric(Counter, "vllm_request_success", "Completions finished, by reason",
+                                ("model_name", "finished_reason"))
         self._open: dict[str, _Timing] = {}
 
     def started(self, request_id: str) -> None:
@@ -42,13 +49,16 @@ class RequestMetrics:
         timing.generated += tokens
         timing.last = now
         timing.prompt, timing.cached = delta.num_prompt_tokens, delta.num_cached_tokens
+        for seq in delta.seqs:
+            if seq.finish_reason is not None:
+                self._finished.inc(1, tags={**self.tags, "finished_reason": seq.finish_reason})
 
     def ended(self, request_id: str) -> None:
         timing = self._open.pop(request_id)
         self._e2e.observe(time.perf_counter() - timing.start, tags=self.tags)
         for kind, value in (("prompt", timing.prompt), ("generation", timing.generated), ("cached", timing.cached)):
             if value > 0:  # Ray's counters refuse a zero increment
-                self._tokens.inc(value, tags={**self.tags, "kind": kind})
+                self._tokens[kind].inc(value, tags=self.tags)
 
 
 @dataclass
@@ -68,27 +78,37 @@ _SPECULATION = {
     "spec_decode_acceptance_rate": ("spec_acceptance_rate", "Draft tokens accepted / proposed"),
     "spec_decode_mean_accepted_length": ("spec_mean_accepted_length", "Tokens a verification yields, on average"),
 }
+# counters of the engine's running totals: vLLM's name -> (stat, description)
+_TOTALS = {
+    "vllm_prefix_cache_queries": ("prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache"),
+    "vllm_prefix_cache_hits": ("prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache"),
+    "vllm_num_preemptions": ("num_preemptions", "Sequences preempted"),
+}
 
 
 class EngineGauges:
-    """Running and waiting sequences, KV-cache usage, prefix-cache hit rate and speculative decoding's figures,
-    from the engine's stats."""
+    """From the engine's stats, once a second: running and waiting sequences and KV-cache usage (vLLM's gauges),
+    prefix-cache lookups and hits and preemptions (vLLM's counters), speculative decoding's figures (ours)."""
 
     def __init__(self, model_id: str):
-        self.tags = {"model": model_id}
-        self._gauges = {name: metric(Gauge, f"rayllm_{name}", text, ("model",)) for name, text in [
-            ("running_requests", "Sequences running"), ("waiting_requests", "Sequences waiting"),
-            ("kv_cache_usage", "Fraction of KV-cache blocks in use"),
-            ("prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / looked up"),
-            *((name, text) for name, (_, text) in _SPECULATION.items()),
+        self.tags = {"model_name": model_id}
+        m = ("model_name",)
+        self._gauges = {name: metric(Gauge, name, text, m) for name, text in [
+            ("vllm_num_requests_running", "Sequences running"), ("vllm_num_requests_waiting", "Sequences waiting"),
+            ("vllm_kv_cache_usage_perc", "Fraction of KV-cache blocks in use"),
+            *((f"rayllm_{name}", text) for name, (_, text) in _SPECULATION.items()),
         ]}
+        self._counters = {name: metric(Counter, name, text, m) for name, (_, text) in _TOTALS.items()}
+        self._counted = dict.fromkeys(_TOTALS, 0)
 
     def update(self, stats: dict) -> None:
-        used = 1 - stats["num_free_blocks"] / stats["num_blocks"]
-        queried = stats["prefix_cache_queried_tokens"]
-        values = [("running_requests", stats["num_running"]), ("waiting_requests", stats["num_waiting"]),
-                  ("kv_cache_usage", used),
-                  ("prefix_cache_hit_rate", stats["prefix_cache_hit_tokens"] / queried if queried else 0)]
-        values += [(name, stats[key]) for name, (key, _) in _SPECULATION.items() if key in stats]
+        values = [("vllm_num_requests_running", stats["num_running"]),
+                  ("vllm_num_requests_waiting", stats["num_waiting"]),
+                  ("vllm_kv_cache_usage_perc", 1 - stats["num_free_blocks"] / stats["num_blocks"])]
+        values += [(f"rayllm_{name}", stats[key]) for name, (key, _) in _SPECULATION.items() if key in stats]
         for name, value in values:
             self._gauges[name].set(value, tags=self.tags)
+        for name, (key, _) in _TOTALS.items():
+            if stats[key] > self._counted[name]:  # Ray's counters refuse a zero increment
+                self._counters[name].inc(stats[key] - self._counted[name], tags=self.tags)
+            self._counted[name] = stats[key]

@@ -79,17 +79,21 @@ def test_config_errors_name_the_field():
 
 
 def test_grafana_dashboard_queries_only_metrics_we_export():
+    """Every series the dashboard reads (through Ray's export: `ray_` before the name) is one the app defines, ours
+    (`rayllm_`) or vLLM's (`vllm_`), and it reads vLLM's where the app has them."""
     import re
 
     source = "".join((ROOT / f"deployments/{path}").read_text()
                      for path in ("metrics.py", "http/metrics.py", "replica/metrics.py"))
-    defined = set(re.findall(r'"(rayllm_[a-z0-9_]+)"', source)) | {
+    defined = set(re.findall(r'"((?:rayllm|vllm)_[a-z0-9_]+)"', source)) | {
         f"rayllm_{name}" for name in re.findall(r'\("([a-z_]+)", "[A-Z]', source)}
     dashboard = json.loads((ROOT / "k8s/grafana-dashboard.json").read_text())
     expressions = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
-    used = {m for e in expressions for m in re.findall(r"ray_(rayllm_[a-z0-9_]+)", e)}
+    used = {m for e in expressions for m in re.findall(r"ray_((?:rayllm|vllm)_[a-z0-9_]+)", e)}
     exported = {u for u in used if u in defined or re.sub(r"_(bucket|total|count|sum)$", "", u) in defined}
     assert used and exported == used
+    assert {"vllm_time_to_first_token_seconds_bucket", "vllm_num_requests_running", "vllm_kv_cache_usage_perc",
+            "vllm_prefix_cache_hits_total"} <= used
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)

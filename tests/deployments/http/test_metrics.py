@@ -1,4 +1,5 @@
-"""/metrics carries Ray-exported request, latency, token and cache figures that move with traffic."""
+"""/metrics carries Ray-exported request, latency, token and cache figures that move with traffic, vLLM's under
+vLLM's names."""
 
 import re
 
@@ -34,16 +35,21 @@ def test_metrics_move_after_requests(server):
 
     def moved():
         after = _samples(server.base_url)
-        ttft = _total(after, "ray_rayllm_time_to_first_token_seconds_count")
-        cached = _total(after, "ray_rayllm_tokens_total", kind="cached")
+        ttft = _total(after, "vllm:time_to_first_token_seconds_count")
+        cached = _total(after, "ray_rayllm_cached_prompt_tokens_total")
         requests_ok = _total(after, "ray_rayllm_requests_total", route="/v1/chat/completions", status="200")
-        return (ttft >= _total(before, "ray_rayllm_time_to_first_token_seconds_count") + 3
-                and cached > _total(before, "ray_rayllm_tokens_total", kind="cached")
+        return (ttft >= _total(before, "vllm:time_to_first_token_seconds_count") + 3
+                and cached > _total(before, "ray_rayllm_cached_prompt_tokens_total")
                 and requests_ok >= _total(before, "ray_rayllm_requests_total", route="/v1/chat/completions",
                                           status="200") + 3
+                and _total(after, "vllm:prefix_cache_hits_total") > _total(before, "vllm:prefix_cache_hits_total")
                 and after)
 
     after = wait_until(moved, timeout=60, every=1)  # Ray exports on an interval
-    assert _total(after, "ray_rayllm_prefix_cache_hit_rate") > 0
-    assert "ray_rayllm_kv_cache_usage" in {k.split("{")[0] for k in after}
-    assert _total(after, "ray_rayllm_inter_token_latency_seconds_count") > 0
+    names = {k.split("{")[0] for k in after}
+    assert {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+            "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:e2e_request_latency_seconds_bucket",
+            "vllm:prefix_cache_queries_total"} <= names
+    assert _total(after, "vllm:inter_token_latency_seconds_count", model_name=MODEL_ID) > 0
+    assert _total(after, "vllm:request_success_total", finished_reason="length") >= 3
+    assert not any(name.startswith("ray_vllm_") for name in names)  # vLLM's spelling on /metrics
