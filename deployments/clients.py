@@ -25,6 +25,7 @@ from deployments.api.completions.protocol import CompletionRequest
 from deployments.api.embeddings.protocol import EmbeddingRequest
 from deployments.api.generate.protocol import GenerateRequest
 from deployments.api.tokenize.protocol import DetokenizeRequest, TokenizeRequest
+from deployments.broadcast import on_every_replica
 from deployments.errors import OpenAIError, StreamError, remote_errors
 
 logger = logging.getLogger("ray.serve")
@@ -64,6 +65,11 @@ class ModelClient(Protocol):
     async def quantization(self) -> str | None: ...
 
     async def architecture(self) -> str: ...
+
+    async def on_every_replica(self, method: str, *args) -> list:
+        """`method(*args)` on every replica of the model (`LLMServer.lifecycle` or `lifecycle_state`: the engine
+        lifecycle's admin routes); each one's result."""
+        ...
 
 
 class RemoteModel:
@@ -136,6 +142,9 @@ class RemoteModel:
 
     async def architecture(self) -> str:
         return await self.handle.architecture.remote()
+
+    async def on_every_replica(self, method: str, *args) -> list:
+        return await on_every_replica(self.handle, method, *args)
 
 
 # What a replica's death looks like through a handle

@@ -25,6 +25,7 @@ from deployments.api.routing import Front
 from deployments.api.tokenize import routes as tokenize
 from deployments.clients import ModelClient
 from deployments.errors import OpenAIError, error_body, model_not_found
+from deployments.http import admin
 from deployments.http.disconnect import DisconnectOnCancel
 from deployments.http.front import OpenAIFront
 from deployments.http.key_admission import KeyAdmission
@@ -33,7 +34,7 @@ from deployments.http.request_limits import RequestLimits
 
 router = APIRouter()
 ROUTERS = (router, chat.router, completions.router, generate.router, embeddings.router, tokenize.router,
-           responses.router, anthropic.router, batches.router)
+           responses.router, anthropic.router, batches.router, admin.router)
 
 
 def build_app(front: OpenAIFront) -> FastAPI:

@@ -8,6 +8,8 @@ import threading
 import time
 from collections.abc import AsyncIterator
 
+from ray import serve
+
 from deployments.api.chat.handler import ChatHandler
 from deployments.api.chat.protocol import ChatCompletionRequest
 from deployments.api.completions.handler import CompletionHandler
@@ -21,6 +23,7 @@ from deployments.api.ids import new_id
 from deployments.api.tokenize.handler import TokenizeHandler
 from deployments.api.tokenize.protocol import DetokenizeRequest, TokenizeRequest
 from deployments.app_config import LLMConfig
+from deployments.broadcast import on_every_replica
 from deployments.errors import OpenAIError, StreamError
 from deployments.replica.adapters import adapters_of
 from deployments.replica.metrics import EngineGauges, RequestMetrics
@@ -153,6 +156,24 @@ class LLMServer:
 
     async def stats(self) -> dict:
         return {**self.engine.stats(), "rss_bytes": _rss_bytes(), "pid": os.getpid()}
+
+    async def lifecycle(self, operation: str, *args) -> dict:
+        """An engine lifecycle operation on this replica (runtime.engine.lifecycle); its state after it."""
+        try:
+            await self.engine.lifecycle(operation, *args)
+        except InvalidInputError as e:
+            raise OpenAIError(400, str(e), param=e.param) from None
+        logger.info("model %s: %s%s done", self.model_id, operation, f" {args}" if args else "")
+        return await self.lifecycle_state()
+
+    async def lifecycle_state(self) -> dict:
+        stats = self.engine.stats()
+        return {"paused": stats["paused"], "asleep": stats["asleep"], "kv_cache_bytes": stats["kv_cache_bytes"]}
+
+    async def on_every_replica(self, method: str, *args) -> list:
+        """Direct streaming (this replica answers HTTP): `method` on every replica of this deployment."""
+        context = serve.get_replica_context()
+        return await on_every_replica(serve.get_deployment_handle(context.deployment, context.app_name), method, *args)
 
 
 def _rss_bytes() -> int:

@@ -42,6 +42,7 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # oldest first
         self._cached: dict[int, int] = {}  # block hash -> block id
+        self._epoch = 0  # starts every hash chain: `reset_prefix_cache` moves it on
         self.hit_tokens = 0  # prompt tokens served from cache, over the manager's life
         self.queried_tokens = 0  # prompt tokens looked up
 
@@ -138,6 +139,15 @@ class BlockManager:
         self._cached.clear()
         self.hit_tokens = self.queried_tokens = 0
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix, as after a change of weights: no block computed before is hit again. Blocks
+        in use stay with their sequences; a block such a sequence fills later registers under the old chain,
+        which no new sequence hashes to."""
+        self._epoch += 1
+        for block in self.blocks:
+            block.hash = block.token_ids = None
+        self._cached.clear()
+
     # --- internals -----------------------------------------------------------
 
     def _release(self, block_id: int) -> None:
@@ -187,7 +197,7 @@ class BlockManager:
             # without prefix caching only siblings (n > 1) share: the chain starts at the request; with it, at
             # the request's LoRA adapter (the same tokens under another adapter have other keys and values)
             adapter = seq.request.adapter
-            start = adapter.name if adapter is not None else None
+            start = (self._epoch, adapter.name if adapter is not None else None)
             if seq.rope_scale:  # rotated otherwise: its blocks never match a sequence rotated by another scale
                 start = (start, "rope scale", seq.rope_scale)
             parent = hashes[i - 1] if i else (start if self.enable_prefix_caching else seq.request.request_id)

@@ -144,6 +144,12 @@ class Scheduler:
             batch.num_decodes += n == 1
         return batch
 
+    def preempt_all(self) -> None:
+        """Send every running sequence back to wait, to recompute from its first token (its KV is about to go, or
+        to have been computed with other weights)."""
+        for seq in sorted(self.running, key=Sequence.sort_key, reverse=True):
+            self._preempt(seq)
+
     def _fit_drafts(self, seq: Sequence, budget: int) -> int:
         """The tokens `seq` runs within `budget` (> 0): those pending, then the draft tokens that fit."""
         pending = seq.num_pending_tokens

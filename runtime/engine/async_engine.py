@@ -33,6 +33,7 @@ from typing import Protocol
 from runtime.config import EngineConfig
 from runtime.engine.delivery import DeliverySchedule
 from runtime.engine.engine_process import EngineProcess
+from runtime.engine.lifecycle import LIFECYCLE
 from runtime.engine.llm_engine import LLMEngine
 from runtime.engine.validator import ValidRequest
 from runtime.errors import InvalidInputError, RequestFailedError
@@ -230,6 +231,20 @@ class AsyncLLMEngine:
     def abort(self, request_id: str) -> None:
         self._send(("abort", request_id))
 
+    async def lifecycle(self, operation: str, *args) -> None:
+        """Run one of runtime.engine.lifecycle's operations (pause, resume, reset_prefix_cache, update_weights,
+        sleep, wake_up) on the engine between two steps; the requests it ends get their last delta. Raises what
+        the operation raised (`InvalidInputError` for a bad argument)."""
+        if operation not in LIFECYCLE:
+            raise InvalidInputError("operation", f"not one of {LIFECYCLE}")
+        if self._commands_at_once:  # an engine process: its child runs it between its steps
+            self._deliver_step(await asyncio.to_thread(self.engine.lifecycle, operation, *args))
+        else:
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            self._send(("lifecycle", done, operation, args))
+            await asyncio.wrap_future(done)
+        self._wake.set()  # resumed or woken up: the loop may have steps to run
+
     def shutdown(self) -> None:
         self._stopped = True
         self._wake.set()
@@ -258,7 +273,7 @@ class AsyncLLMEngine:
         built.set_result(None)
         while not self._stopped:
             self._apply_commands()
-            if not self.engine.has_unfinished_requests():
+            if not self.engine.runnable:
                 self._wake.wait()
                 self._wake.clear()
                 continue
@@ -278,6 +293,15 @@ class AsyncLLMEngine:
 
     def _apply(self, command: tuple) -> None:
         kind, request_id, *args = command
+        if kind == "lifecycle":
+            done, (operation, operation_args) = request_id, args
+            try:
+                self._deliver_step(getattr(self.engine, operation)(*operation_args))
+            except Exception as e:
+                done.set_exception(e)
+            else:
+                done.set_result(None)
+            return
         if kind == "abort":
             self.engine.abort(request_id)
             self._schedule.forget(request_id)

@@ -55,6 +55,7 @@ class EngineProcess:
         self._control, control_child = Pipe()
         self._control_lock = threading.Lock()
         self._unfinished: set[str] = set()
+        self._held = False  # the child is paused or asleep: it runs no step
         # commands go out on a thread of their own, so the loop thread reads steps while a big send waits for the
         # child to read it: both sides blocked on a full pipe would be a deadlock
         self._outbox: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
@@ -95,6 +96,24 @@ class EngineProcess:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._unfinished)
+
+    @property
+    def runnable(self) -> bool:
+        """Whether the child steps: requests in flight, and neither paused nor asleep."""
+        return bool(self._unfinished) and not self._held
+
+    def lifecycle(self, operation: str, *args) -> list[RequestDelta]:
+        """Run a lifecycle operation (runtime.engine.lifecycle) in the child, between its steps; the deltas of the
+        requests it ended."""
+        answer = self._ask(("lifecycle", operation, args))
+        if isinstance(answer, Exception):
+            raise answer
+        deltas, paused, asleep = answer
+        self._held = paused or asleep
+        for delta in deltas:
+            if delta.finished:
+                self._unfinished.discard(delta.request_id)
+        return deltas
 
     def step(self) -> list[RequestDelta]:
         """The deltas of the steps the child ran since the last call (at least one)."""
@@ -176,13 +195,17 @@ def main() -> None:
 
 def _serve(engine, schedule: DeliverySchedule, steps: Connection, control: Connection) -> None:
     while True:
-        ready = wait([steps, control], timeout=None if not engine.has_unfinished_requests() else 0)
+        ready = wait([steps, control], timeout=None if not engine.runnable else 0)
         if control in ready:
             question = control.recv()
             if question == "stop":
                 control.send(None)
                 return
-            control.send(engine.stats())
+            if question == "stats":
+                control.send(engine.stats())
+            else:
+                control.send(_lifecycle(engine, schedule, *question[1:]))
+                steps.send(("step", []))  # a server thread waiting for a step may now wait for none
         received, refused = 0, []
         while received < COMMAND_MESSAGES_PER_STEP and steps.poll():  # the commands sent so far, bounded
             received += 1
@@ -191,13 +214,23 @@ def _serve(engine, schedule: DeliverySchedule, steps: Connection, control: Conne
         if refused or (received and not engine.has_unfinished_requests()):
             # a request refused, or none left (aborted before it ran): the server may be waiting for a step
             steps.send(("step", refused))
-        if engine.has_unfinished_requests():
+        if engine.runnable:
             try:
                 deltas = engine.step()
             except BaseException as e:
                 steps.send(("dead", f"engine step failed: {e!r}"))
                 raise
             steps.send(("step", schedule.due(deltas)))  # every step, so the server's reads never wait long
+
+
+def _lifecycle(engine, schedule: DeliverySchedule, operation: str, args: tuple):
+    """The answer to a lifecycle question: the deltas due and whether the engine is paused and asleep after it, or
+    what it raised."""
+    try:
+        deltas = schedule.due(getattr(engine, operation)(*args))
+    except Exception as e:
+        return e if isinstance(e, InvalidInputError) else RuntimeError(f"{operation} failed: {e!r}")
+    return deltas, engine.paused, engine.asleep
 
 
 def _apply(engine, schedule: DeliverySchedule, command: tuple) -> RequestDelta | None:

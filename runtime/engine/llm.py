@@ -27,6 +27,22 @@ class LLM:
         """Release tensor-parallel workers (nothing to do at TP=1)."""
         self.engine.shutdown()
 
+    # the lifecycle between rollouts (runtime.engine.lifecycle); nothing is in flight between two generate calls
+
+    def sleep(self) -> None:
+        """Release the weights and the KV cache until `wake_up`."""
+        self.engine.sleep()
+
+    def wake_up(self) -> None:
+        self.engine.wake_up()
+
+    def update_weights(self, model_path: str) -> None:
+        """Load new weights: a checkpoint of this model's architecture and shapes."""
+        self.engine.update_weights(model_path)
+
+    def reset_prefix_cache(self) -> None:
+        self.engine.reset_prefix_cache()
+
     def generate(
         self,
         prompts: Prompt | list[Prompt],
@@ -35,6 +51,8 @@ class LLM:
     ) -> list[RequestOutput]:
         """Run every prompt to completion; one output per prompt, in order. `lora_request` names the LoRA
         adapter (one for all prompts, or one per prompt; the engine needs `enable_lora=True`)."""
+        if self.engine.asleep:
+            raise RuntimeError("the engine is asleep: call wake_up() first")
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = params or SamplingParams()

@@ -15,6 +15,7 @@ from runtime.core.block_manager import BlockManager
 from runtime.core.scheduler import ScheduledBatch, Scheduler
 from runtime.core.sequence import Request, Sequence
 from runtime.distributed import destroy_tp_group, free_address
+from runtime.engine.lifecycle import EngineLifecycle
 from runtime.engine.validator import RequestValidator, ValidRequest
 from runtime.engine.warm_up import warm_up
 from runtime.errors import InvalidInputError, describe
@@ -31,7 +32,7 @@ from runtime.worker.step import LaunchedStep
 logger = logging.getLogger(__name__)
 
 
-class LLMEngine:
+class LLMEngine(EngineLifecycle):
     def __init__(self, config: EngineConfig, isolate_grammars: bool = True):
         self.config = config
         self.validator = RequestValidator(config, isolate_grammars)
@@ -137,8 +138,11 @@ class LLMEngine:
         With `async_scheduling`, the batch is launched before the previous one's tokens are read (on a GPU, the
         host schedules, prepares and post-processes while the device computes): its sequences' newest tokens
         are read on the device, and the deltas returned are the previous batch's. A batch whose sequences need
-        those tokens on the host first (a grammar, penalties) waits for them: the step runs as without.
+        those tokens on the host first (a grammar, penalties) waits for them: the step runs as without. Paused or
+        asleep (runtime.engine.lifecycle), it runs nothing.
         """
+        if self.paused or self.asleep:
+            return []
         previous, self._launched = self._launched, None
         deltas = []
         if previous is not None and any(s.matcher is not None or s.params.uses_penalties for s in previous.sampled):
@@ -302,5 +306,8 @@ class LLMEngine:
             "prefix_cache_hit_tokens": bm.hit_tokens,
             "prefix_cache_queried_tokens": bm.queried_tokens,
             "lora_adapters_loaded": [n for n in self.adapter_slots.names if n] if self.adapter_slots else [],
+            "paused": self.paused,
+            "asleep": self.asleep,
+            "kv_cache_bytes": self.runner.kv_cache_bytes,
             **(self.speculator.stats() if self.speculator is not None else {}),
         }

@@ -33,6 +33,12 @@ class AdapterSlots:
     def release(self, slot: int) -> None:
         self.pins[slot] -= 1
 
+    def forget(self) -> None:
+        """Every slot is empty again (the model was built anew); none may be pinned."""
+        assert not any(self.pins), "adapter slots still pinned"
+        self.names = [None] * len(self.names)
+        self.pending = []
+
     def take_pending(self) -> list[tuple[int, LoRAAdapter]]:
         pending, self.pending = self.pending, []
         return pending

@@ -7,6 +7,9 @@ final hidden states are summed over the rows they pool (their last prompt
 token, or every prompt token of the chunk), and nothing is sampled for them.
 """
 
+import gc
+from pathlib import Path
+
 import torch
 
 from kernels import AttentionMetadata, choose_attention_backend, tensor_on
@@ -15,17 +18,16 @@ from runtime.core.scheduler import ScheduledBatch
 from runtime.core.sequence import Request, Sequence
 from runtime.distributed import all_reduce_min, broadcast_from_rank0, destroy_tp_group, init_tp_group
 from runtime.errors import InvalidInputError, describe
-from runtime.lora import attach_lora, load_into_slot
-from runtime.models import load_weights, pack_linear_weights
+from runtime.lora import load_into_slot
 from runtime.models.chunked_attention import ChunkedAttentionMetadata, chunked_view
-from runtime.models.loader import tensor_names
-from runtime.models.quantization import finish_quantized_linears, quantize_model
 from runtime.models.rotary import LengthScaledRope
 from runtime.models.spec import ModelSpec
 from runtime.models.state_cache import StateStep, allocate_states, stateful_layers
 from runtime.speculative.verifier import split_rows
+from runtime.worker.gpu_budget import gpu_kv_budget
+from runtime.worker.model_builder import build_model, check_same_shapes
 from runtime.worker.sampler import Sampler, draw_offsets, token_logprob
-from runtime.worker.step import LaunchedStep, StepInputs, StepResult
+from runtime.worker.step import LaunchedStep, RunnerCall, StepInputs, StepResult
 
 _CPU_KV_BYTES = 2 << 30
 
@@ -50,52 +52,46 @@ class ModelRunner:
         if config.tensor_parallel_size > 1:
             init_tp_group(rank, config.tensor_parallel_size, tp_address, self.device.type)
         torch.manual_seed(config.seed)
-        with spec.building(self.device):
-            self.model = spec.model_class(spec.hf_config, spec.max_model_len)
-            if spec.quantization is not None:
-                quantize_model(self.model, spec.quantization, tensor_names(self.model, spec.path))
-        chunk = self.model.attention_chunk_size
-        if chunk is not None and chunk % config.block_size:
-            raise InvalidInputError("block_size", f"{config.block_size} does not divide the model's attention chunks "
-                                    f"({chunk} positions)")
-        load_weights(self.model, spec.path)
-        finish_quantized_linears(self.model)
-        pack_linear_weights(self.model)
-        self.model.eval()
-        self.lora_batch = None
-        if config.enable_lora:
-            self.lora_batch = attach_lora(self.model, config.max_loras, config.max_lora_rank, spec.dtype, self.device)
+        self.weights = spec.path  # the checkpoint the weights came from: waking up loads it again
+        self.model, self.lora_batch = build_model(spec, config, self.device, spec.path)
         self.sampler = Sampler(eos_token_ids, self.device)
-        use_graphs = (self.device.type == "cuda" and not config.enforce_eager and config.tensor_parallel_size == 1
-                      and self.attention_backend.supports_cuda_graphs and not config.enable_lora
-                      and self.model.lm_head is not None
-                      and all(getattr(module, "cuda_graphs", True) for module in self.model.modules()))
+        self.use_graphs = (self.device.type == "cuda" and not config.enforce_eager and config.tensor_parallel_size == 1
+                           and self.attention_backend.supports_cuda_graphs and not config.enable_lora
+                           and self.model.lm_head is not None
+                           and all(getattr(module, "cuda_graphs", True) for module in self.model.modules()))
         self.graphs = None
         self.scaled_rope = LengthScaledRope.of(spec.hf_config, spec.max_model_len)
         self.keep_hidden = False  # a multi-token-prediction proposer reads each step's hidden states (every row)
         self.hidden: torch.Tensor | None = None  # the last step's, when kept
-        # attention layers hold the paged KV cache; stateful ones (linear attention) a state per sequence's slot
-        self.attention_layers = [a for a in (getattr(layer, "self_attn", None) for layer in self.model.model.layers)
-                                 if a is not None]
+        self.attention_layers = _attention_layers(self.model)
+        self.num_blocks = self._allocate_kv_cache()
+        self._attach_caches()
+
+    def _attach_caches(self) -> None:
+        """Point the model's attention layers at the KV cache, give its stateful layers their state pools, and
+        capture the decode graphs over them."""
+        self.attention_layers = _attention_layers(self.model)
+        planes = self.kv_cache.shape[0]
+        for i, attention in enumerate(self.attention_layers):
+            attention.k_cache = self.kv_cache[0, i]
+            attention.v_cache = self.kv_cache[planes - 1, i]
         self.stateful_layers = stateful_layers(self.model)
-        allocate_states(self.stateful_layers, config.max_num_seqs, self.device)
-        self.num_blocks = self._allocate_kv_cache(use_graphs)
-        if use_graphs:
+        allocate_states(self.stateful_layers, self.config.max_num_seqs, self.device)
+        if self.use_graphs:
             from runtime.worker.cuda_graphs import DecodeGraphs  # imports Triton, which a CPU machine may lack
 
-            self.graphs = DecodeGraphs(self.model, config.max_num_seqs, spec.max_model_len, config.block_size,
-                                       self.attention_backend, self.device)
+            self.graphs = DecodeGraphs(self.model, self.config.max_num_seqs, self.spec.max_model_len,
+                                       self.config.block_size, self.attention_backend, self.device)
 
-    def _allocate_kv_cache(self, use_graphs: bool) -> int:
+    def _allocate_kv_cache(self) -> int:
         cfg, max_model_len, dtype = self.config, self.spec.max_model_len, self.kv_cache_dtype
-        layers, planes = len(self.attention_layers), self._kv_planes()
-        shape = self._block_shape()
+        layers, planes, shape = len(self.attention_layers), self.kv_planes(), self.block_shape()
         bytes_per_block = planes * layers * shape[0] * shape[1] * shape[2] * dtype.itemsize
         self.kv_bytes_per_token = bytes_per_block // cfg.block_size
         budget = cfg.kv_cache_bytes
         if budget is None:  # enough for every sequence at full length, within what the device can give
             full = -(-cfg.max_num_seqs * max_model_len // cfg.block_size) * bytes_per_block
-            budget = min(full, self._profile_gpu_budget(use_graphs) if self.device.type == "cuda" else _CPU_KV_BYTES)
+            budget = min(full, gpu_kv_budget(self, self.use_graphs) if self.device.type == "cuda" else _CPU_KV_BYTES)
         num_blocks = all_reduce_min(max(0, budget) // bytes_per_block)  # every rank must agree on the pool
         if num_blocks * cfg.block_size < max_model_len:
             raise InvalidInputError(
@@ -105,55 +101,13 @@ class ModelRunner:
                 f"fewer than max_model_len ({max_model_len}); raise the budget or lower max_model_len"
             )
         self.kv_cache = torch.zeros((planes, layers, num_blocks, *shape), dtype=dtype, device=self.device)
-        for i, attention in enumerate(self.attention_layers):
-            attention.k_cache = self.kv_cache[0, i]
-            attention.v_cache = self.kv_cache[planes - 1, i]
         return num_blocks
 
-    @torch.inference_mode()
-    def _profile_gpu_budget(self, use_graphs: bool) -> int:
-        """KV bytes that `gpu_memory_utilization` of the whole device leaves once what is already in use (this
-        engine's weights, other processes and engines) and the largest step's activations are accounted for.
-
-        Runs the largest step the scheduler can form (max_num_batched_tokens prompt tokens, in sequences of
-        at most max_model_len, over a scratch cache) and samples max_num_seqs rows, recording the peak.
-        """
-        cfg = self.config
-        tokens, seq_len = cfg.max_num_batched_tokens, min(self.spec.max_model_len, cfg.max_num_batched_tokens)
-        lens = [seq_len] * (tokens // seq_len) + ([tokens % seq_len] if tokens % seq_len else [])
-        blocks_per_seq = -(-seq_len // cfg.block_size)
-        scratch = torch.empty((self._kv_planes(), len(lens) * blocks_per_seq, *self._block_shape()),
-                              dtype=self.kv_cache_dtype, device=self.device)
-        for attention in self.attention_layers:
-            attention.k_cache, attention.v_cache = scratch[0], scratch[-1]
-        torch.cuda.synchronize(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        before = torch.cuda.memory_allocated(self.device)
-        tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(len(lens))]
-        inputs = StepInputs([0] * tokens, [p for n in lens for p in range(n)], lens, lens, tables, 0, [], [],
-                            state_slots=[i % cfg.max_num_seqs for i in range(len(lens))])
-        hidden = self._forward(inputs)
-        workspace = []
-        if self.model.lm_head is not None:  # a base (embedding) model samples nothing
-            logits = self.model.compute_logits(hidden[: min(cfg.max_num_seqs, tokens)]).float()
-            # the sampler's worst case: raw logprobs, processed logits, probabilities and their float64 CDF
-            workspace = [logits, torch.log_softmax(logits, -1), logits.clone(), torch.softmax(logits, -1),
-                         torch.empty_like(logits, dtype=torch.float64)]
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device) - before  # the scratch cache was already in `before`
-        del hidden, workspace, scratch
-        torch.cuda.empty_cache()
-        free, total = torch.cuda.mem_get_info(self.device)
-        budget = int(total * cfg.gpu_memory_utilization) - (total - free) - peak
-        if use_graphs:  # room for the decode graphs' pool: their largest batch's logits and activations, twice
-            budget -= 2 * cfg.max_num_seqs * (self.model.lm_head.vocab_size * 4 + 64 * 1024)
-        return budget
-
-    def _kv_planes(self) -> int:
+    def kv_planes(self) -> int:
         """2 (keys, values), or 1 where values are read from the keys (latent attention)."""
         return self.attention_layers[0].kv_planes
 
-    def _block_shape(self) -> tuple[int, int, int]:
+    def block_shape(self) -> tuple[int, int, int]:
         """One KV-cache block of one layer: (block_size, this rank's KV heads, head size)."""
         return self.config.block_size, self.attention_layers[0].num_kv_heads, self.spec.head_dim
 
@@ -313,7 +267,7 @@ class ModelRunner:
                 len(inputs.query_lens), inputs.num_decodes, max(map(len, inputs.block_tables))):
             return self.graphs.run(self._input_ids(inputs, previous_tokens), inputs.positions, inputs.context_lens,
                                    inputs.block_tables, self.config.block_size), [], []
-        hidden = self._forward(inputs, previous_tokens)
+        hidden = self.forward(inputs, previous_tokens)
         self.hidden = hidden if self.keep_hidden else None
         logits = self.model.compute_logits(hidden[inputs.logit_rows]) if inputs.logit_rows else None
         prompt_logits = [self.model.compute_logits(hidden[first : first + count])
@@ -321,7 +275,7 @@ class ModelRunner:
         pooled = [hidden[first : first + count].float().sum(0) for first, count in inputs.pool_spans]
         return logits, prompt_logits, pooled
 
-    def _forward(self, inputs: StepInputs, previous_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, inputs: StepInputs, previous_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """The model's final hidden states for the step's tokens."""
         if self.stateful_layers:
             step = StateStep.build(inputs.state_slots, inputs.query_lens, inputs.context_lens, self.device)
@@ -342,8 +296,64 @@ class ModelRunner:
                                                                      self.device))
 
     def serve_rank0(self) -> None:
-        """A worker rank's loop: run every step rank 0 broadcasts, until it sends None."""
+        """A worker rank's loop: run every step (or call) rank 0 broadcasts, until it sends None."""
         while (inputs := broadcast_from_rank0()) is not None:
-            self.execute(inputs)
+            if isinstance(inputs, RunnerCall):
+                getattr(self, inputs.name)(*inputs.args)
+            else:
+                self.execute(inputs)
         destroy_tp_group()
 
+    # --- weights and memory (the engine's lifecycle: runtime.engine.lifecycle) ---------------------------
+
+    def load_weights_from(self, path: Path) -> None:
+        """Rebuild the model from another checkpoint of the same architecture and shapes; the KV cache stays (the
+        engine has sent every sequence back to recompute)."""
+        check_same_shapes(self.weights, path)
+        self._on_every_rank("load_weights_from", path)
+        self._drop_model()
+        try:
+            self.model, self.lora_batch = build_model(self.spec, self.config, self.device, path)
+        except BaseException:
+            self.model, self.lora_batch = build_model(self.spec, self.config, self.device, self.weights)
+            self._attach_caches()
+            raise
+        self.weights = path
+        self._attach_caches()
+
+    def sleep(self) -> None:
+        """Release the weights and the KV cache; `wake_up` builds them again (the weights from their checkpoint)."""
+        self._on_every_rank("sleep")
+        self._drop_model()
+        self.kv_cache = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def wake_up(self) -> None:
+        self._on_every_rank("wake_up")
+        self.model, self.lora_batch = build_model(self.spec, self.config, self.device, self.weights)
+        self.attention_layers = _attention_layers(self.model)
+        shape = (self.kv_planes(), len(self.attention_layers), self.num_blocks, *self.block_shape())
+        self.kv_cache = torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
+        self._attach_caches()
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """The KV cache's size now: 0 while asleep."""
+        return 0 if self.kv_cache is None else self.kv_cache.numel() * self.kv_cache.element_size()
+
+    def _drop_model(self) -> None:
+        self.model = self.lora_batch = self.graphs = self.hidden = None
+        self.attention_layers, self.stateful_layers = [], []
+        gc.collect()
+
+    def _on_every_rank(self, name: str, *args) -> None:
+        """On rank 0 of a tensor-parallel group: have the other ranks call `name` too."""
+        if self.rank == 0 and self.config.tensor_parallel_size > 1:
+            broadcast_from_rank0(RunnerCall(name, args))
+
+
+def _attention_layers(model) -> list:
+    """The layers that hold the paged KV cache (a hybrid model's linear-attention layers keep a state per sequence's
+    slot instead)."""
+    return [a for a in (getattr(layer, "self_attn", None) for layer in model.model.layers) if a is not None]

@@ -1,5 +1,6 @@
 """What a step carries between the engine and the model runner: the inputs every rank runs (`StepInputs`), a step
-launched on the device (`LaunchedStep`), and what it gave once collected (`StepResult`)."""
+launched on the device (`LaunchedStep`), and what it gave once collected (`StepResult`); and what rank 0 has the
+other ranks run between steps (`RunnerCall`)."""
 
 from dataclasses import dataclass, field
 
@@ -74,3 +75,11 @@ class StepInputs:
         """Whether the step's only outputs are one sampled logit row per sequence, in order (what a decode graph
         computes): no prompt logprobs, no pooled states, no sequence that samples nothing."""
         return not (self.prompt_spans or self.pool_spans) and self.logit_rows == list(range(len(self.query_lens)))
+
+
+@dataclass
+class RunnerCall:
+    """A method rank 0 has every other rank run between two steps (new weights, sleep, wake up)."""
+
+    name: str
+    args: tuple = ()

@@ -46,6 +46,23 @@ def test_tp2_with_one_kv_head_replicates_it(ray_cluster, one_kv_head_model):
         llm.shutdown()
 
 
+def test_tp2_takes_new_weights_and_wakes_up_on_every_rank(ray_cluster, qwen2_model, tmp_path):
+    """The lifecycle (runtime.engine.lifecycle) reaches the workers: each rank loads its shard of the new
+    checkpoint, and sleeps and wakes up with rank 0."""
+    trained = build_model_dir(tmp_path / "trained", "qwen2", seed=1)
+    expected = _tokens(LLM(str(trained), max_model_len=256))
+    llm = LLM(str(qwen2_model), max_model_len=256, tensor_parallel_size=2)
+    try:
+        assert _tokens(llm) != expected
+        llm.update_weights(str(trained))
+        assert _tokens(llm) == expected
+        llm.sleep()
+        llm.wake_up()
+        assert _tokens(llm) == expected and llm.engine.healthy()
+    finally:
+        llm.shutdown()
+
+
 def test_impossible_split_is_refused_at_start(qwen2_model):
     with pytest.raises(InvalidInputError) as e:
         LLM(str(qwen2_model), tensor_parallel_size=3)  # 4 heads, 2 KV heads

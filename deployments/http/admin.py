@@ -1,0 +1,100 @@
+"""Admin routes for the engine lifecycle (runtime.engine.lifecycle), as reinforcement-learning frameworks drive
+vLLM and SGLang between rollouts: pause and resume generation, reset the prefix cache, load new weights from a
+checkpoint, sleep and wake up. vLLM's route names (SGLang's for the weights: `/update_weights_from_disk` with
+`model_path`); each applies to every replica of the model the body names (the only one served, by default).
+
+They exist only while the app config sets `admin_api_key`, and take it as `Authorization: Bearer <key>` (an API
+key does not open them): without it set they are 404s, as routes that do not exist.
+"""
+
+import hmac
+from typing import Literal
+
+from fastapi import APIRouter, Request
+from pydantic import Field
+
+from deployments.api.request_model import RequestModel
+from deployments.api.routing import Front
+from deployments.errors import OpenAIError
+from deployments.http.front import OpenAIFront
+
+router = APIRouter()
+
+
+class AdminRequest(RequestModel):
+    model: str | None = None
+
+
+class PauseRequest(AdminRequest):
+    # keep: requests in flight wait for /resume (new ones queue); abort: they end now, with finish_reason "abort"
+    mode: Literal["keep", "abort"] = "keep"
+
+
+class UpdateWeightsRequest(AdminRequest):
+    model_path: str = Field(min_length=1)  # a checkpoint directory of the served model's architecture and shapes
+
+
+async def _run(request: Request, front: OpenAIFront, body_model: type[AdminRequest], operation: str,
+               *fields: str) -> dict:
+    """Check the admin key, parse the body (an empty one is the defaults) and run `operation` with the body's
+    `fields` on every replica of its model."""
+    _check_admin(request, front)
+    body = await front.body.parse(request, body_model) if await request.body() else body_model()
+    client = front.models.client(body.model)
+    states = await client.on_every_replica("lifecycle", operation, *(getattr(body, f) for f in fields))
+    return {"success": True, "replicas": len(states)}
+
+
+def _check_admin(request: Request, front: OpenAIFront) -> None:
+    key = front.config.admin_api_key
+    if key is None:
+        raise OpenAIError(404, f"Not Found: {request.url.path}")
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
+        raise OpenAIError(401, "this admin route needs the app's admin_api_key as 'Authorization: Bearer <key>'",
+                          code="invalid_api_key")
+
+
+async def _state(request: Request, front: OpenAIFront, model: str | None) -> list[dict]:
+    _check_admin(request, front)
+    return await front.models.client(model).on_every_replica("lifecycle_state")
+
+
+@router.post("/pause")
+async def pause(request: Request, front: OpenAIFront = Front):
+    return await _run(request, front, PauseRequest, "pause", "mode")
+
+
+@router.post("/resume")
+async def resume(request: Request, front: OpenAIFront = Front):
+    return await _run(request, front, AdminRequest, "resume")
+
+
+@router.post("/reset_prefix_cache")
+async def reset_prefix_cache(request: Request, front: OpenAIFront = Front):
+    return await _run(request, front, AdminRequest, "reset_prefix_cache")
+
+
+@router.post("/update_weights_from_disk")
+async def update_weights_from_disk(request: Request, front: OpenAIFront = Front):
+    return await _run(request, front, UpdateWeightsRequest, "update_weights", "model_path")
+
+
+@router.post("/sleep")
+async def sleep(request: Request, front: OpenAIFront = Front):
+    return await _run(request, front, AdminRequest, "sleep")
+
+
+@router.post("/wake_up")
+async def wake_up(request: Request, front: OpenAIFront = Front):
+    return await _run(request, front, AdminRequest, "wake_up")
+
+
+@router.get("/is_paused")
+async def is_paused(request: Request, model: str | None = None, front: OpenAIFront = Front):
+    return {"is_paused": all(state["paused"] for state in await _state(request, front, model))}
+
+
+@router.get("/is_sleeping")
+async def is_sleeping(request: Request, model: str | None = None, front: OpenAIFront = Front):
+    return {"is_sleeping": all(state["asleep"] for state in await _state(request, front, model))}

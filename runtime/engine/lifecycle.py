@@ -1,0 +1,103 @@
+"""What reinforcement-learning frameworks (verl, OpenRLHF, slime) drive a serving engine through between rollouts,
+as vLLM and SGLang offer it: pause and resume generation, new weights from a checkpoint, a prefix-cache reset,
+and sleep (weights and KV cache released, the process kept) and wake up.
+
+Each runs on the engine's own thread between two steps, and returns the deltas it produced (the step still in
+flight under async scheduling, completed first; the requests a pause with mode "abort" ended). New weights and
+sleep send every running sequence back to wait: it is recomputed from its first token, its output so far kept,
+so no token after the change reads keys and values of the old weights; and the prefix cache is reset, so no
+block computed before is hit again. While paused or asleep the engine takes requests but runs no step.
+"""
+
+from pathlib import Path
+
+from runtime.errors import InvalidInputError
+from runtime.outputs import RequestDelta, SequenceDelta
+
+PAUSE_MODES = ("keep", "abort")  # requests in flight wait for `resume`, or end with finish_reason "abort"
+LIFECYCLE = ("pause", "resume", "reset_prefix_cache", "update_weights", "sleep", "wake_up")  # the operations
+
+
+class EngineLifecycle:
+    """Mixed into LLMEngine (its scheduler, block manager, runner, requests and step completion)."""
+
+    paused = False
+    asleep = False
+
+    @property
+    def runnable(self) -> bool:
+        """Whether a step has work to do: requests in flight, and neither paused nor asleep."""
+        return self.has_unfinished_requests() and not self.paused and not self.asleep
+
+    def pause(self, mode: str = "keep") -> list[RequestDelta]:
+        if mode not in PAUSE_MODES:
+            raise InvalidInputError("mode", f"must be one of {PAUSE_MODES}, got {mode!r}")
+        deltas = self._settle()
+        if mode == "abort":
+            deltas += [self._aborted(request) for request in list(self.requests.values())]
+        self.paused = True
+        return deltas
+
+    def resume(self) -> list[RequestDelta]:
+        self.paused = False
+        return []
+
+    def reset_prefix_cache(self) -> list[RequestDelta]:
+        self.block_manager.reset_prefix_cache()
+        return []
+
+    def update_weights(self, model_path: str) -> list[RequestDelta]:
+        """Load a checkpoint of the served model's architecture and shapes (a trainer's new weights)."""
+        self._changes_weights("update weights")
+        if self.asleep:
+            raise InvalidInputError("model_path", "the engine is asleep: wake it up first")
+        deltas = self._settle()
+        self._recompute_all()
+        self.runner.load_weights_from(Path(model_path))
+        self.block_manager.reset_prefix_cache()
+        return deltas
+
+    def sleep(self) -> list[RequestDelta]:
+        self._changes_weights("sleep")
+        deltas = self._settle()
+        if not self.asleep:
+            self._recompute_all()
+            self.runner.sleep()
+            self.block_manager.reset_prefix_cache()
+            self.asleep = True
+        return deltas
+
+    def wake_up(self) -> list[RequestDelta]:
+        if self.asleep:
+            self.runner.wake_up()
+            self.asleep = False
+        return []
+
+    def _changes_weights(self, what: str) -> None:
+        method = self.config.speculative_config.method if self.config.speculative_config else None
+        if method in ("mtp", "draft_model"):
+            raise InvalidInputError("speculative_config", f"cannot {what} beside a {method} proposer, whose own "
+                                    "weights and KV cache would be left as they are")
+
+    def _settle(self) -> list[RequestDelta]:
+        """Complete the step still in flight (async scheduling), so that no sequence has a token on the device."""
+        launched, self._launched = self._launched, None
+        return [] if launched is None else self._complete(launched)
+
+    def _recompute_all(self) -> None:
+        self.scheduler.preempt_all()
+        if self.adapter_slots is not None:
+            self.adapter_slots.forget()
+
+    def _aborted(self, request) -> RequestDelta:
+        """Finish every unfinished completion of `request` with reason "abort"; its last delta."""
+        delta = self._request_delta(request)
+        for seq in request.seqs:
+            if not seq.is_finished:
+                self._finish(seq, "abort", None)
+                delta.seqs.append(SequenceDelta(seq.index, [], seq.detokenizer.release(final=True)
+                                                if seq.detokenizer is not None else "", None, "abort",
+                                                num_output_tokens=seq.num_output_tokens))
+        delta.finished = True
+        del self.requests[request.request_id]
+        return delta
