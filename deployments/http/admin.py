@@ -1,22 +1,26 @@
 """Admin routes for the engine lifecycle (runtime.engine.lifecycle), as reinforcement-learning frameworks drive
 vLLM and SGLang between rollouts: pause and resume generation, reset the prefix cache, load new weights from a
-checkpoint, sleep and wake up. vLLM's route names (SGLang's for the weights: `/update_weights_from_disk` with
-`model_path`); each applies to every replica of the model the body names (the only one served, by default).
+checkpoint, sleep and wake up; and vLLM's LoRA adapter loading and unloading. vLLM's route names and bodies
+(SGLang's for the weights: `/update_weights_from_disk` with `model_path`); each applies to every replica of the
+model the body names (the only one served, by default).
 
 They exist only while the app config sets `admin_api_key`, and take it as `Authorization: Bearer <key>` (an API
 key does not open them): without it set they are 404s, as routes that do not exist.
 """
 
+import asyncio
 import hmac
 from typing import Literal
 
 from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse
 from pydantic import Field
 
 from deployments.api.request_model import RequestModel
 from deployments.api.routing import Front
 from deployments.errors import OpenAIError
 from deployments.http.front import OpenAIFront
+from deployments.replica.adapters import AdapterSource
 
 router = APIRouter()
 
@@ -32,6 +36,15 @@ class PauseRequest(AdminRequest):
 
 class UpdateWeightsRequest(AdminRequest):
     model_path: str = Field(min_length=1)  # a checkpoint directory of the served model's architecture and shapes
+
+
+class LoadLoraRequest(AdminRequest):
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)  # a directory where the route is served, or a file:// or s3:// URI
+
+
+class UnloadLoraRequest(AdminRequest):
+    lora_name: str = Field(min_length=1)
 
 
 async def _run(request: Request, front: OpenAIFront, body_model: type[AdminRequest], operation: str,
@@ -98,3 +111,37 @@ async def is_paused(request: Request, model: str | None = None, front: OpenAIFro
 @router.get("/is_sleeping")
 async def is_sleeping(request: Request, model: str | None = None, front: OpenAIFront = Front):
     return {"is_sleeping": all(state["asleep"] for state in await _state(request, front, model))}
+
+
+@router.post("/v1/load_lora_adapter")
+async def load_lora_adapter(request: Request, front: OpenAIFront = Front):
+    """vLLM's: the adapter is copied under the model's `dynamic_lora_loading_path`, where every replica finds it,
+    and each replica's engine reads it (refused, and removed again, if one cannot run it); requests name it
+    `<model_id>:<lora_name>`."""
+    body, source = await _adapter_route(request, front, LoadLoraRequest)
+    await asyncio.to_thread(source.stage, body.lora_name, body.lora_path)
+    try:
+        await front.models.client(source.model_id).on_every_replica("check_adapter", body.lora_name)
+    except OpenAIError:
+        await asyncio.to_thread(source.remove, body.lora_name)
+        raise
+    return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+
+@router.post("/v1/unload_lora_adapter")
+async def unload_lora_adapter(request: Request, front: OpenAIFront = Front):
+    """vLLM's: the adapter leaves the loading path and every replica; requests running with it finish, later ones
+    naming it are 404s."""
+    body, source = await _adapter_route(request, front, UnloadLoraRequest)
+    await asyncio.to_thread(source.remove, body.lora_name)
+    await front.models.client(source.model_id).on_every_replica("forget_adapter", body.lora_name)
+    return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
+
+
+async def _adapter_route(request: Request, front: OpenAIFront, body_model: type[AdminRequest]):
+    _check_admin(request, front)
+    body = await front.body.parse(request, body_model)
+    source = front.models.adapters[front.models.model_id(body.model)]
+    if not isinstance(source, AdapterSource):
+        raise OpenAIError(400, f"model: {source.model_id!r} serves no LoRA adapters (it has no lora_config)", "model")
+    return body, source

@@ -80,6 +80,34 @@ class AdapterSource(ModelAdapters):
                     self._fetch(name, cache / name, model)
         return LoRARequest(name, str(cache / name))
 
+    def stage(self, name: str, source: str) -> None:
+        """vLLM's /v1/load_lora_adapter: copy the adapter at `source` (a directory on this node, or a `file://` or
+        `s3://` URI) under the loading path as `name`, where every replica finds it. 400 for a bad name or source,
+        or a name already there."""
+        if not _NAME.fullmatch(name):
+            raise OpenAIError(400, f"lora_name: {name!r} is not a valid adapter name (letters, digits, '.', '_', '-')",
+                              "lora_name")
+        if self.store.size(f"{name}/{FILES[0]}") is not None:
+            raise OpenAIError(400, f"lora_name: the adapter {name!r} is already loaded; unload it first", "lora_name")
+        try:
+            files = {file: _read_source(source, file) for file in FILES}
+        except (OSError, StoreError) as e:
+            raise OpenAIError(400, f"lora_path: no PEFT adapter at {source!r} ({e})", "lora_path") from None
+        self.store.put(f"{name}/{FILES[1]}", files[FILES[1]])
+        self.store.put(f"{name}/{FILES[0]}", files[FILES[0]])  # last: an adapter is listed once whole
+
+    def remove(self, name: str) -> None:
+        """vLLM's /v1/unload_lora_adapter: delete the adapter from the loading path; 404 when it is not there."""
+        if not _NAME.fullmatch(name) or self.store.size(f"{name}/{FILES[0]}") is None:
+            raise OpenAIError(404, f"lora_name: no adapter {name!r} is loaded", "lora_name", "model_not_found")
+        self.store.delete_many([f"{name}/{file}" for file in FILES])
+
+    def forget(self, name: str) -> None:
+        """Drop this replica's fetched copy of `name` (unloaded: a later adapter of that name is fetched anew)."""
+        with self._fetching:
+            if self._cache is not None:
+                shutil.rmtree(self._cache / name, ignore_errors=True)
+
     def _fetch(self, name: str, local: Path, model: str) -> None:
         staging = Path(tempfile.mkdtemp(dir=self._cache, prefix=".fetch-"))
         try:
@@ -96,6 +124,12 @@ class AdapterSource(ModelAdapters):
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
+
+
+def _read_source(source: str, file: str) -> bytes:
+    if "://" in source:
+        return open_store(source).get(file)
+    return (Path(source) / file).read_bytes()
 
 
 def adapters_of(config: LLMConfig) -> ModelAdapters:

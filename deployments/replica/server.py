@@ -27,7 +27,14 @@ from deployments.broadcast import on_every_replica
 from deployments.errors import OpenAIError, StreamError
 from deployments.replica.adapters import adapters_of
 from deployments.replica.metrics import EngineGauges, RequestMetrics
-from runtime import AsyncLLMEngine, ContextLengthError, EngineDeadError, InvalidInputError, RequestFailedError
+from runtime import (
+    AsyncLLMEngine,
+    ContextLengthError,
+    EngineDeadError,
+    InvalidInputError,
+    RequestFailedError,
+    SamplingParams,
+)
 from runtime.engine.startup_heap import freeze_startup_heap
 
 logger = logging.getLogger("ray.serve")
@@ -44,7 +51,7 @@ class LLMServer:
                                                   **{"warm_up": True, **config.engine_options})
         logger.info("model %s: engine loaded and warmed up in %.1f s", self.model_id, time.perf_counter() - started)
         texts = TokenTexts(self.engine.tokenizer)
-        adapters = adapters_of(config)
+        self.adapters = adapters = adapters_of(config)
         self.chat_handler = ChatHandler(self.engine, self.model_id, texts, adapters, config.reasoning_parser,
                                         config.tool_call_parser)
         self.completion_handler = CompletionHandler(self.engine, self.model_id, texts, adapters)
@@ -165,6 +172,20 @@ class LLMServer:
             raise OpenAIError(400, str(e), param=e.param) from None
         logger.info("model %s: %s%s done", self.model_id, operation, f" {args}" if args else "")
         return await self.lifecycle_state()
+
+    async def check_adapter(self, name: str) -> None:
+        """An adapter just loaded (vLLM's /v1/load_lora_adapter): fetched here and read by the engine, which
+        refuses one it cannot run (a 400: a rank over max_lora_rank, a module it lacks)."""
+        lora = await asyncio.to_thread(self.adapters.request_for, f"{self.model_id}:{name}")
+        try:
+            await asyncio.to_thread(self.engine.validate, [0], SamplingParams(max_tokens=1), lora)
+        except InvalidInputError as e:
+            raise OpenAIError(400, f"LoRA adapter {name!r}: {e}", "lora_path") from None
+
+    async def forget_adapter(self, name: str) -> None:
+        """An adapter unloaded: this replica's copy goes, and the engine loads the name afresh if it comes back."""
+        await asyncio.to_thread(self.adapters.forget, name)
+        await self.engine.lifecycle("unload_adapter", name)
 
     async def lifecycle_state(self) -> dict:
         stats = self.engine.stats()

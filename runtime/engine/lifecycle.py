@@ -1,6 +1,6 @@
 """What reinforcement-learning frameworks (verl, OpenRLHF, slime) drive a serving engine through between rollouts,
 as vLLM and SGLang offer it: pause and resume generation, new weights from a checkpoint, a prefix-cache reset,
-and sleep (weights and KV cache released, the process kept) and wake up.
+and sleep (weights and KV cache released, the process kept) and wake up; and a LoRA adapter unloaded.
 
 Each runs on the engine's own thread between two steps, and returns the deltas it produced (the step still in
 flight under async scheduling, completed first; the requests a pause with mode "abort" ended). New weights and
@@ -15,7 +15,8 @@ from runtime.errors import InvalidInputError
 from runtime.outputs import RequestDelta, SequenceDelta
 
 PAUSE_MODES = ("keep", "abort")  # requests in flight wait for `resume`, or end with finish_reason "abort"
-LIFECYCLE = ("pause", "resume", "reset_prefix_cache", "update_weights", "sleep", "wake_up")  # the operations
+# the operations
+LIFECYCLE = ("pause", "resume", "reset_prefix_cache", "update_weights", "sleep", "wake_up", "unload_adapter")
 
 
 class EngineLifecycle:
@@ -71,6 +72,12 @@ class EngineLifecycle:
         if self.asleep:
             self.runner.wake_up()
             self.asleep = False
+        return []
+
+    def unload_adapter(self, name: str) -> list[RequestDelta]:
+        """A LoRA adapter unloaded: later requests naming it load it afresh (its files may have changed)."""
+        if self.adapter_slots is not None:
+            self.adapter_slots.forget_adapter(name)
         return []
 
     def _changes_weights(self, what: str) -> None:

@@ -33,6 +33,12 @@ class AdapterSlots:
     def release(self, slot: int) -> None:
         self.pins[slot] -= 1
 
+    def forget_adapter(self, name: str) -> None:
+        """The adapter `name` was unloaded: no new sequence finds it in a slot (sequences running with it keep
+        theirs until they end), so a later adapter of that name is loaded afresh."""
+        if name in self.names:
+            self.names[self.names.index(name)] = None
+
     def forget(self) -> None:
         """Every slot is empty again (the model was built anew); none may be pinned."""
         assert not any(self.pins), "adapter slots still pinned"

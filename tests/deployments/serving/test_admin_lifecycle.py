@@ -1,5 +1,6 @@
-"""The engine lifecycle's admin routes on a two-replica app: each reaches every replica; only the admin key opens
-them; new weights from disk give both replicas a fresh engine's tokens on them."""
+"""The admin routes on a two-replica app: each reaches every replica; only the admin key opens them; a LoRA
+adapter loaded through vLLM's route gives the offline engine's tokens with it on both replicas, and unloaded is a
+404; new weights from disk give both replicas a fresh engine's tokens on them."""
 
 import asyncio
 
@@ -10,7 +11,8 @@ from ray import serve
 from deployments.api.completions.protocol import CompletionRequest
 from deployments.app_config import replica_name
 from deployments.broadcast import on_every_replica
-from runtime import LLM, SamplingParams
+from runtime import LLM, LoRARequest, SamplingParams
+from testing.lora_adapters import make_adapter
 from testing.model_factory import build_model_dir
 from tests.conftest import MODEL_ID, another_app, app_args
 
@@ -21,6 +23,8 @@ ADMIN_KEY = "admin-key-0123456789"
 def admin_app(server, tmp_path_factory):
     args = app_args(server.model_dir, f"file://{tmp_path_factory.mktemp('admin-storage')}")
     args["llm_configs"][0]["deployment_config"] = {"num_replicas": 2}
+    args["llm_configs"][0]["lora_config"] = {
+        "dynamic_lora_loading_path": f"file://{tmp_path_factory.mktemp('admin-adapters')}", "max_lora_rank": 16}
     args.update(admin_api_key=ADMIN_KEY, api_key="user-key")
     with another_app(server, "admin", args) as url:
         yield url
@@ -31,11 +35,40 @@ def _admin(url: str, route: str, body: dict | None = None, key: str = ADMIN_KEY,
                             timeout=120)
 
 
-def _replica_texts(prompt: list[int]) -> list[str]:
+def _replica_texts(prompt: list[int], model: str = MODEL_ID) -> list[str]:
     """Each replica's greedy completion of `prompt`, asked of every replica at once."""
     handle = serve.get_deployment_handle(replica_name(MODEL_ID), app_name="admin")
-    req = CompletionRequest(prompt=prompt, max_tokens=8, temperature=0, ignore_eos=True)
+    req = CompletionRequest(model=model, prompt=prompt, max_tokens=8, temperature=0, ignore_eos=True)
     return [reply["choices"][0]["text"] for reply in asyncio.run(on_every_replica(handle, "completions", req))]
+
+
+def test_lora_adapters_load_and_unload_on_every_replica(server, admin_app, tmp_path):
+    make_adapter(server.model_dir, tmp_path / "fresh", 8, 16, ["q_proj", "v_proj", "down_proj"], False, seed=3)
+    make_adapter(server.model_dir, tmp_path / "too-big", 32, 16, ["q_proj"], False, seed=4)
+    load = {"lora_name": "fresh", "lora_path": str(tmp_path / "fresh")}
+    loaded = _admin(admin_app, "v1/load_lora_adapter", load)
+    assert loaded.status_code == 200 and loaded.text == "Success: LoRA adapter 'fresh' added successfully."
+    refused = {"already loaded": (load, "lora_name"), "a bad name": ({**load, "lora_name": "../x"}, "lora_name"),
+               "no adapter there": ({**load, "lora_name": "other", "lora_path": str(tmp_path)}, "lora_path"),
+               "a rank over max_lora_rank": ({"lora_name": "big", "lora_path": str(tmp_path / "too-big")},
+                                             "lora_path")}
+    for why, (body, param) in refused.items():
+        response = _admin(admin_app, "v1/load_lora_adapter", body)
+        assert (response.status_code, response.json()["error"]["param"]) == (400, param), why
+    models = requests.get(f"{admin_app}/v1/models", headers={"Authorization": "Bearer user-key"}).json()
+    assert [m["id"] for m in models["data"]] == [MODEL_ID, f"{MODEL_ID}:fresh"]  # the refused one was removed
+
+    prompt = [5, 6, 7, 8] * 6
+    llm = LLM(str(server.model_dir), enable_lora=True, max_model_len=512)
+    expected = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+                            lora_request=LoRARequest("fresh", str(tmp_path / "fresh")))[0].outputs[0].text
+    assert _replica_texts(prompt, f"{MODEL_ID}:fresh") == [expected] * 2 != _replica_texts(prompt)
+    unloaded = _admin(admin_app, "v1/unload_lora_adapter", {"lora_name": "fresh"})
+    assert unloaded.status_code == 200 and unloaded.text == "Success: LoRA adapter 'fresh' removed successfully."
+    assert _admin(admin_app, "v1/unload_lora_adapter", {"lora_name": "fresh"}).status_code == 404
+    gone = requests.post(f"{admin_app}/v1/completions", json={"model": f"{MODEL_ID}:fresh", "prompt": "hi"},
+                         headers={"Authorization": "Bearer user-key"})
+    assert gone.status_code == 404
 
 
 def test_admin_routes_pause_update_and_sleep_every_replica(server, admin_app, tmp_path):
