@@ -104,6 +104,8 @@ class AppConfig(StrictModel):
     llm_configs: list[LLMConfig] = Field(min_length=1)
     storage_uri: StorageUri = "file://./rayllm-storage"
     api_key: str | list[str] | None = None  # when set, every route but /health needs one of these keys
+    # OpenTelemetry traces of requests go here, over OTLP/HTTP (deployments/tracing.py); unset, none are made
+    otlp_traces_endpoint: str | None = None
     # the engine lifecycle's admin routes (deployments/http/admin.py) take it as a bearer token; off while unset
     admin_api_key: str | None = Field(None, min_length=16)
     max_request_bytes: int = Field(16 * 1024 * 1024, gt=0)

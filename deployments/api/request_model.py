@@ -1,6 +1,6 @@
 """The base of every request body the APIs parse."""
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 # vLLM's `priority` on a request: lower runs first, 0 by default; the engine orders by it within a tier (online
 # requests, then batch lines: `engine_priority`)
@@ -14,6 +14,7 @@ class RequestModel(BaseModel):
     infinities are refused."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    _trace: dict | None = PrivateAttr(None)  # the trace context it carries to its replica (deployments/tracing.py)
 
 
 def engine_priority(tier: int, priority: int) -> int:

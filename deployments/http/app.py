@@ -31,6 +31,7 @@ from deployments.http.front import OpenAIFront
 from deployments.http.key_admission import KeyAdmission
 from deployments.http.metrics import RequestCounter, node_metrics_text
 from deployments.http.request_limits import RequestLimits
+from deployments.tracing import HttpSpans, tracing
 
 router = APIRouter()
 ROUTERS = (router, chat.router, completions.router, generate.router, embeddings.router, tokenize.router,
@@ -52,6 +53,8 @@ def build_app(front: OpenAIFront) -> FastAPI:
                        body_grace_s=config.body_grace_s, min_body_bytes_per_s=config.min_body_bytes_per_s)
     app.add_middleware(RequestCounter)
     app.add_middleware(DisconnectOnCancel)
+    if tracing():
+        app.add_middleware(HttpSpans)
     app.add_exception_handler(OpenAIError, _openai_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

@@ -19,6 +19,7 @@ from deployments.http.body import BodyParser
 from deployments.http.models import ModelRegistry
 from deployments.storage import open_store
 from deployments.storage.usage import Quota
+from deployments.tracing import carry, start_tracing
 
 
 @dataclass
@@ -33,6 +34,7 @@ class OpenAIFront:
     @classmethod
     def for_app(cls, config: AppConfig, clients: dict[str, ModelClient], app_name: str) -> "OpenAIFront":
         """The front of the Serve application `app_name` (its batch manager is named after it)."""
+        start_tracing(config.otlp_traces_endpoint, "rayllm-http")
         models = ModelRegistry(config, clients)
         file_limits = FileLimits(config.max_file_bytes, config.max_file_lines,
                                  Quota(config.max_files_per_key, config.max_file_bytes_per_key))
@@ -52,4 +54,5 @@ class OpenAIFront:
         engine shares its seats fairly among owners)."""
         owner = self.auth.owner(request)
         body = await self.body.parse(request, model)
+        carry(body)
         return body, self.models.client(body.model), owner

@@ -27,6 +27,7 @@ from deployments.broadcast import on_every_replica
 from deployments.errors import OpenAIError, StreamError
 from deployments.replica.adapters import adapters_of
 from deployments.replica.metrics import EngineGauges, RequestMetrics
+from deployments.tracing import Observers, RequestSpans, continued, start_tracing, tracing
 from runtime import (
     AsyncLLMEngine,
     ContextLengthError,
@@ -40,14 +41,18 @@ from runtime.engine.startup_heap import freeze_startup_heap
 logger = logging.getLogger("ray.serve")
 
 class LLMServer:
-    def __init__(self, config: LLMConfig):
+    def __init__(self, config: LLMConfig, otlp_traces_endpoint: str | None = None):
+        """`otlp_traces_endpoint`: where this replica's spans go (deployments/tracing.py); None: it makes none."""
         self.model_id = config.model_id
+        start_tracing(otlp_traces_endpoint, f"rayllm-replica {self.model_id}")
         # new tokens reach this process at most once per interval: fewer wake-ups, SSE events and hops per token
         interval_s = config.experimental_configs.stream_batching_interval_ms / 1000
         # warmed up before this replica says ready, unless engine_kwargs say warm_up: false
         started = time.perf_counter()
-        self.engine = AsyncLLMEngine.from_options(config.model_loading_config.source, interval_s,
-                                                  RequestMetrics(self.model_id),
+        observer = RequestMetrics(self.model_id)
+        if tracing():
+            observer = Observers(observer, RequestSpans(self.model_id))
+        self.engine = AsyncLLMEngine.from_options(config.model_loading_config.source, interval_s, observer,
                                                   **{"warm_up": True, **config.engine_options})
         logger.info("model %s: engine loaded and warmed up in %.1f s", self.model_id, time.perf_counter() - started)
         texts = TokenTexts(self.engine.tokenizer)
@@ -72,21 +77,25 @@ class LLMServer:
     async def chat(self, req: ChatCompletionRequest, request_id: str | None = None, priority: int = 0,
                    owner: str | None = None) -> dict:
         self._serves("generate")
-        return await _reply(self.chat_handler.complete(req, request_id or new_id("chatcmpl-"), priority, owner))
+        with continued(req):
+            return await _reply(self.chat_handler.complete(req, request_id or new_id("chatcmpl-"), priority, owner))
 
     async def completions(self, req: CompletionRequest, request_id: str | None = None, priority: int = 0,
                           owner: str | None = None) -> dict:
         self._serves("generate")
-        return await _reply(self.completion_handler.complete(req, request_id or new_id("cmpl-"), priority, owner))
+        with continued(req):
+            return await _reply(self.completion_handler.complete(req, request_id or new_id("cmpl-"), priority, owner))
 
     async def generate(self, req: GenerateRequest, owner: str | None = None) -> dict | list:
         self._serves("generate")
-        return await _reply(self.generate_handler.complete(req, owner=owner))
+        with continued(req):
+            return await _reply(self.generate_handler.complete(req, owner=owner))
 
     async def embeddings(self, req: EmbeddingRequest, request_id: str | None = None, priority: int = 0,
                          owner: str | None = None) -> dict:
         self._serves("pooling")
-        return await _reply(self.embedding_handler.embed(req, request_id or new_id("embd-"), priority, owner))
+        with continued(req):
+            return await _reply(self.embedding_handler.embed(req, request_id or new_id("embd-"), priority, owner))
 
     async def answer_lines(self, lines: list[tuple[object, str]], priority: int
                            ) -> AsyncIterator[list[tuple[int, int, dict]]]:
@@ -120,20 +129,23 @@ class LLMServer:
     async def chat_stream(self, req: ChatCompletionRequest, owner: str | None = None
                           ) -> AsyncIterator[dict | StreamError]:
         self._serves("generate")
-        async for chunk in _stream(self.chat_handler.stream(req, new_id("chatcmpl-"), owner)):
-            yield chunk
+        with continued(req):
+            async for chunk in _stream(self.chat_handler.stream(req, new_id("chatcmpl-"), owner)):
+                yield chunk
 
     async def completions_stream(self, req: CompletionRequest, owner: str | None = None
                                  ) -> AsyncIterator[dict | StreamError]:
         self._serves("generate")
-        async for chunk in _stream(self.completion_handler.stream(req, new_id("cmpl-"), owner)):
-            yield chunk
+        with continued(req):
+            async for chunk in _stream(self.completion_handler.stream(req, new_id("cmpl-"), owner)):
+                yield chunk
 
     async def generate_stream(self, req: GenerateRequest, owner: str | None = None
                               ) -> AsyncIterator[dict | StreamError]:
         self._serves("generate")
-        async for chunk in _stream(self.generate_handler.stream(req, owner)):
-            yield chunk
+        with continued(req):
+            async for chunk in _stream(self.generate_handler.stream(req, owner)):
+                yield chunk
 
     def _serves(self, runner: str) -> None:
         """A 400 naming `model` unless this model serves the route's kind of request (runner)."""

@@ -1,0 +1,44 @@
+"""OpenTelemetry traces through the served app: a request continuing its caller's `traceparent` gives the span
+tree (the HTTP side's span, the replica's `llm_request`, its `prefill` and `decode`), exported by the real OTLP
+exporter to a receiver the test runs."""
+
+import pytest
+import requests
+
+from testing.helpers import wait_until
+from testing.otlp_receiver import OtlpReceiver
+from tests.conftest import MODEL_ID, another_app, app_args
+
+TRACE_ID, CALLER_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+
+
+@pytest.fixture(scope="module")
+def receiver():
+    receiver = OtlpReceiver()
+    yield receiver
+    receiver.stop()
+
+
+def test_a_request_continues_its_callers_trace_to_the_engine(server, receiver, tmp_path):
+    args = app_args(server.model_dir, f"file://{tmp_path}")
+    args["otlp_traces_endpoint"] = receiver.url
+    with another_app(server, "traced", args) as url:
+        reply = requests.post(f"{url}/v1/chat/completions", headers={"traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01"},
+                              json={"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}],
+                                    "max_tokens": 5, "ignore_eos": True, "stream": True})
+        assert reply.status_code == 200 and reply.text.endswith("data: [DONE]\n\n")
+
+        def tree():
+            spans = {s["name"]: s for s in receiver.spans if s["trace_id"] == TRACE_ID}
+            return spans if {"POST /v1/chat/completions", "llm_request", "prefill", "decode"} <= set(spans) else None
+
+        spans = wait_until(tree, timeout=60, every=0.5)  # the exporters send in batches, every few seconds
+    http, request = spans["POST /v1/chat/completions"], spans["llm_request"]
+    assert http["parent_id"] == CALLER_SPAN and http["service"] == "rayllm-http"
+    assert http["attributes"]["http.status_code"] == 200
+    assert request["parent_id"] == http["span_id"] and request["service"] == f"rayllm-replica {MODEL_ID}"
+    assert spans["prefill"]["parent_id"] == spans["decode"]["parent_id"] == request["span_id"]
+    attributes = request["attributes"]
+    assert attributes["gen_ai.usage.completion_tokens"] == 5 and attributes["gen_ai.usage.prompt_tokens"] > 0
+    assert attributes["gen_ai.response.model"] == MODEL_ID and attributes["gen_ai.request.id"].startswith("chatcmpl-")
+    assert 0 < attributes["gen_ai.latency.time_to_first_token"] <= attributes["gen_ai.latency.e2e"]
