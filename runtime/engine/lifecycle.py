@@ -16,7 +16,8 @@ from runtime.outputs import RequestDelta, SequenceDelta
 
 PAUSE_MODES = ("keep", "abort")  # requests in flight wait for `resume`, or end with finish_reason "abort"
 # the operations
-LIFECYCLE = ("pause", "resume", "reset_prefix_cache", "update_weights", "sleep", "wake_up", "unload_adapter")
+LIFECYCLE = ("pause", "resume", "reset_prefix_cache", "update_weights", "init_weights_update_group",
+             "update_weights_from_distributed", "sleep", "wake_up", "unload_adapter")
 
 
 class EngineLifecycle:
@@ -55,6 +56,30 @@ class EngineLifecycle:
         deltas = self._settle()
         self._recompute_all()
         self.runner.load_weights_from(Path(model_path))
+        self.block_manager.reset_prefix_cache()
+        return deltas
+
+    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                  backend: str = "gloo") -> list[RequestDelta]:
+        """Join a trainer's weight-transfer group (runtime.worker.weight_transfer), SGLang's way; returns once every
+        member has joined (the trainer, rank 0, joins at the same time)."""
+        if backend not in ("gloo", "nccl"):
+            raise InvalidInputError("backend", f"must be gloo or nccl, got {backend!r}")
+        self.runner.join_weight_group(master_address, master_port, rank_offset, world_size, backend)
+        return []
+
+    def update_weights_from_distributed(self, names: list[str], dtypes: list[str],
+                                        shapes: list[list[int]]) -> list[RequestDelta]:
+        """Receive every checkpoint tensor (by name, dtype and shape, in the order the trainer broadcasts them) and
+        run on them, as `update_weights` runs on a checkpoint's."""
+        self._changes_weights("update weights")
+        if self.asleep:
+            raise InvalidInputError("names", "the engine is asleep: wake it up first")
+        if not len(names) == len(dtypes) == len(shapes):
+            raise InvalidInputError("names", "names, dtypes and shapes must have one entry per tensor")
+        deltas = self._settle()
+        self._recompute_all()
+        self.runner.load_weights_from_group(names, dtypes, shapes)
         self.block_manager.reset_prefix_cache()
         return deltas
 

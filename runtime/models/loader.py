@@ -1,7 +1,10 @@
-"""Fill a model from the HF safetensors shards in a directory, one tensor at a time."""
+"""Fill a model from the HF safetensors shards in a directory, one tensor at a time (or from tensors a trainer
+sent: `load_tensors`)."""
 
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import torch
 from safetensors import safe_open
 from torch import nn
 
@@ -18,37 +21,45 @@ def tensor_names(model: nn.Module, model_dir: Path) -> set[str]:
 
 
 def load_weights(model: nn.Module, model_dir: Path) -> None:
-    """Load every checkpoint tensor through its parameter's `weight_loader`.
+    """Load every checkpoint tensor of `model_dir`'s safetensors shards (`load_tensors`)."""
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
+    load_tensors(model, _checkpoint_tensors(files))
+
+
+def _checkpoint_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def load_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Load checkpoint tensors (name, tensor) through their parameters' `weight_loader`.
 
     The model's `param_for` names the parameter each tensor fills and the shard arguments (which of q/k/v or
     gate/up, which expert) its loader takes; a base model's tensor names gain the causal LM's `model.` prefix
     first. Raises if a parameter is left without a checkpoint tensor.
     """
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
-    for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                if "rotary_emb" in name:
-                    continue
-                target, shard = model.param_for(f"model.{name}" if model.headless else name)
-                if target is None:  # a tensor the family leaves out (DeepSeek's multi-token-prediction layers)
-                    continue
-                if target not in params:
-                    if model.tie_word_embeddings and target == "lm_head.weight":
-                        continue
-                    raise KeyError(f"checkpoint tensor {name!r} matches no parameter")
-                param = params[target]
-                loader = getattr(param, "weight_loader", default_weight_loader)
-                tensor = f.get_tensor(name)
-                loader(param, tensor, *shard)
-                loaded.add(target)
+    for name, tensor in tensors:
+        if "rotary_emb" in name:
+            continue
+        target, shard = model.param_for(f"model.{name}" if model.headless else name)
+        if target is None:  # a tensor the family leaves out (DeepSeek's multi-token-prediction layers)
+            continue
+        if target not in params:
+            if model.tie_word_embeddings and target == "lm_head.weight":
+                continue
+            raise KeyError(f"checkpoint tensor {name!r} matches no parameter")
+        param = params[target]
+        loader = getattr(param, "weight_loader", default_weight_loader)
+        loader(param, tensor, *shard)
+        loaded.add(target)
     if model.tie_word_embeddings:
         loaded.add("lm_head.weight")
     missing = set(params) - loaded
     if missing:
         raise KeyError(f"parameters missing from the checkpoint: {sorted(missing)[:5]}")
-

@@ -12,14 +12,15 @@ from runtime.config import EngineConfig
 from runtime.errors import InvalidInputError
 from runtime.lora import LoRABatch, attach_lora
 from runtime.models import load_weights, pack_linear_weights
-from runtime.models.loader import tensor_names
+from runtime.models.loader import load_tensors, tensor_names
 from runtime.models.quantization import finish_quantized_linears, quantize_model
 from runtime.models.spec import ModelSpec
 
 
-def build_model(spec: ModelSpec, config: EngineConfig, device: torch.device, path: Path
-                ) -> tuple[nn.Module, LoRABatch | None]:
-    """The model with `path`'s weights (a checkpoint of `spec`'s architecture and shapes), and its LoRA batch map."""
+def build_model(spec: ModelSpec, config: EngineConfig, device: torch.device, path: Path,
+                tensors: list[tuple[str, torch.Tensor]] | None = None) -> tuple[nn.Module, LoRABatch | None]:
+    """The model with `path`'s weights (a checkpoint of `spec`'s architecture and shapes), or with `tensors`
+    (every checkpoint tensor, by name: a trainer's), and its LoRA batch map."""
     with spec.building(device):
         model = spec.model_class(spec.hf_config, spec.max_model_len)
         if spec.quantization is not None:
@@ -28,7 +29,10 @@ def build_model(spec: ModelSpec, config: EngineConfig, device: torch.device, pat
     if chunk is not None and chunk % config.block_size:
         raise InvalidInputError("block_size", f"{config.block_size} does not divide the model's attention chunks "
                                 f"({chunk} positions)")
-    load_weights(model, path)
+    if tensors is None:
+        load_weights(model, path)
+    else:
+        load_tensors(model, tensors)
     finish_quantized_linears(model)
     pack_linear_weights(model)
     model.eval()
@@ -38,22 +42,23 @@ def build_model(spec: ModelSpec, config: EngineConfig, device: torch.device, pat
     return model, lora_batch
 
 
-def check_same_shapes(current: Path, new: Path) -> None:
-    """Refuse (`InvalidInputError`, param `model_path`) a checkpoint whose tensors are not the current one's, by name
-    and shape, before the current weights are let go."""
-    found, expected = _shapes(Path(new)), _shapes(Path(current))
-    if not found:
-        raise InvalidInputError("model_path", f"no *.safetensors checkpoint in {new}")
-    if found != expected:
-        differing = sorted(set(found.items()) ^ set(expected.items()))[:3]
-        raise InvalidInputError("model_path", f"{new} is not a checkpoint of the served model's architecture and "
-                                f"shapes (tensors that differ: {[name for name, _ in differing]})")
-
-
-def _shapes(path: Path) -> dict[str, tuple[int, ...]]:
+def checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Each tensor's shape in the safetensors shards of `path`, by name."""
     shapes = {}
-    for file in sorted(path.glob("*.safetensors")):
+    for file in sorted(Path(path).glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():
                 shapes[name] = tuple(f.get_slice(name).get_shape())
     return shapes
+
+
+def check_shapes(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]], source: str,
+                 param: str) -> None:
+    """Refuse (`InvalidInputError` naming `param`) new weights from `source` whose tensors are not the served
+    checkpoint's, by name and shape, before the current weights are let go."""
+    if not found:
+        raise InvalidInputError(param, f"no *.safetensors checkpoint in {source}")
+    if found != expected:
+        differing = sorted(set(found.items()) ^ set(expected.items()))[:3]
+        raise InvalidInputError(param, f"{source} is not a checkpoint of the served model's architecture and shapes "
+                                f"(tensors that differ: {[name for name, _ in differing]})")

@@ -7,9 +7,6 @@ final hidden states are summed over the rows they pool (their last prompt
 token, or every prompt token of the chunk), and nothing is sampled for them.
 """
 
-import gc
-from pathlib import Path
-
 import torch
 
 from kernels import AttentionMetadata, choose_attention_backend, tensor_on
@@ -25,14 +22,15 @@ from runtime.models.spec import ModelSpec
 from runtime.models.state_cache import StateStep, allocate_states, stateful_layers
 from runtime.speculative.verifier import split_rows
 from runtime.worker.gpu_budget import gpu_kv_budget
-from runtime.worker.model_builder import build_model, check_same_shapes
+from runtime.worker.model_builder import build_model
+from runtime.worker.runner_weights import RunnerWeights, attention_layers
 from runtime.worker.sampler import Sampler, draw_offsets, token_logprob
 from runtime.worker.step import LaunchedStep, RunnerCall, StepInputs, StepResult
 
 _CPU_KV_BYTES = 2 << 30
 
 
-class ModelRunner:
+class ModelRunner(RunnerWeights):
     """Owns one rank's model shard and KV cache. Rank 0 prepares each step, broadcasts it to the
     other ranks (when tensor-parallel), runs its share and samples."""
 
@@ -63,14 +61,14 @@ class ModelRunner:
         self.scaled_rope = LengthScaledRope.of(spec.hf_config, spec.max_model_len)
         self.keep_hidden = False  # a multi-token-prediction proposer reads each step's hidden states (every row)
         self.hidden: torch.Tensor | None = None  # the last step's, when kept
-        self.attention_layers = _attention_layers(self.model)
+        self.attention_layers = attention_layers(self.model)
         self.num_blocks = self._allocate_kv_cache()
         self._attach_caches()
 
     def _attach_caches(self) -> None:
         """Point the model's attention layers at the KV cache, give its stateful layers their state pools, and
         capture the decode graphs over them."""
-        self.attention_layers = _attention_layers(self.model)
+        self.attention_layers = attention_layers(self.model)
         planes = self.kv_cache.shape[0]
         for i, attention in enumerate(self.attention_layers):
             attention.k_cache = self.kv_cache[0, i]
@@ -303,57 +301,3 @@ class ModelRunner:
             else:
                 self.execute(inputs)
         destroy_tp_group()
-
-    # --- weights and memory (the engine's lifecycle: runtime.engine.lifecycle) ---------------------------
-
-    def load_weights_from(self, path: Path) -> None:
-        """Rebuild the model from another checkpoint of the same architecture and shapes; the KV cache stays (the
-        engine has sent every sequence back to recompute)."""
-        check_same_shapes(self.weights, path)
-        self._on_every_rank("load_weights_from", path)
-        self._drop_model()
-        try:
-            self.model, self.lora_batch = build_model(self.spec, self.config, self.device, path)
-        except BaseException:
-            self.model, self.lora_batch = build_model(self.spec, self.config, self.device, self.weights)
-            self._attach_caches()
-            raise
-        self.weights = path
-        self._attach_caches()
-
-    def sleep(self) -> None:
-        """Release the weights and the KV cache; `wake_up` builds them again (the weights from their checkpoint)."""
-        self._on_every_rank("sleep")
-        self._drop_model()
-        self.kv_cache = None
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-
-    def wake_up(self) -> None:
-        self._on_every_rank("wake_up")
-        self.model, self.lora_batch = build_model(self.spec, self.config, self.device, self.weights)
-        self.attention_layers = _attention_layers(self.model)
-        shape = (self.kv_planes(), len(self.attention_layers), self.num_blocks, *self.block_shape())
-        self.kv_cache = torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
-        self._attach_caches()
-
-    @property
-    def kv_cache_bytes(self) -> int:
-        """The KV cache's size now: 0 while asleep."""
-        return 0 if self.kv_cache is None else self.kv_cache.numel() * self.kv_cache.element_size()
-
-    def _drop_model(self) -> None:
-        self.model = self.lora_batch = self.graphs = self.hidden = None
-        self.attention_layers, self.stateful_layers = [], []
-        gc.collect()
-
-    def _on_every_rank(self, name: str, *args) -> None:
-        """On rank 0 of a tensor-parallel group: have the other ranks call `name` too."""
-        if self.rank == 0 and self.config.tensor_parallel_size > 1:
-            broadcast_from_rank0(RunnerCall(name, args))
-
-
-def _attention_layers(model) -> list:
-    """The layers that hold the paged KV cache (a hybrid model's linear-attention layers keep a state per sequence's
-    slot instead)."""
-    return [a for a in (getattr(layer, "self_attn", None) for layer in model.model.layers) if a is not None]

@@ -1,13 +1,18 @@
 """The engine lifecycle between rollouts (runtime.engine.lifecycle): new weights from a checkpoint give a fresh
 engine's tokens on them, prefix cache included; sleep releases the KV cache and wake-up restores the outputs;
-pause keeps or aborts the requests in flight, in the engine's thread and in an engine process."""
+pause keeps or aborts the requests in flight, in the engine's thread and in an engine process; a trainer process
+broadcasting new weights over a gloo group gives the same as a fresh engine on them."""
 
 import asyncio
+import subprocess
+import sys
 
 import pytest
 
 from runtime import LLM, AsyncLLMEngine, InvalidInputError, SamplingParams
+from runtime.distributed import free_address
 from testing.model_factory import build_model_dir
+from testing.weight_trainer import checkpoint_update
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 PROMPTS = [[5, 6, 7, 8] * 10, [9, 10, 11] * 7, [5, 6, 7, 8] * 10 + [3]]  # the third hits the first's prefix
@@ -101,3 +106,35 @@ def test_pause_keeps_or_aborts_requests_in_flight_and_new_weights_recompute_them
     new = LLM(str(trained), dtype="float32", max_model_len=256)
     rest = SamplingParams(temperature=0, max_tokens=len(changed) - k, ignore_eos=True)
     assert new.generate([[5, 6, 7] + changed[:k]], rest)[0].outputs[0].token_ids == changed[k:]
+
+
+def test_an_rl_cycle_with_weights_from_a_trainer_process(qwen2_model, trained):
+    """generate, pause, join the trainer's group, receive its weights, reset the prefix cache, resume: the
+    engine (in a process of its own) then answers as a fresh one on the trainer's weights."""
+    engine = AsyncLLMEngine.from_options(str(qwen2_model), dtype="float32", max_model_len=256, engine_process=True)
+    body, _ = checkpoint_update(trained)
+    address, port = free_address().removeprefix("tcp://").rsplit(":", 1)
+    trainer = subprocess.Popen([sys.executable, "-m", "testing.weight_trainer", str(trained), address, port, "2"])
+
+    async def answer(prompt) -> list[int]:
+        tokens = []
+        async for delta in engine.generate(engine.validate(prompt, GREEDY)):
+            tokens += delta.seqs[0].token_ids if delta.seqs else []
+        return tokens
+
+    async def main():
+        before = [await answer(p) for p in PROMPTS]
+        await engine.lifecycle("pause", "keep")
+        await engine.lifecycle("init_weights_update_group", address, int(port), 1, 2, "gloo")
+        await engine.lifecycle("update_weights_from_distributed", body["names"], body["dtypes"], body["shapes"])
+        await engine.lifecycle("reset_prefix_cache")
+        await engine.lifecycle("resume")
+        return before, [await answer(p) for p in PROMPTS]
+
+    try:
+        before, after = asyncio.run(main())
+        assert trainer.wait(timeout=60) == 0
+    finally:
+        trainer.kill()
+        engine.shutdown()
+    assert after == _tokens(LLM(str(trained), dtype="float32", max_model_len=256)) != before

@@ -1,14 +1,19 @@
 """Tensor parallelism over gloo on CPU: TP=2 gives TP=1's greedy tokens, offline and served."""
 
+import subprocess
+import sys
+
 import openai
 import pytest
 import ray
 import requests
 
 from runtime import LLM, InvalidInputError, SamplingParams
+from runtime.distributed import free_address
 from runtime.models.decoder import _CPU_MLP_ROWS
 from runtime.worker.tp_workers import WORKER_PREFIX
 from testing.model_factory import build_model_dir
+from testing.weight_trainer import checkpoint_update
 from tests.conftest import ENGINE_KWARGS, MODEL_ID, another_app, app_args
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
@@ -48,17 +53,30 @@ def test_tp2_with_one_kv_head_replicates_it(ray_cluster, one_kv_head_model):
 
 def test_tp2_takes_new_weights_and_wakes_up_on_every_rank(ray_cluster, qwen2_model, tmp_path):
     """The lifecycle (runtime.engine.lifecycle) reaches the workers: each rank loads its shard of the new
-    checkpoint, and sleeps and wakes up with rank 0."""
+    checkpoint, sleeps and wakes up with rank 0, and receives a trainer's broadcast weights."""
     trained = build_model_dir(tmp_path / "trained", "qwen2", seed=1)
     expected = _tokens(LLM(str(trained), max_model_len=256))
     llm = LLM(str(qwen2_model), max_model_len=256, tensor_parallel_size=2)
     try:
-        assert _tokens(llm) != expected
+        original = _tokens(llm)
+        assert original != expected
         llm.update_weights(str(trained))
         assert _tokens(llm) == expected
         llm.sleep()
         llm.wake_up()
         assert _tokens(llm) == expected and llm.engine.healthy()
+        # the original weights back, broadcast by a trainer process to both ranks, each taking its shard
+        body, _ = checkpoint_update(qwen2_model)
+        address, port = free_address().removeprefix("tcp://").rsplit(":", 1)
+        trainer = subprocess.Popen([sys.executable, "-m", "testing.weight_trainer", str(qwen2_model), address, port,
+                                    "3"])
+        try:
+            llm.engine.init_weights_update_group(address, int(port), 1, 3)
+            llm.engine.update_weights_from_distributed(body["names"], body["dtypes"], body["shapes"])
+            assert trainer.wait(timeout=60) == 0
+        finally:
+            trainer.kill()
+        assert _tokens(llm) == original
     finally:
         llm.shutdown()
 
