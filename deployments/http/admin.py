@@ -1,8 +1,9 @@
 """Admin routes for the engine lifecycle (runtime.engine.lifecycle), as reinforcement-learning frameworks drive
 vLLM and SGLang between rollouts: pause and resume generation, reset the prefix cache, load new weights from a
-checkpoint, sleep and wake up; and vLLM's LoRA adapter loading and unloading. vLLM's route names and bodies
-(SGLang's for the weights: `/update_weights_from_disk` with `model_path`); each applies to every replica of the
-model the body names (the only one served, by default).
+checkpoint or from a trainer's process group, sleep and wake up; and vLLM's LoRA adapter loading and unloading.
+vLLM's route names and bodies (SGLang's for the weights: `/update_weights_from_disk` with `model_path`,
+`/init_weights_update_group` and `/update_weights_from_distributed`); each applies to every replica of the model
+the body names (the only one served, by default).
 
 They exist only while the app config sets `admin_api_key`, and take it as `Authorization: Bearer <key>` (an API
 key does not open them): without it set they are 404s, as routes that do not exist.
@@ -36,6 +37,26 @@ class PauseRequest(AdminRequest):
 
 class UpdateWeightsRequest(AdminRequest):
     model_path: str = Field(min_length=1)  # a checkpoint directory of the served model's architecture and shapes
+
+
+class WeightGroupRequest(AdminRequest):
+    """SGLang's: the trainer's TCP store, where every replica's ranks join its group (replica k at rank_offset plus
+    k times the tensor-parallel size); world_size counts the trainer (rank 0) and every engine rank."""
+
+    master_address: str = Field(min_length=1)
+    master_port: int = Field(gt=0, lt=65536)
+    rank_offset: int = Field(1, ge=1)
+    world_size: int = Field(ge=2)
+    group_name: str = "weight_update_group"  # SGLang's field, accepted: a model has one group at a time
+    backend: Literal["gloo", "nccl"] = "gloo"
+
+
+class DistributedWeightsRequest(AdminRequest):
+    """SGLang's: every checkpoint tensor, in the order the trainer broadcasts them."""
+
+    names: list[str] = Field(min_length=1)
+    dtypes: list[str] = Field(min_length=1)
+    shapes: list[list[int]] = Field(min_length=1)
 
 
 class LoadLoraRequest(AdminRequest):
@@ -91,6 +112,22 @@ async def reset_prefix_cache(request: Request, front: OpenAIFront = Front):
 @router.post("/update_weights_from_disk")
 async def update_weights_from_disk(request: Request, front: OpenAIFront = Front):
     return await _run(request, front, UpdateWeightsRequest, "update_weights", "model_path")
+
+
+@router.post("/init_weights_update_group")
+async def init_weights_update_group(request: Request, front: OpenAIFront = Front):
+    """Returns once every replica's ranks and the trainer have joined: the trainer joins at the same time."""
+    _check_admin(request, front)
+    body = await front.body.parse(request, WeightGroupRequest)
+    states = await front.models.client(body.model).on_every_replica(
+        "join_weight_group", body.master_address, body.master_port, body.rank_offset, body.world_size, body.backend)
+    return {"success": True, "replicas": len(states)}
+
+
+@router.post("/update_weights_from_distributed")
+async def update_weights_from_distributed(request: Request, front: OpenAIFront = Front):
+    return await _run(request, front, DistributedWeightsRequest, "update_weights_from_distributed", "names",
+                      "dtypes", "shapes")
 
 
 @router.post("/sleep")

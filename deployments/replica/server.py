@@ -185,6 +185,15 @@ class LLMServer:
         logger.info("model %s: %s%s done", self.model_id, operation, f" {args}" if args else "")
         return await self.lifecycle_state()
 
+    async def join_weight_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                backend: str) -> dict:
+        """SGLang's init_weights_update_group, on every replica at once: replica k's ranks join as `rank_offset`
+        plus k times the tensor-parallel size (plus the rank)."""
+        tp = self.engine.engine.config.tensor_parallel_size
+        offset = rank_offset + serve.get_replica_context().rank.rank * tp
+        return await self.lifecycle("init_weights_update_group", master_address, master_port, offset, world_size,
+                                    backend)
+
     async def check_adapter(self, name: str) -> None:
         """An adapter just loaded (vLLM's /v1/load_lora_adapter): fetched here and read by the engine, which
         refuses one it cannot run (a 400: a rank over max_lora_rank, a module it lacks)."""

@@ -1,8 +1,11 @@
 """The admin routes on a two-replica app: each reaches every replica; only the admin key opens them; a LoRA
 adapter loaded through vLLM's route gives the offline engine's tokens with it on both replicas, and unloaded is a
-404; new weights from disk give both replicas a fresh engine's tokens on them."""
+404; new weights from disk, or broadcast by a trainer process, give both replicas a fresh engine's tokens on
+them."""
 
 import asyncio
+import subprocess
+import sys
 
 import pytest
 import requests
@@ -12,8 +15,10 @@ from deployments.api.completions.protocol import CompletionRequest
 from deployments.app_config import replica_name
 from deployments.broadcast import on_every_replica
 from runtime import LLM, LoRARequest, SamplingParams
+from runtime.distributed import free_address
 from testing.lora_adapters import make_adapter
 from testing.model_factory import build_model_dir
+from testing.weight_trainer import checkpoint_update
 from tests.conftest import MODEL_ID, another_app, app_args
 
 ADMIN_KEY = "admin-key-0123456789"
@@ -94,9 +99,23 @@ def test_admin_routes_pause_update_and_sleep_every_replica(server, admin_app, tm
     assert after == [fresh[0].outputs[0].text] * 2 != before
     assert _admin(admin_app, "reset_prefix_cache").json()["success"]
 
+    # the first weights back, from a trainer process that broadcasts them to both replicas (world: it and them)
+    body, _ = checkpoint_update(server.model_dir)
+    address, port = free_address().removeprefix("tcp://").rsplit(":", 1)
+    trainer = subprocess.Popen([sys.executable, "-m", "testing.weight_trainer", str(server.model_dir), address, port,
+                                "3"])
+    try:
+        group = {"master_address": address, "master_port": int(port), "rank_offset": 1, "world_size": 3}
+        assert _admin(admin_app, "init_weights_update_group", group).json() == {"success": True, "replicas": 2}
+        assert _admin(admin_app, "update_weights_from_distributed", body).json()["success"]
+        assert trainer.wait(timeout=60) == 0
+    finally:
+        trainer.kill()
+    assert _replica_texts(prompt) == before
+
     assert _admin(admin_app, "sleep").json()["success"]
     assert _admin(admin_app, "is_sleeping", method="get").json() == {"is_sleeping": True}
     assert _admin(admin_app, "wake_up").json()["success"]
     assert _admin(admin_app, "is_sleeping", method="get").json() == {"is_sleeping": False}
-    assert _replica_texts(prompt) == after
+    assert _replica_texts(prompt) == after  # woken from the last checkpoint loaded from disk
     assert _admin(admin_app, "pause", {"model": "gpt-17"}).status_code == 404
