@@ -3,7 +3,8 @@ fills the engine, with the field (the flood at priority 1, the probe at 0) and w
 on configs/local.yaml's app (benchmarks/batch_throughput.py's setup) with the engine's seats cut to SEATS so that
 the flood queues in the engine (below Serve's `max_ongoing_requests`, where the engine's order applies).
 
-Reported: the probe's median time to first token idle, beside the flood with the field, and without it.
+Reported: the probes' median time to first token idle (one after another), and beside the flood (sent together)
+with the field and without it.
 
 Run: python -m benchmarks.priority [--device cpu|cuda]
 """
@@ -42,10 +43,11 @@ async def first_token_s(client: openai.AsyncClient, priority: int | None, max_to
 
 async def probe_beside_flood(client: openai.AsyncClient, flood_priority: int | None,
                              probe_priority: int | None) -> float:
-    """The probes' median time to first token, one after another, once the flood fills the engine."""
+    """The probes' median time to first token, sent together once the flood fills the engine (its first requests
+    done, the rest running or queued)."""
     flood = [asyncio.create_task(first_token_s(client, flood_priority, FLOOD_TOKENS)) for _ in range(FLOOD)]
-    await asyncio.wait(flood, return_when=asyncio.FIRST_COMPLETED)  # the flood is running
-    times = [await first_token_s(client, probe_priority, 8) for _ in range(PROBES)]
+    await asyncio.wait(flood, return_when=asyncio.FIRST_COMPLETED)
+    times = await asyncio.gather(*(first_token_s(client, probe_priority, 8) for _ in range(PROBES)))
     for task in flood:
         task.cancel()
     await asyncio.gather(*flood, return_exceptions=True)
