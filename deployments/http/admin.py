@@ -94,24 +94,26 @@ async def _state(request: Request, front: OpenAIFront, model: str | None) -> lis
     return await front.models.client(model).on_every_replica("lifecycle_state")
 
 
-@router.post("/pause")
-async def pause(request: Request, front: OpenAIFront = Front):
-    return await _run(request, front, PauseRequest, "pause", "mode")
+def _operation_route(body_model: type[AdminRequest], operation: str, fields: tuple[str, ...]):
+    async def route(request: Request, front: OpenAIFront = Front):
+        return await _run(request, front, body_model, operation, *fields)
+
+    return route
 
 
-@router.post("/resume")
-async def resume(request: Request, front: OpenAIFront = Front):
-    return await _run(request, front, AdminRequest, "resume")
-
-
-@router.post("/reset_prefix_cache")
-async def reset_prefix_cache(request: Request, front: OpenAIFront = Front):
-    return await _run(request, front, AdminRequest, "reset_prefix_cache")
-
-
-@router.post("/update_weights_from_disk")
-async def update_weights_from_disk(request: Request, front: OpenAIFront = Front):
-    return await _run(request, front, UpdateWeightsRequest, "update_weights", "model_path")
+# route -> (its body, the engine's lifecycle operation, the body's fields the operation takes)
+_OPERATIONS = {
+    "/pause": (PauseRequest, "pause", ("mode",)),
+    "/resume": (AdminRequest, "resume", ()),
+    "/reset_prefix_cache": (AdminRequest, "reset_prefix_cache", ()),
+    "/update_weights_from_disk": (UpdateWeightsRequest, "update_weights", ("model_path",)),
+    "/update_weights_from_distributed": (DistributedWeightsRequest, "update_weights_from_distributed",
+                                         ("names", "dtypes", "shapes")),
+    "/sleep": (AdminRequest, "sleep", ()),
+    "/wake_up": (AdminRequest, "wake_up", ()),
+}
+for path, (body_model, operation, fields) in _OPERATIONS.items():
+    router.add_api_route(path, _operation_route(body_model, operation, fields), methods=["POST"], name=operation)
 
 
 @router.post("/init_weights_update_group")
@@ -122,22 +124,6 @@ async def init_weights_update_group(request: Request, front: OpenAIFront = Front
     states = await front.models.client(body.model).on_every_replica(
         "join_weight_group", body.master_address, body.master_port, body.rank_offset, body.world_size, body.backend)
     return {"success": True, "replicas": len(states)}
-
-
-@router.post("/update_weights_from_distributed")
-async def update_weights_from_distributed(request: Request, front: OpenAIFront = Front):
-    return await _run(request, front, DistributedWeightsRequest, "update_weights_from_distributed", "names",
-                      "dtypes", "shapes")
-
-
-@router.post("/sleep")
-async def sleep(request: Request, front: OpenAIFront = Front):
-    return await _run(request, front, AdminRequest, "sleep")
-
-
-@router.post("/wake_up")
-async def wake_up(request: Request, front: OpenAIFront = Front):
-    return await _run(request, front, AdminRequest, "wake_up")
 
 
 @router.get("/is_paused")

@@ -43,6 +43,23 @@ def _above(row, vocab, cut, m, scale, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _largest_cut(row, vocab, low_cut, m, scale, goal, BY_MASS: tl.constexpr, BLOCK: tl.constexpr):
+    """The largest logit value (at least `low_cut`) with at least `goal` tokens, or `goal` mass, at or above it: a
+    bisection over the values' order as integers."""
+    low = _ordered(low_cut).to(tl.int64)
+    high = _ordered(m).to(tl.int64)
+    while low < high:
+        middle = low + (high - low + 1) // 2
+        count, mass = _above(row, vocab, _unordered(middle.to(tl.int32)), m, scale, BLOCK)
+        reached = mass >= goal if BY_MASS else count.to(tl.float32) >= goal
+        if reached:
+            low = middle
+        else:
+            high = middle - 1
+    return _unordered(low.to(tl.int32))
+
+
+@triton.jit
 def _sample_kernel(logits, stride, out, temperatures, top_ks, top_ps, min_ps, uniforms, vocab,
                    BLOCK: tl.constexpr):
     r = tl.program_id(0)
@@ -64,29 +81,10 @@ def _sample_kernel(logits, stride, out, temperatures, top_ks, top_ps, min_ps, un
         min_p = tl.load(min_ps + r)
         cut = tl.full((), float("-inf"), tl.float32)
         if (top_k > 0) & (top_k < vocab):  # the largest cut with k tokens at or above it
-            low = _ordered(cut).to(tl.int64)
-            high = _ordered(m).to(tl.int64)
-            while low < high:
-                middle = low + (high - low + 1) // 2
-                count, _ = _above(row, vocab, _unordered(middle.to(tl.int32)), m, scale, BLOCK)
-                if count >= top_k:
-                    low = middle
-                else:
-                    high = middle - 1
-            cut = _unordered(low.to(tl.int32))
+            cut = _largest_cut(row, vocab, cut, m, scale, top_k.to(tl.float32), False, BLOCK)
         if top_p < 1.0:  # the largest cut with mass p of the kept at or above it
             _, kept = _above(row, vocab, cut, m, scale, BLOCK)
-            target = top_p * kept
-            low = _ordered(cut).to(tl.int64)
-            high = _ordered(m).to(tl.int64)
-            while low < high:
-                middle = low + (high - low + 1) // 2
-                _, mass = _above(row, vocab, _unordered(middle.to(tl.int32)), m, scale, BLOCK)
-                if mass >= target:
-                    low = middle
-                else:
-                    high = middle - 1
-            cut = _unordered(low.to(tl.int32))
+            cut = _largest_cut(row, vocab, cut, m, scale, top_p * kept, True, BLOCK)
         total = tl.zeros((), tl.float32)
         last = tl.zeros((), tl.int32)
         for start in range(0, vocab, BLOCK):
