@@ -7,7 +7,8 @@ reply or a stream of chunks (dicts, serialised to SSE only at the HTTP edge:
 api/sse.py); embeddings; /tokenize and /detokenize; a health probe. `LLMServer` (the
 replica) implements it in-process, which is what direct streaming uses; `RemoteModel` implements it
 over a Serve handle to the model's replicas, which is what the ingress and the
-batch manager use. Errors are `OpenAIError`s, raised by a call or by a stream
+batch manager use; a request it sends carries the current trace context
+(deployments/tracing.py). Errors are `OpenAIError`s, raised by a call or by a stream
 before its first chunk; once a stream has started, an error is its last item,
 a `StreamError`.
 """
@@ -27,6 +28,7 @@ from deployments.api.generate.protocol import GenerateRequest
 from deployments.api.tokenize.protocol import DetokenizeRequest, TokenizeRequest
 from deployments.broadcast import on_every_replica
 from deployments.errors import OpenAIError, StreamError, remote_errors
+from deployments.tracing import carry
 
 logger = logging.getLogger("ray.serve")
 
@@ -87,17 +89,21 @@ class RemoteModel:
 
     async def chat(self, req: ChatCompletionRequest, request_id: str | None = None, priority: int = 0,
                    owner: str | None = None) -> dict:
+        carry(req)
         return await _reply(lambda: self.handle.chat.remote(req, request_id, priority, owner))
 
     async def completions(self, req: CompletionRequest, request_id: str | None = None, priority: int = 0,
                           owner: str | None = None) -> dict:
+        carry(req)
         return await _reply(lambda: self.handle.completions.remote(req, request_id, priority, owner))
 
     async def generate(self, req: GenerateRequest, owner: str | None = None) -> dict | list:
+        carry(req)
         return await _reply(lambda: self.handle.generate.remote(req, owner))
 
     async def embeddings(self, req: EmbeddingRequest, request_id: str | None = None, priority: int = 0,
                          owner: str | None = None) -> dict:
+        carry(req)
         return await _reply(lambda: self.handle.embeddings.remote(req, request_id, priority, owner))
 
     async def answer_lines(self, lines: list[tuple[object, str]], priority: int
@@ -122,13 +128,16 @@ class RemoteModel:
         return await _reply(lambda: self.handle.detokenize.remote(req))
 
     def chat_stream(self, req: ChatCompletionRequest, owner: str | None = None) -> AsyncIterator[dict | StreamError]:
+        carry(req)
         return _stream(lambda: self.streaming.chat_stream.remote(req, owner))
 
     def completions_stream(self, req: CompletionRequest, owner: str | None = None
                            ) -> AsyncIterator[dict | StreamError]:
+        carry(req)
         return _stream(lambda: self.streaming.completions_stream.remote(req, owner))
 
     def generate_stream(self, req: GenerateRequest, owner: str | None = None) -> AsyncIterator[dict | StreamError]:
+        carry(req)
         return _stream(lambda: self.streaming.generate_stream.remote(req, owner))
 
     async def healthy(self) -> bool:

@@ -5,7 +5,8 @@ Per request: the HTTP side's server span (`POST /v1/chat/completions`), continui
 `traceparent`; the replica's `llm_request` span under it (the trace context crosses the Ray hop inside the
 request body, a private attribute), with vLLM's `gen_ai.*` attributes (request id, model, prompt and completion
 tokens, time to first token, end-to-end latency); and under that, `prefill` (from the engine taking the request
-to its first token: queueing included) and `decode` (first token to last).
+to its first token: queueing included) and `decode` (first token to last). Every route's requests carry it
+(chat, completions, /generate, embeddings, and the Responses and Messages APIs, which call chat).
 """
 
 import time

@@ -19,7 +19,7 @@ from deployments.http.body import BodyParser
 from deployments.http.models import ModelRegistry
 from deployments.storage import open_store
 from deployments.storage.usage import Quota
-from deployments.tracing import carry, start_tracing
+from deployments.tracing import start_tracing
 
 
 @dataclass
@@ -54,5 +54,4 @@ class OpenAIFront:
         engine shares its seats fairly among owners)."""
         owner = self.auth.owner(request)
         body = await self.body.parse(request, model)
-        carry(body)
         return body, self.models.client(body.model), owner
