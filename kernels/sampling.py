@@ -37,13 +37,13 @@ def sample_reference(logits, temperatures, top_ks, top_ps, min_ps, uniforms) -> 
     logits = logits.float()
     greedy = temperatures <= 0
     scaled = logits / torch.where(greedy, 1.0, temperatures)[:, None]
-    kept = scaled.masked_fill(scaled < top_k_top_p_cut(scaled, top_ks, top_ps)[:, None], float("-inf"))
+    kept = scaled.masked_fill(scaled < _top_k_top_p_cut(scaled, top_ks, top_ps)[:, None], float("-inf"))
     probs = torch.softmax(kept, dim=-1)
     probs = probs.masked_fill(probs < min_ps[:, None] * probs.max(dim=-1, keepdim=True).values, 0.0)
     return torch.where(greedy, argmax(logits), _inverse_cdf(probs, uniforms))
 
 
-def top_k_top_p_cut(scaled: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
+def _top_k_top_p_cut(scaled: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
     """Each row's smallest kept (temperature-scaled) logit under top-k then top-p."""
     vocab = scaled.shape[1]
     values = scaled.sort(dim=-1, descending=True).values
