@@ -11,6 +11,7 @@ to its first token: queueing included) and `decode` (first token to last). Every
 
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from opentelemetry import context, propagate, trace
 from opentelemetry.sdk.resources import Resource
@@ -91,13 +92,22 @@ class HttpSpans:
                 span.end()
 
 
+@dataclass
+class _OpenRequest:
+    span: trace.Span
+    start_ns: int
+    first_token_ns: int | None = None
+    tokens: int = 0
+    prompt_tokens: int = 0
+
+
 class RequestSpans:
     """The engine's stream observer on a replica: an `llm_request` span per request started inside a continued
     trace, with its `prefill` and `decode` spans."""
 
     def __init__(self, model_id: str):
         self.model_id = model_id
-        self._open: dict[str, list] = {}  # request id -> [span, start ns, first token ns, tokens, prompt tokens]
+        self._open: dict[str, _OpenRequest] = {}
 
     def started(self, request_id: str) -> None:
         parent = trace.get_current_span().get_span_context()
@@ -105,27 +115,28 @@ class RequestSpans:
             return
         span = _tracer.start_span("llm_request", attributes={"gen_ai.request.id": request_id,
                                                               "gen_ai.response.model": self.model_id})
-        self._open[request_id] = [span, time.time_ns(), None, 0, 0]
+        self._open[request_id] = _OpenRequest(span, time.time_ns())
 
     def delta(self, request_id: str, delta: RequestDelta) -> None:
-        entry = self._open.get(request_id)
-        if entry is not None:
-            if entry[2] is None:
-                entry[2] = time.time_ns()
-            entry[3] += sum(len(s.token_ids) for s in delta.seqs)
-            entry[4] = delta.num_prompt_tokens
+        request = self._open.get(request_id)
+        if request is not None:
+            if request.first_token_ns is None:
+                request.first_token_ns = time.time_ns()
+            request.tokens += sum(len(s.token_ids) for s in delta.seqs)
+            request.prompt_tokens = delta.num_prompt_tokens
 
     def ended(self, request_id: str) -> None:
-        entry = self._open.pop(request_id, None)
-        if entry is None:
+        request = self._open.pop(request_id, None)
+        if request is None:
             return
-        span, start, first, tokens, prompt = entry
+        span, start = request.span, request.start_ns
         end = time.time_ns()
-        first = first or end
+        first = request.first_token_ns or end
         parent = trace.set_span_in_context(span)
         _tracer.start_span("prefill", context=parent, start_time=start).end(end_time=first)
         _tracer.start_span("decode", context=parent, start_time=first).end(end_time=end)
-        span.set_attributes({"gen_ai.usage.prompt_tokens": prompt, "gen_ai.usage.completion_tokens": tokens,
+        span.set_attributes({"gen_ai.usage.prompt_tokens": request.prompt_tokens,
+                             "gen_ai.usage.completion_tokens": request.tokens,
                              "gen_ai.latency.time_to_first_token": (first - start) / 1e9,
                              "gen_ai.latency.e2e": (end - start) / 1e9})
         span.end(end_time=end)

@@ -22,6 +22,8 @@ from deployments.api.routing import Front
 from deployments.errors import OpenAIError
 from deployments.http.front import OpenAIFront
 from deployments.replica.adapters import AdapterSource
+from runtime.engine.lifecycle import PAUSE_MODES
+from runtime.worker.weight_transfer import BACKENDS
 
 router = APIRouter()
 
@@ -32,7 +34,7 @@ class AdminRequest(RequestModel):
 
 class PauseRequest(AdminRequest):
     # keep: requests in flight wait for /resume (new ones queue); abort: they end now, with finish_reason "abort"
-    mode: Literal["keep", "abort"] = "keep"
+    mode: Literal[PAUSE_MODES] = "keep"
 
 
 class UpdateWeightsRequest(AdminRequest):
@@ -48,7 +50,7 @@ class WeightGroupRequest(AdminRequest):
     rank_offset: int = Field(1, ge=1)
     world_size: int = Field(ge=2)
     group_name: str = "weight_update_group"  # SGLang's field, accepted: a model has one group at a time
-    backend: Literal["gloo", "nccl"] = "gloo"
+    backend: Literal[BACKENDS] = "gloo"
 
 
 class DistributedWeightsRequest(AdminRequest):

@@ -178,10 +178,7 @@ class LLMServer:
 
     async def lifecycle(self, operation: str, *args) -> dict:
         """An engine lifecycle operation on this replica (runtime.engine.lifecycle); its state after it."""
-        try:
-            await self.engine.lifecycle(operation, *args)
-        except InvalidInputError as e:
-            raise OpenAIError(400, str(e), param=e.param) from None
+        await _reply(self.engine.lifecycle(operation, *args))
         logger.info("model %s: %s%s done", self.model_id, operation, f" {args}" if args else "")
         return await self.lifecycle_state()
 

@@ -12,7 +12,8 @@ block computed before is hit again. While paused or asleep the engine takes requ
 from pathlib import Path
 
 from runtime.errors import InvalidInputError
-from runtime.outputs import RequestDelta, SequenceDelta
+from runtime.outputs import RequestDelta
+from runtime.worker.weight_transfer import BACKENDS
 
 PAUSE_MODES = ("keep", "abort")  # requests in flight wait for `resume`, or end with finish_reason "abort"
 # the operations
@@ -50,21 +51,14 @@ class EngineLifecycle:
 
     def update_weights(self, model_path: str) -> list[RequestDelta]:
         """Load a checkpoint of the served model's architecture and shapes (a trainer's new weights)."""
-        self._changes_weights("update weights")
-        if self.asleep:
-            raise InvalidInputError("model_path", "the engine is asleep: wake it up first")
-        deltas = self._settle()
-        self._recompute_all()
-        self.runner.load_weights_from(Path(model_path))
-        self.block_manager.reset_prefix_cache()
-        return deltas
+        return self._new_weights("model_path", lambda: self.runner.load_weights_from(Path(model_path)))
 
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                   backend: str = "gloo") -> list[RequestDelta]:
         """Join a trainer's weight-transfer group (runtime.worker.weight_transfer), SGLang's way; returns once every
         member has joined (the trainer, rank 0, joins at the same time)."""
-        if backend not in ("gloo", "nccl"):
-            raise InvalidInputError("backend", f"must be gloo or nccl, got {backend!r}")
+        if backend not in BACKENDS:
+            raise InvalidInputError("backend", f"must be one of {BACKENDS}, got {backend!r}")
         self.runner.join_weight_group(master_address, master_port, rank_offset, world_size, backend)
         return []
 
@@ -72,16 +66,9 @@ class EngineLifecycle:
                                         shapes: list[list[int]]) -> list[RequestDelta]:
         """Receive every checkpoint tensor (by name, dtype and shape, in the order the trainer broadcasts them) and
         run on them, as `update_weights` runs on a checkpoint's."""
-        self._changes_weights("update weights")
-        if self.asleep:
-            raise InvalidInputError("names", "the engine is asleep: wake it up first")
         if not len(names) == len(dtypes) == len(shapes):
             raise InvalidInputError("names", "names, dtypes and shapes must have one entry per tensor")
-        deltas = self._settle()
-        self._recompute_all()
-        self.runner.load_weights_from_group(names, dtypes, shapes)
-        self.block_manager.reset_prefix_cache()
-        return deltas
+        return self._new_weights("names", lambda: self.runner.load_weights_from_group(names, dtypes, shapes))
 
     def sleep(self) -> list[RequestDelta]:
         self._changes_weights("sleep")
@@ -105,6 +92,18 @@ class EngineLifecycle:
             self.adapter_slots.forget_adapter(name)
         return []
 
+    def _new_weights(self, param: str, load) -> list[RequestDelta]:
+        """Run on new weights, which `load` gives the runner: every running sequence recomputes on them, and no
+        cached block of the old ones is hit again. `param`: what a refusal names."""
+        self._changes_weights("update weights")
+        if self.asleep:
+            raise InvalidInputError(param, "the engine is asleep: wake it up first")
+        deltas = self._settle()
+        self._recompute_all()
+        load()
+        self.block_manager.reset_prefix_cache()
+        return deltas
+
     def _changes_weights(self, what: str) -> None:
         method = self.config.speculative_config.method if self.config.speculative_config else None
         if method in ("mtp", "draft_model"):
@@ -122,14 +121,9 @@ class EngineLifecycle:
             self.adapter_slots.forget()
 
     def _aborted(self, request) -> RequestDelta:
-        """Finish every unfinished completion of `request` with reason "abort"; its last delta."""
-        delta = self._request_delta(request)
-        for seq in request.seqs:
-            if not seq.is_finished:
-                self._finish(seq, "abort", None)
-                delta.seqs.append(SequenceDelta(seq.index, [], seq.detokenizer.release(final=True)
-                                                if seq.detokenizer is not None else "", None, "abort",
-                                                num_output_tokens=seq.num_output_tokens))
+        """Finish every unfinished completion of `request` with reason "abort", its text so far released; its last
+        delta."""
+        delta = self._end_unfinished(request, "abort", with_text=True)
         delta.finished = True
         del self.requests[request.request_id]
         return delta

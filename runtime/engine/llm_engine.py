@@ -254,12 +254,19 @@ class LLMEngine(EngineLifecycle):
     def _fail(self, request: Request, error: str) -> RequestDelta:
         """Finish every unfinished completion of `request` with reason "error"; the delta that says so."""
         logger.warning("request %s failed in the engine: %s", request.request_id, error)
-        delta = self._request_delta(request)
+        delta = self._end_unfinished(request, "error")
         delta.error = error
+        return delta
+
+    def _end_unfinished(self, request: Request, reason: str, with_text: bool = False) -> RequestDelta:
+        """Finish every unfinished completion of `request` with `reason`; the delta that says so (with the text not
+        yet released, when `with_text`)."""
+        delta = self._request_delta(request)
         for seq in request.seqs:
             if not seq.is_finished:
-                self._finish(seq, "error", None)
-                delta.seqs.append(SequenceDelta(seq.index, [], "", None, "error",
+                self._finish(seq, reason, None)
+                text = seq.detokenizer.release(final=True) if with_text and seq.detokenizer is not None else ""
+                delta.seqs.append(SequenceDelta(seq.index, [], text, None, reason,
                                                 num_output_tokens=seq.num_output_tokens))
         return delta
 

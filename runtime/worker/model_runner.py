@@ -98,8 +98,13 @@ class ModelRunner(RunnerWeights):
                 f"{budget} bytes hold {num_blocks * cfg.block_size} tokens, "
                 f"fewer than max_model_len ({max_model_len}); raise the budget or lower max_model_len"
             )
-        self.kv_cache = torch.zeros((planes, layers, num_blocks, *shape), dtype=dtype, device=self.device)
+        self.kv_cache = self.new_kv_cache(num_blocks)
         return num_blocks
+
+    def new_kv_cache(self, num_blocks: int) -> torch.Tensor:
+        """A zeroed KV cache of `num_blocks` blocks for the model's attention layers."""
+        shape = (self.kv_planes(), len(self.attention_layers), num_blocks, *self.block_shape())
+        return torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
 
     def kv_planes(self) -> int:
         """2 (keys, values), or 1 where values are read from the keys (latent attention)."""

@@ -67,8 +67,7 @@ class RunnerWeights:
         self._on_every_rank("wake_up")
         self.model, self.lora_batch = build_model(self.spec, self.config, self.device, self.weights)
         self.attention_layers = attention_layers(self.model)
-        shape = (self.kv_planes(), len(self.attention_layers), self.num_blocks, *self.block_shape())
-        self.kv_cache = torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
+        self.kv_cache = self.new_kv_cache(self.num_blocks)
         self._attach_caches()
 
     @property

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 JOIN_TIMEOUT = timedelta(minutes=5)
+BACKENDS = ("gloo", "nccl")
 
 
 class WeightGroup:
@@ -21,8 +22,8 @@ class WeightGroup:
     on the trainer."""
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, backend: str, device: torch.device):
-        if backend not in ("gloo", "nccl"):
-            raise ValueError(f"backend must be gloo or nccl, got {backend!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.device = device
         self.rank = rank
         if backend == "gloo":
