@@ -1,10 +1,12 @@
-"""Quantized checkpoints against the unquantized model, in one run: each compressed-tensors scheme's offline
-output tok/s (greedy, concurrency 1 and 32) and the resident bytes of the projections' weights.
+"""Quantized checkpoints against the unquantized model, in one run: each scheme's offline output tok/s (greedy,
+concurrency 1 and 32) and the resident bytes of the projections' weights.
 
 The checkpoints are DESIGN.md's CPU benchmark model, quantized by compressed-tensors as llm-compressor writes
-them (testing.quantized_checkpoints); the rest of the model (embeddings, LM head, norms) is unquantized in all.
+them (testing.quantized_checkpoints), or by AutoRound in GPTQ's and AWQ's layouts (`gptq`, `awq`: INT4 groups of
+128 with zero points, testing.auto_round_checkpoints); the rest of the model (embeddings, LM head, norms) is
+unquantized in all.
 
-Run: python -m benchmarks.quantized [--schemes W4A16 FP8_BLOCK ...]
+Run: python -m benchmarks.quantized [--schemes W4A16 FP8_BLOCK gptq ...]
 """
 
 import argparse
@@ -14,7 +16,10 @@ from pathlib import Path
 
 from benchmarks.common import build_cpu_model, report, shared_prefix_prompts
 from runtime import LLM, SamplingParams
+from testing.auto_round_checkpoints import write_auto_round
 from testing.quantized_checkpoints import SCHEMES, write_quantized
+
+LAYOUTS = ("gptq", "awq")  # AutoRound's exports
 
 OUTPUT = 64
 GREEDY = SamplingParams(temperature=0, max_tokens=OUTPUT, ignore_eos=True)
@@ -52,13 +57,17 @@ def measure(path: Path, label: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--schemes", nargs="*", default=list(SCHEMES), choices=SCHEMES)
+    parser.add_argument("--schemes", nargs="*", default=[*SCHEMES, *LAYOUTS], choices=[*SCHEMES, *LAYOUTS])
     args = parser.parse_args()
     base = build_cpu_model()
     baseline = measure(base, "float32 (unquantized)")
     report("quantized", **baseline)
+    layouts = [scheme for scheme in args.schemes if scheme in LAYOUTS]
+    exported = write_auto_round(base, Path(tempfile.mkdtemp(prefix="bench-auto-round-")), 4, 128, False,
+                                tuple(f"auto_{layout}" for layout in layouts)) if layouts else {}
     for scheme in args.schemes:
-        path = write_quantized(base, Path(tempfile.mkdtemp(prefix=f"bench-{scheme.lower()}-")), scheme)
+        path = exported.get(scheme) or write_quantized(base, Path(tempfile.mkdtemp(prefix=f"bench-{scheme.lower()}-")),
+                                                       scheme)
         figures = measure(path, scheme)
         figures["weight_share_of_float32"] = round(figures["projection_weight_mib"]
                                                    / baseline["projection_weight_mib"], 3)

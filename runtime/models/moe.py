@@ -112,8 +112,9 @@ class SparseMoeBlock(nn.Module):
         return all_reduce(out)
 
 
-# an expert's tensor: its weight, or a quantized checkpoint's codes, scales, zero points (`weight_packed`, ...)
-_EXPERT = re.compile(r"\.experts\.(\d+)\.(\w+)\.(weight(?:_\w+)?)$")
+# an expert's tensor: its weight, or a quantized checkpoint's codes, scales, zero points (`weight_packed`, ...;
+# GPTQ's and AWQ's `qweight`, `scales`, `qzeros`, `g_idx`)
+_EXPERT = re.compile(r"\.experts\.(\d+)\.(\w+)\.(weight(?:_\w+)?|qweight|scales|qzeros|g_idx)$")
 
 
 class MoeCausalLM(CausalLM):

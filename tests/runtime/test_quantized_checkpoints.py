@@ -56,23 +56,23 @@ def quantized(tmp_path_factory):
     return path
 
 
-def _prompts(tokenizer) -> list[list[int]]:
+def quantized_prompts(tokenizer) -> list[list[int]]:
     return [tokenizer.encode(" ".join(WORDS[(i + j) % len(WORDS)] for j in range(2 + 3 * i))) for i in range(16)]
 
 
-def _reference_tokens(reference, prompts) -> list[list[int]]:
+def reference_tokens(reference, prompts) -> list[list[int]]:
     return [reference.generate(torch.tensor([p]), do_sample=False, max_new_tokens=MAX_TOKENS,
                                pad_token_id=0)[0, len(p):].tolist() for p in prompts]
 
 
-def _assert_reference_tokens(reference, prompts, ours) -> None:
+def assert_reference_tokens(reference, prompts, ours) -> None:
     """Our greedy tokens are the reference's, up to where it stops at EOS (ours ignore it), and that is most."""
-    expected = _reference_tokens(reference, prompts)
+    expected = reference_tokens(reference, prompts)
     assert [tokens[:len(e)] for tokens, e in zip(ours, expected)] == expected
     assert sum(map(len, expected)) > 8 * MAX_TOKENS
 
 
-def _generate(llm: LLM, prompts) -> list[list[int]]:
+def greedy_tokens(llm: LLM, prompts) -> list[list[int]]:
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
 
@@ -81,13 +81,13 @@ def _generate(llm: LLM, prompts) -> list[list[int]]:
 def test_greedy_tokens_match_transformers_on_the_same_checkpoint(quantized, scheme):
     path = quantized(scheme)
     llm = LLM(str(path), dtype="float32", max_model_len=256)
-    prompts = _prompts(llm.tokenizer)
-    ours = _generate(llm, prompts)
+    prompts = quantized_prompts(llm.tokenizer)
+    ours = greedy_tokens(llm, prompts)
     reference = reference_model(path)
     if scheme in QUANTIZES_ACTIVATIONS:
         _assert_near_reference_argmax(reference, prompts, ours)
     else:
-        _assert_reference_tokens(reference, prompts, ours)
+        assert_reference_tokens(reference, prompts, ours)
 
 
 def _assert_near_reference_argmax(reference, prompts, outputs) -> None:
@@ -133,13 +133,13 @@ def test_lora_adapters_on_a_quantized_base(quantized, tmp_path):
     path = quantized("W4A16")
     peft_model = adapt(reference_model(path), tmp_path, 8, 16, ALL, False, seed=0)
     llm = LLM(str(path), dtype="float32", max_model_len=256, enable_lora=True)
-    prompts = _prompts(llm.tokenizer)[:6]
+    prompts = quantized_prompts(llm.tokenizer)[:6]
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     adapter = LoRARequest("int4-base", str(tmp_path))
     outputs = llm.generate(prompts * 2, params, lora_request=[adapter] * len(prompts) + [None] * len(prompts))
-    expected = _reference_tokens(peft_model, prompts)
+    expected = reference_tokens(peft_model, prompts)
     with peft_model.disable_adapter():
-        expected += _reference_tokens(peft_model, prompts)
+        expected += reference_tokens(peft_model, prompts)
     ours = [o.outputs[0].token_ids for o in outputs]
     assert [tokens[:len(e)] for tokens, e in zip(ours, expected)] == expected
     assert ours[: len(prompts)] != ours[len(prompts):]  # the adapter changes the tokens
@@ -165,11 +165,11 @@ def test_weights_stay_quantized_in_memory(quantized, scheme):
 def test_tp2_matches_tp1(ray_cluster, quantized, scheme):
     path = quantized(scheme)
     tp1 = LLM(str(path), dtype="float32", max_model_len=256)
-    prompts = _prompts(tp1.tokenizer)[:8]
-    expected = _generate(tp1, prompts)  # before TP=2 joins this process to its group
+    prompts = quantized_prompts(tp1.tokenizer)[:8]
+    expected = greedy_tokens(tp1, prompts)  # before TP=2 joins this process to its group
     llm = LLM(str(path), dtype="float32", max_model_len=256, tensor_parallel_size=2)
     try:
-        ours = _generate(llm, prompts)
+        ours = greedy_tokens(llm, prompts)
     finally:
         llm.shutdown()
     if scheme in QUANTIZES_ACTIVATIONS:  # the 8-bit grid makes both runs' float noise visible: each is checked
@@ -183,10 +183,10 @@ def test_deepseeks_fp8_layout_as_transformers_writes_it(quantized):
     published *-FP8 checkpoints' layout), against transformers' dequantizing path."""
     path = quantized("FINE_GRAINED_FP8")
     llm = LLM(str(path), dtype="float32", max_model_len=256)
-    prompts = _prompts(llm.tokenizer)
-    ours = _generate(llm, prompts)
+    prompts = quantized_prompts(llm.tokenizer)
+    ours = greedy_tokens(llm, prompts)
     reference = fine_grained_fp8_reference_model(path)
-    _assert_reference_tokens(reference, prompts, ours)
+    assert_reference_tokens(reference, prompts, ours)
     projections = [m for m in llm.engine.runner.model.modules() if getattr(m, "quantized", None) is not None]
     assert len(projections) == 2 * 4 and llm.engine.spec.quantization.label == "fp8 (fp8 block)"
     resident = sum(m.quantized.nbytes() for m in projections)
@@ -205,10 +205,10 @@ def test_quantized_moe_experts_match_the_dequantized_checkpoint(ray_cluster, moe
     oracle is transformers on the checkpoint dequantized by compressed-tensors' own converter."""
     path = write_quantized(moe_base, tmp_path_factory.mktemp(f"moe-{scheme.lower()}"), scheme)
     llm = LLM(str(path), dtype="float32", max_model_len=256)
-    prompts = _prompts(llm.tokenizer)
-    ours = _generate(llm, prompts)
+    prompts = quantized_prompts(llm.tokenizer)
+    ours = greedy_tokens(llm, prompts)
     reference = dequantized_reference_model(path, tmp_path_factory.mktemp("dequantized"))
-    _assert_reference_tokens(reference, prompts, ours)
+    assert_reference_tokens(reference, prompts, ours)
     experts = [m for m in llm.engine.runner.model.modules() if isinstance(m, QuantizedExperts)]
     assert len(experts) == 2 and not hasattr(experts[0], "gate_up_proj_weight_scale")
     weights = [w for m in experts for w in m.gate_up + m.down]
@@ -217,7 +217,7 @@ def test_quantized_moe_experts_match_the_dequantized_checkpoint(ray_cluster, moe
     if scheme == "W4A16_ASYM":  # each rank's gate and up rows, and its groups of down's inputs and zero points
         tp2 = LLM(str(path), dtype="float32", max_model_len=256, tensor_parallel_size=2)
         try:
-            assert _generate(tp2, prompts[:8]) == ours[:8]
+            assert greedy_tokens(tp2, prompts[:8]) == ours[:8]
         finally:
             tp2.shutdown()
 
@@ -231,10 +231,10 @@ def test_deepseek_v3_quantized_throughout(tmp_path_factory):
                            v_head_dim=64, head_dim=32)
     path = write_quantized(base, tmp_path_factory.mktemp("deepseek-w8a16"), "W8A16")
     llm = LLM(str(path), dtype="float32", max_model_len=256)
-    prompts = _prompts(llm.tokenizer)
-    ours = _generate(llm, prompts)
+    prompts = quantized_prompts(llm.tokenizer)
+    ours = greedy_tokens(llm, prompts)
     reference = dequantized_reference_model(path, tmp_path_factory.mktemp("deepseek-dequantized"))
-    _assert_reference_tokens(reference, prompts, ours)
+    assert_reference_tokens(reference, prompts, ours)
     model = llm.engine.runner.model
     assert sum(isinstance(m, QuantizedExperts) for m in model.modules()) == 1  # layer 2's; layer 1 is dense
     assert sum(getattr(m, "quantized", None) is not None for m in model.modules()) == 2 * 4 + 2 + 2
@@ -251,11 +251,11 @@ def gpt_oss_mxfp4(tmp_path_factory):
 def test_gpt_oss_mxfp4_experts_match_transformers_and_stay_mxfp4(gpt_oss_mxfp4):
     base, path = gpt_oss_mxfp4
     llm = LLM(str(path), dtype="float32", max_model_len=256)
-    prompts = _prompts(llm.tokenizer)
-    ours = _generate(llm, prompts)
+    prompts = quantized_prompts(llm.tokenizer)
+    ours = greedy_tokens(llm, prompts)
     reference = mxfp4_reference_model(path)
-    _assert_reference_tokens(reference, prompts, ours)
-    assert _generate(LLM(str(base), dtype="float32", max_model_len=256), prompts) != ours  # FP4 changes the tokens
+    assert_reference_tokens(reference, prompts, ours)
+    assert greedy_tokens(LLM(str(base), dtype="float32", max_model_len=256), prompts) != ours  # FP4 changes the tokens
     experts = [m for m in llm.engine.runner.model.modules() if isinstance(m, Mxfp4Experts)]
     assert len(experts) == 2 and not hasattr(experts[0], "gate_up_proj_blocks")
     weights = [w for m in experts for w in m.gate_up + m.down]
@@ -268,11 +268,11 @@ def test_gpt_oss_mxfp4_tp2_matches_tp1(ray_cluster, gpt_oss_mxfp4):
     """Each rank's gate and up rows and its blocks of down's inputs."""
     _, path = gpt_oss_mxfp4
     tp1 = LLM(str(path), dtype="float32", max_model_len=256)
-    prompts = _prompts(tp1.tokenizer)[:8]
-    expected = _generate(tp1, prompts)  # before TP=2 joins this process to its group
+    prompts = quantized_prompts(tp1.tokenizer)[:8]
+    expected = greedy_tokens(tp1, prompts)  # before TP=2 joins this process to its group
     llm = LLM(str(path), dtype="float32", max_model_len=256, tensor_parallel_size=2)
     try:
-        assert _generate(llm, prompts) == expected
+        assert greedy_tokens(llm, prompts) == expected
     finally:
         llm.shutdown()
 
@@ -285,11 +285,11 @@ def test_an_fp8_kv_cache_holds_four_times_float32s_blocks_and_matches_attention_
     assert runner.kv_cache.dtype == torch.float8_e4m3fn
     assert runner.attention_backend.name == ("triton" if torch.cuda.is_available() else "torch")
     assert runner.num_blocks == 4 * LLM(str(base), **options).engine.runner.num_blocks  # 1 byte a value, not 4
-    prompts = _prompts(llm.tokenizer)
-    ours = _generate(llm, prompts)
+    prompts = quantized_prompts(llm.tokenizer)
+    ours = greedy_tokens(llm, prompts)
     reference = fp8_kv_reference_model(base)
-    _assert_reference_tokens(reference, prompts, ours)
-    assert _generate(LLM(str(base), kv_cache_dtype="fp8", enable_prefix_caching=False, **options), prompts) == ours
+    assert_reference_tokens(reference, prompts, ours)
+    assert greedy_tokens(LLM(str(base), kv_cache_dtype="fp8", enable_prefix_caching=False, **options), prompts) == ours
     with pytest.raises(InvalidInputError, match="an FP8 cache needs torch or triton"):
         LLM(str(base), kv_cache_dtype="fp8", attention_backend="cpu", **options)
 
@@ -302,9 +302,9 @@ def test_unsupported_quantization_fails_at_start_naming_it(quantized, tmp_path):
         (tmp_path / file.name).symlink_to(file)
     (tmp_path / "config.json").unlink()
     config = json.loads((path / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "gptq"}
+    config["quantization_config"] = {"quant_method": "bitsandbytes"}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(InvalidInputError, match="quantization method 'gptq' is not supported"):
+    with pytest.raises(InvalidInputError, match="quantization method 'bitsandbytes' is not supported"):
         LLM(str(tmp_path))
     config["quantization_config"] = {"quant_method": "mxfp4"}
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -324,7 +324,7 @@ def test_served_through_the_openai_sdk(server, quantized, tmp_path_factory):
 
     path = quantized("W4A16")
     llm = LLM(str(path), dtype="float32", max_model_len=256)
-    prompt = _prompts(llm.tokenizer)[5]
+    prompt = quantized_prompts(llm.tokenizer)[5]
     expected = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True))[0]
     args = app_args(path, f"file://{tmp_path_factory.mktemp('quantized-storage')}")
     args["llm_configs"][0]["engine_kwargs"] = {"max_model_len": 256, "kv_cache_bytes": 16 << 20, "warm_up": False}

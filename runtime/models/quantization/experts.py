@@ -19,7 +19,14 @@ from kernels.expert_order import sort_by_expert
 from runtime.distributed import tp_rank, tp_size
 from runtime.errors import InvalidInputError
 from runtime.models.quantization.activations import quantize_input
-from runtime.models.quantization.layout import code_bytes, codes_dtype, scales_by_row, zero_points_by_row
+from runtime.models.quantization.layout import (
+    check_input_order,
+    code_bytes,
+    codes_by_row,
+    codes_dtype,
+    scales_by_row,
+    zero_points_by_row,
+)
 from runtime.models.quantization.scheme import LayerScheme, Quantization
 
 
@@ -87,9 +94,9 @@ class QuantizedExperts(ExpertLoop):
             groups = inputs // self.groups[proj]
             self._register(proj, w.scale_name, (num_experts, rows, groups), torch.float32)
             if not w.symmetric:
-                self._register(proj, "weight_zero_point", (num_experts, rows, groups), torch.float32)
-            if w.packed:
-                self._register(proj, "weight_shape", (2,), torch.int64)
+                self._register(proj, w.zero_name, (num_experts, rows, groups), torch.float32)
+            for unused in w.unused_names:
+                self._register(proj, unused, (0,), torch.int32)
 
     def _register(self, proj: str, suffix: str, shape: tuple, dtype: torch.dtype) -> None:
         param = nn.Parameter(torch.zeros(shape, dtype=dtype), requires_grad=False)
@@ -99,16 +106,20 @@ class QuantizedExperts(ExpertLoop):
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, expert: int, half: int | None = None, *,
                       proj: str, suffix: str) -> None:
         """One expert's tensor: gate's or up's (`half` 0 or 1) rows of this rank, or down's input groups."""
-        if suffix == "weight_shape":
-            return
         w, start = self.scheme.weights, tp_rank() * self.shard
         rows, columns = (self.intermediate, self.hidden) if proj == "gate_up_proj" else (self.hidden,
                                                                                            self.intermediate)
+        if suffix in w.unused_names:
+            if suffix == "g_idx":
+                check_input_order(loaded, w.inputs_per_scale(columns))
+            return
         group = self.groups[proj]
-        if suffix == "weight_zero_point":
+        if suffix == w.zero_name:
             loaded = zero_points_by_row(loaded, rows, columns, group, w)
         elif suffix == w.scale_name:
-            loaded = scales_by_row(loaded, rows, columns, group)
+            loaded = scales_by_row(loaded, rows, columns, group, w)
+        else:
+            loaded = codes_by_row(loaded, rows, columns, w)
         if proj == "gate_up_proj":
             param.data[expert, half * self.shard : (half + 1) * self.shard].copy_(loaded[start : start + self.shard])
         else:  # the inputs of this rank: in codes (several to an int32 word when packed), or in groups
@@ -121,12 +132,12 @@ class QuantizedExperts(ExpertLoop):
         w = self.scheme.weights
         for proj, into in (("gate_up_proj", self.gate_up), ("down_proj", self.down)):
             codes, scale = self._take(proj, w.checkpoint_name), self._take(proj, w.scale_name)
-            zero = None if w.symmetric else self._take(proj, "weight_zero_point")
+            zero = None if w.symmetric else self._take(proj, w.zero_name)
             for e in range(self.num_experts):
                 into.append(QuantizedWeight.build(code_bytes(codes[e]), w.type, w.bits, scale[e],
                                                   None if zero is None else zero[e]))
-            if w.packed:
-                self._take(proj, "weight_shape")
+            for unused in w.unused_names:
+                self._take(proj, unused)
         activations = self.scheme.activations
         if activations is not None:
             self.quantize_gate_up_input = partial(quantize_input, scheme=activations, input_scale=None)

@@ -27,11 +27,15 @@ from runtime.models.layers import (
 )
 from runtime.models.quantization.activations import quantize_input
 from runtime.models.quantization.experts import quantize_experts
-from runtime.models.quantization.layout import code_bytes, codes_dtype, scales_by_row, zero_points_by_row
+from runtime.models.quantization.layout import (
+    check_input_order,
+    code_bytes,
+    codes_by_row,
+    codes_dtype,
+    scales_by_row,
+    zero_points_by_row,
+)
 from runtime.models.quantization.scheme import LayerScheme, Quantization
-
-_QUANTIZED_PARAMS = ("weight", "weight_packed", "weight_scale", "weight_scale_inv", "weight_zero_point", "weight_shape",
-                     "input_scale")
 
 
 def quantize_model(model: nn.Module, quantization: Quantization, tensor_names: set[str]) -> None:
@@ -53,7 +57,8 @@ def quantize_linears(model: nn.Module, quantization: Quantization, tensor_names:
     parts_of: dict[str, list[str]] = {}
     for part, (fused, _) in model.stacked_params.items():
         parts_of.setdefault(fused, []).append(part)
-    if model.lm_head is not None and tensor_names & {"lm_head.weight_scale", "lm_head.weight_scale_inv"}:
+    if model.lm_head is not None and tensor_names & {f"lm_head.{layer.weights.scale_name}"
+                                                     for _, layer in quantization.groups}:
         raise InvalidInputError("model", "a quantized LM head is not supported")
     for name, module in model.named_modules():
         if not isinstance(module, _Linear):
@@ -84,7 +89,7 @@ def finish_quantized_linears(model: nn.Module) -> None:
             continue
         w = scheme.weights
         codes = code_bytes(getattr(module, w.checkpoint_name).data)
-        zero = getattr(module, "weight_zero_point", None)
+        zero = getattr(module, w.zero_name, None)
         module.quantized = QuantizedWeight.build(codes, w.type, w.bits, getattr(module, w.scale_name).data,
                                                  None if zero is None else zero.data)
         if scheme.activations is not None:
@@ -92,8 +97,8 @@ def finish_quantized_linears(model: nn.Module) -> None:
             module.quantize_input = partial(quantize_input, scheme=scheme.activations,
                                             input_scale=None if scale is None else scale.data,
                                             split_inputs=isinstance(module, RowParallelLinear) and tp_size() > 1)
-        for name in _QUANTIZED_PARAMS:
-            if name in module._parameters:
+        for name in list(module._parameters):
+            if name != "bias":
                 delattr(module, name)
         module.weight = None
 
@@ -122,16 +127,22 @@ def _quantize(module: _Linear, scheme: LayerScheme, name: str) -> None:
         param.weight_loader = load or shard_and_load
         module.register_parameter(param_name, param)
 
-    register(w.checkpoint_name, (out, width), codes_dtype(w))
-    register(w.scale_name, (out, local_in // group), torch.float32, partial(scales_by_row, group=group))
+    register(w.checkpoint_name, (out, width), codes_dtype(w), partial(codes_by_row, weights=w))
+    register(w.scale_name, (out, local_in // group), torch.float32, partial(scales_by_row, group=group, weights=w))
     if not w.symmetric:
-        register("weight_zero_point", (out, local_in // group), torch.float32,
+        register(w.zero_name, (out, local_in // group), torch.float32,
                  partial(zero_points_by_row, group=group, weights=w))
-    if w.packed:  # the unpacked shape, which the parameters' shapes already say
-        register("weight_shape", (2,), torch.int64, load=lambda p, loaded, *shard: None)
+    for unused in w.unused_names:
+        register(unused, (0,), torch.int32, load=partial(_check_unused, scheme=scheme, name=unused))
     if scheme.activations is not None and not scheme.activations.dynamic:  # fused parts share the largest
         register("input_scale", (1,), torch.float32,
                  load=lambda p, loaded, *shard: p.data.copy_(torch.maximum(p.data, loaded.float().reshape(1))))
+
+
+def _check_unused(param: nn.Parameter, loaded: torch.Tensor, *shard, scheme: LayerScheme, name: str) -> None:
+    """A tensor the projection reads nothing from; GPTQ's `g_idx` must say the inputs are in their plain order."""
+    if name == "g_idx":
+        check_input_order(loaded, scheme.weights.inputs_per_scale(loaded.numel()))
 
 
 def _dequantize_at_load(module: nn.Module, scheme: LayerScheme) -> None:
@@ -145,16 +156,15 @@ def _dequantize_at_load(module: nn.Module, scheme: LayerScheme) -> None:
 
     def hold(name: str, p, loaded):
         held[name] = loaded
-        if {w.checkpoint_name, w.scale_name} | ({"weight_zero_point"} if not w.symmetric else set()) <= held.keys():
-            zero = held.get("weight_zero_point")
+        if {w.checkpoint_name, w.scale_name} | ({w.zero_name} if not w.symmetric else set()) <= held.keys():
+            zero = held.get(w.zero_name)
             matrix = QuantizedWeight.build(
-                code_bytes(held[w.checkpoint_name]), w.type, w.bits,
-                scales_by_row(held[w.scale_name], rows, columns, group),
+                code_bytes(codes_by_row(held[w.checkpoint_name], rows, columns, w)), w.type, w.bits,
+                scales_by_row(held[w.scale_name], rows, columns, group, w),
                 None if zero is None else zero_points_by_row(zero, rows, columns, group, w)).dequantize()
             loader(module.weight, matrix)  # this rank's rows
 
-    names = {w.checkpoint_name, w.scale_name, *(() if w.symmetric else ("weight_zero_point",)),
-             *(("weight_shape",) if w.packed else ())}
+    names = {w.checkpoint_name, w.scale_name, *(() if w.symmetric else (w.zero_name,)), *w.unused_names}
     if "weight" not in names:  # no checkpoint tensor fills it: a buffer the held tensors fill
         weight = module.weight.data
         del module._parameters["weight"]

@@ -5,9 +5,10 @@ Formats: compressed-tensors (what llm-compressor writes): `pack-quantized` (INT4
 channel scales, optional zero points), `int-quantized`/`naive-quantized` (INT8), `float-quantized` (FP8 e4m3
 with tensor, channel or block scales); `fp8` (DeepSeek's layout, as transformers' FineGrainedFP8 writes it:
 e4m3 weights with a `weight_scale_inv` per 128x128 block, computed as its dequantizing path computes them, the
-inputs unquantized); `mxfp4` for gpt-oss's experts, as OpenAI publishes them (its projections
-stay unquantized: the family builds those experts itself, `runtime.models.gpt_oss`). Anything else fails at
-start, naming the scheme.
+inputs unquantized); `gptq` and `awq`, the older 4/8-bit layouts (AutoGPTQ's and GPTQModel's `qweight`,
+`qzeros`, `scales`, `g_idx`; AutoAWQ's GEMM packing), read into compressed-tensors' layout as they load
+(`layout.py`); `mxfp4` for gpt-oss's experts, as OpenAI publishes them (its projections stay unquantized: the
+family builds those experts itself, `runtime.models.gpt_oss`). Anything else fails at start, naming the scheme.
 """
 
 import re
@@ -17,7 +18,7 @@ from transformers import PretrainedConfig
 
 from runtime.errors import InvalidInputError
 
-SUPPORTED_METHODS = ("compressed-tensors", "fp8", "mxfp4")
+SUPPORTED_METHODS = ("compressed-tensors", "fp8", "gptq", "awq", "mxfp4")
 _FORMATS = {"pack-quantized", "int-quantized", "naive-quantized", "float-quantized"}
 
 
@@ -31,6 +32,7 @@ class WeightScheme:
     group_size: int | None = None  # inputs per scale (group)
     block: tuple[int, int] | None = None  # [rows, columns] per scale (block)
     scale_name: str = "weight_scale"  # the scales' tensor (DeepSeek's FP8 layout: `weight_scale_inv`)
+    layout: str = "compressed-tensors"  # or gptq (zero points stored less one), gptq_v2, awq: how tensors are laid out
 
     def inputs_per_scale(self, inputs: int) -> int:
         """How many of a matrix's `inputs` share a scale: the group or the block's columns, else all of them (a
@@ -38,9 +40,26 @@ class WeightScheme:
         return {"group": self.group_size, "block": self.block and self.block[1]}.get(self.strategy) or inputs
 
     @property
+    def legacy(self) -> bool:
+        """GPTQ's or AWQ's layout: codes and zero points in int32 words, scales and zero points by input group."""
+        return self.layout != "compressed-tensors"
+
+    @property
     def checkpoint_name(self) -> str:
         """The suffix of the tensor holding the codes."""
-        return "weight_packed" if self.packed else "weight"
+        return "qweight" if self.legacy else "weight_packed" if self.packed else "weight"
+
+    @property
+    def zero_name(self) -> str:
+        return "qzeros" if self.legacy else "weight_zero_point"
+
+    @property
+    def unused_names(self) -> tuple[str, ...]:
+        """Checkpoint tensors the projection reads nothing from: a packed matrix's shape, GPTQ's input order
+        (`g_idx`, checked to be the plain one as it loads) and a symmetric scheme's zero points."""
+        if not self.legacy:
+            return ("weight_shape",) if self.packed else ()
+        return (("g_idx",) if self.layout.startswith("gptq") else ()) + (("qzeros",) if self.symmetric else ())
 
 
 @dataclass(frozen=True)
@@ -84,9 +103,10 @@ class Quantization:
             if hf_config.model_type != "gpt_oss":
                 raise InvalidInputError("model", "mxfp4 checkpoints are supported for gpt-oss only")
             return cls(method, (), ())
-        if method == "fp8":
-            skipped = raw.get("modules_to_not_convert") or ()
-            return cls(method, ((("Linear",), _fp8_scheme(raw)),), tuple(map(_anywhere, skipped)))
+        if method in ("fp8", "gptq", "awq"):
+            skipped = tuple(map(_anywhere, raw.get("modules_to_not_convert") or ()))
+            scheme = {"fp8": _fp8_scheme, "gptq": _gptq_scheme, "awq": _awq_scheme}[method](raw)
+            return cls(method, ((("Linear",), scheme),), skipped + _gptq_left_out(raw.get("dynamic") or {}))
         groups = []
         for name, group in raw.get("config_groups", {}).items():
             layer = _layer_scheme(name, group, group.get("format") or raw.get("format"))
@@ -143,6 +163,43 @@ def _fp8_scheme(raw: dict) -> LayerScheme:
         raise InvalidInputError("model", f"fp8 checkpoints without 2-d block scales are not supported yet: {raw}")
     weights = WeightScheme("float", 8, "block", True, False, block=tuple(block), scale_name="weight_scale_inv")
     return LayerScheme(weights, None, "fp8 block")
+
+
+def _gptq_scheme(raw: dict) -> LayerScheme:
+    """AutoGPTQ's and GPTQModel's layout: `qweight` [inputs * bits / 32, rows] int32 (codes along the inputs),
+    `scales` [groups, rows], `qzeros` [groups, rows * bits / 32] (along the rows; `gptq` stores each less one,
+    `gptq_v2` as it is), `g_idx` each input's group."""
+    bits, group, layout = raw.get("bits"), raw.get("group_size", -1), raw.get("checkpoint_format", "gptq")
+    if bits not in (4, 8) or layout not in ("gptq", "gptq_v2"):
+        what = {"bits": bits, "checkpoint_format": layout}
+        raise InvalidInputError("model", f"gptq checkpoints with {what} are not supported")
+    symmetric = bool(raw.get("sym", True))
+    weights = WeightScheme("int", bits, "group" if group > 0 else "channel", symmetric, True,
+                           group if group > 0 else None, scale_name="scales", layout=layout)
+    return LayerScheme(weights, None, f"w{bits}a16" + ("" if symmetric else " asym"))
+
+
+def _gptq_left_out(dynamic: dict) -> tuple[str, ...]:
+    """GPTQModel's per-module rules (`dynamic`): `-:pattern` leaves the modules it matches unquantized (as `re:`
+    patterns); a rule that quantizes some modules otherwise is not supported."""
+    for pattern, overrides in dynamic.items():
+        if not pattern.startswith("-:") and overrides:
+            raise InvalidInputError("model", f"gptq checkpoints with per-module settings ({pattern!r}: {overrides}) "
+                                    "are not supported")
+    return tuple(f"re:{pattern[2:]}" for pattern in dynamic if pattern.startswith("-:"))
+
+
+def _awq_scheme(raw: dict) -> LayerScheme:
+    """AutoAWQ's GEMM layout: `qweight` [inputs, rows / 8] int32 and `qzeros` [groups, rows / 8] (along the rows,
+    eight to a word in AWQ's interleaved order), `scales` [groups, rows]."""
+    bits, group, version = raw.get("bits", raw.get("w_bit")), raw.get("group_size", raw.get("q_group_size")), \
+        str(raw.get("version", "gemm")).lower()
+    if bits != 4 or version != "gemm" or not group or group <= 0 or not raw.get("zero_point", True):
+        what = {"bits": bits, "version": version, "group_size": group, "zero_point": raw.get("zero_point", True)}
+        raise InvalidInputError("model", f"awq checkpoints with {what} are not supported (4-bit GEMM with zero "
+                                "points only)")
+    weights = WeightScheme("int", 4, "group", False, True, group, scale_name="scales", layout="awq")
+    return LayerScheme(weights, None, "w4a16 asym")
 
 
 def _layer_scheme(group_name: str, group: dict, fmt: str | None) -> LayerScheme:
