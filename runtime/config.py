@@ -38,6 +38,8 @@ class EngineConfig:
     # (compressed-tensors)
     quantization: str | None = None
     tensor_parallel_size: int = 1
+    # MoE experts spread whole over the tensor-parallel ranks (vLLM's name) instead of each sharded over all of them
+    enable_expert_parallel: bool = False
     # default: the model's max_position_embeddings
     max_model_len: int | None = None
     max_num_seqs: int = 256

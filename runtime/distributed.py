@@ -12,6 +12,17 @@ import torch
 import torch.distributed as dist
 
 _control_group = None
+_expert_parallel = False
+
+
+def set_expert_parallel(enabled: bool) -> None:
+    """Whether MoE experts are spread whole over the ranks (`enable_expert_parallel`), for the models built next."""
+    global _expert_parallel
+    _expert_parallel = enabled
+
+
+def expert_parallel() -> bool:
+    return _expert_parallel and tp_size() > 1
 
 
 def tp_rank() -> int:

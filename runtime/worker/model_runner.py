@@ -13,7 +13,13 @@ from kernels import AttentionMetadata, choose_attention_backend, tensor_on
 from runtime.config import KV_CACHE_DTYPES, EngineConfig
 from runtime.core.scheduler import ScheduledBatch
 from runtime.core.sequence import Request, Sequence
-from runtime.distributed import all_reduce_min, broadcast_from_rank0, destroy_tp_group, init_tp_group
+from runtime.distributed import (
+    all_reduce_min,
+    broadcast_from_rank0,
+    destroy_tp_group,
+    init_tp_group,
+    set_expert_parallel,
+)
 from runtime.errors import InvalidInputError, describe
 from runtime.lora import load_into_slot
 from runtime.models.chunked_attention import ChunkedAttentionMetadata, chunked_view
@@ -49,6 +55,7 @@ class ModelRunner(RunnerWeights):
             raise InvalidInputError("attention_backend", str(e)) from None
         if config.tensor_parallel_size > 1:
             init_tp_group(rank, config.tensor_parallel_size, tp_address, self.device.type)
+        set_expert_parallel(config.enable_expert_parallel)
         torch.manual_seed(config.seed)
         self.weights = spec.path  # the checkpoint the weights came from: waking up loads it again
         self.model, self.lora_batch = build_model(spec, config, self.device, spec.path)

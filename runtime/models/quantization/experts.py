@@ -16,7 +16,7 @@ from torch import nn
 
 from kernels import QuantizedWeight
 from kernels.expert_order import sort_by_expert
-from runtime.distributed import tp_rank, tp_size
+from runtime.distributed import expert_parallel, tp_rank, tp_size
 from runtime.errors import InvalidInputError
 from runtime.models.quantization.activations import quantize_input
 from runtime.models.quantization.layout import (
@@ -38,6 +38,9 @@ class ExpertLoop(nn.Module):
 
     def __init__(self, num_experts: int, activation: Callable[[torch.Tensor], torch.Tensor]):
         super().__init__()
+        if expert_parallel():
+            raise InvalidInputError("enable_expert_parallel", "quantized experts run sharded over the ranks; expert "
+                                    "parallelism with them is not supported yet")
         self.num_experts, self.activation = num_experts, activation
         self.gate_up: list[QuantizedWeight] = []
         self.down: list[QuantizedWeight] = []
