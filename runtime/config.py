@@ -61,6 +61,9 @@ class EngineConfig:
     # auto: the model's dtype; fp8 (or fp8_e4m3): e4m3 with a scale of 1, half of bf16's bytes per token
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
+    # GiB of host memory (pinned on a GPU) holding full prefix blocks the KV pool evicts, loaded back on a later
+    # hit instead of recomputed (vLLM's name); needs prefix caching
+    kv_offloading_size: float | None = None
     # GPU: no CUDA graphs (every decode step launches its kernels one by one)
     enforce_eager: bool = False
     seed: int = 0
@@ -121,6 +124,11 @@ class EngineConfig:
         require(self.block_size >= 1, "block_size", "must be at least 1")
         require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]")
         require(self.kv_cache_bytes is None or self.kv_cache_bytes > 0, "kv_cache_bytes", "must be positive")
+        require(self.kv_offloading_size is None or self.kv_offloading_size > 0, "kv_offloading_size",
+                "must be positive (GiB)")
+        require(self.kv_offloading_size is None or self.speculative_config is None
+                or self.speculative_config.method == "ngram", "kv_offloading_size",
+                "the tier holds the target model's blocks only: it runs without a draft model")
         require(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype",
                 f"{self.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
         require(self.max_loras >= 1, "max_loras", "must be at least 1")

@@ -70,13 +70,18 @@ class _Timing:
     cached: int = 0
 
 
-# speculative decoding's figures, from the engine's stats when it speculates: gauge name -> (stat, description)
-_SPECULATION = {
+# the figures of features that are off by default (speculative decoding, the KV offload tier), from the engine's
+# stats when they are on: gauge name -> (stat, description)
+_FEATURES = {
     "spec_decode_num_drafts": ("spec_num_drafts", "Verifications of draft tokens, since the engine started"),
     "spec_decode_num_draft_tokens": ("spec_num_draft_tokens", "Draft tokens proposed, since the engine started"),
     "spec_decode_num_accepted_tokens": ("spec_num_accepted_tokens", "Draft tokens accepted, since the engine started"),
     "spec_decode_acceptance_rate": ("spec_acceptance_rate", "Draft tokens accepted / proposed"),
     "spec_decode_mean_accepted_length": ("spec_mean_accepted_length", "Tokens a verification yields, on average"),
+    "kv_offload_bytes": ("kv_offload_bytes", "Bytes of KV blocks held in the offload tier"),
+    "kv_offload_capacity_bytes": ("kv_offload_capacity_bytes", "The offload tier's capacity in bytes"),
+    "kv_offload_hit_tokens": ("kv_offload_hit_tokens", "Prompt tokens loaded back from the offload tier, since the "
+                                                       "engine started"),
 }
 # counters of the engine's running totals: vLLM's name -> (stat, description)
 _TOTALS = {
@@ -88,7 +93,8 @@ _TOTALS = {
 
 class EngineGauges:
     """From the engine's stats, once a second: running and waiting sequences and KV-cache usage (vLLM's gauges),
-    prefix-cache lookups and hits and preemptions (vLLM's counters), speculative decoding's figures (ours)."""
+    prefix-cache lookups and hits and preemptions (vLLM's counters), speculative decoding's and the KV offload
+    tier's figures (ours)."""
 
     def __init__(self, model_id: str):
         self.tags = {"model_name": model_id}
@@ -96,7 +102,7 @@ class EngineGauges:
         self._gauges = {name: metric(Gauge, name, text, m) for name, text in [
             ("vllm_num_requests_running", "Sequences running"), ("vllm_num_requests_waiting", "Sequences waiting"),
             ("vllm_kv_cache_usage_perc", "Fraction of KV-cache blocks in use"),
-            *((f"rayllm_{name}", text) for name, (_, text) in _SPECULATION.items()),
+            *((f"rayllm_{name}", text) for name, (_, text) in _FEATURES.items()),
         ]}
         self._counters = {name: metric(Counter, name, text, m) for name, (_, text) in _TOTALS.items()}
         self._counted = dict.fromkeys(_TOTALS, 0)
@@ -105,7 +111,7 @@ class EngineGauges:
         values = [("vllm_num_requests_running", stats["num_running"]),
                   ("vllm_num_requests_waiting", stats["num_waiting"]),
                   ("vllm_kv_cache_usage_perc", 1 - stats["num_free_blocks"] / stats["num_blocks"])]
-        values += [(f"rayllm_{name}", stats[key]) for name, (key, _) in _SPECULATION.items() if key in stats]
+        values += [(f"rayllm_{name}", stats[key]) for name, (key, _) in _FEATURES.items() if key in stats]
         for name, value in values:
             self._gauges[name].set(value, tags=self.tags)
         for name, (key, _) in _TOTALS.items():

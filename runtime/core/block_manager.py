@@ -7,6 +7,10 @@ user finished keeps its hash and waits in an LRU of free blocks, where a later
 request can hit it until it is evicted by a fresh allocation. Every operation
 costs O(1) per block: a dict lookup, an OrderedDict move or pop.
 
+With an offload tier (`runtime.core.kv_tier`), a hashed block that an allocation evicts is copied there
+first, and a prefix lookup continues in the tier where the pool misses: such a hit takes a fresh block, filled
+from the tier before the step runs.
+
 When every layer of the model slides over the last `sliding_window` positions, a
 running sequence's blocks that lie wholly before the window of its next query are
 freed as it grows (into the LRU, still hashed); its block table keeps `FREED` in
@@ -15,6 +19,7 @@ their place so positions still map to their block index.
 
 from collections import OrderedDict
 
+from runtime.core.kv_tier import KVMove, TierHit, TierIndex
 from runtime.core.sequence import Sequence
 
 FREED = -1  # a block-table entry whose block was freed: no attention reads it again
@@ -32,13 +37,14 @@ class Block:
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool,
-                 sliding_window: int | None = None, share_prefixes: bool = True):
+                 sliding_window: int | None = None, share_prefixes: bool = True, tier: TierIndex | None = None):
         self.block_size = block_size
         # False: no sequence starts from blocks another computed, not even a sibling (a model whose layers keep
         # a state per sequence, which blocks cannot restore)
         self.share_prefixes = share_prefixes
         self.sliding_window = sliding_window  # how far back any layer reads, when every layer slides
         self.enable_prefix_caching = enable_prefix_caching
+        self.tier = tier if enable_prefix_caching and share_prefixes else None
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # oldest first
         self._cached: dict[int, int] = {}  # block hash -> block id
@@ -59,35 +65,55 @@ class BlockManager:
 
     # --- admission of a sequence that holds no blocks ---------------------
 
-    def cached_prefix(self, seq: Sequence) -> list[int]:
-        """Block ids of the longest cached prefix of `seq`, leaving at least one token to compute."""
+    def cached_prefix(self, seq: Sequence) -> list[int | TierHit]:
+        """The longest cached prefix of `seq`, leaving at least one token to compute: each block's id in the pool,
+        or where only the tier holds it, a `TierHit`."""
         if seq.request.needs_every_prompt_position or not self.share_prefixes:
             return []  # prompt logprobs (mean pooling) need every prompt position's logits (hidden states)
         if not self.enable_prefix_caching and seq.request.num_seqs == 1:
             return []
         hits = []
         for i in range((seq.num_tokens - 1) // self.block_size):
-            block_id = self._cached.get(self._hash(seq, i))
-            if block_id is None or self.blocks[block_id].token_ids != self._tokens(seq, i):
+            block_hash, tokens = self._hash(seq, i), self._tokens(seq, i)
+            block_id = self._cached.get(block_hash)
+            if block_id is not None and self.blocks[block_id].token_ids == tokens:
+                hits.append(block_id)
+            elif self.tier is not None and self.tier.holds(block_hash, tokens):
+                hits.append(TierHit(block_hash, tokens))
+            else:
                 break
-            hits.append(block_id)
         return hits
 
-    def can_admit(self, hits: list[int], num_tokens: int) -> bool:
-        """Whether `num_tokens` tokens fit when the first blocks are the cached `hits`."""
-        revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)  # hits that leave the free LRU
-        return self.blocks_for(num_tokens) - len(hits) + revived <= len(self._free)
+    def can_admit(self, hits: list[int | TierHit], num_tokens: int) -> bool:
+        """Whether `num_tokens` tokens fit when the first blocks are the cached `hits` (a tier hit takes a
+        free block)."""
+        pooled = [b for b in hits if not isinstance(b, TierHit)]
+        revived = sum(1 for b in pooled if self.blocks[b].ref_count == 0)  # hits that leave the free LRU
+        return self.blocks_for(num_tokens) - len(pooled) + revived <= len(self._free)
 
-    def admit(self, seq: Sequence, hits: list[int], num_tokens: int) -> None:
+    def admit(self, seq: Sequence, hits: list[int | TierHit], num_tokens: int) -> None:
+        """Give `seq` its cached prefix, then blocks for the rest of its first `num_tokens` tokens. The pool's
+        hits are taken out of the free LRU first, so that the blocks the tier's hits fill are not among them."""
         for block_id in hits:
+            if isinstance(block_id, TierHit):
+                continue
             block = self.blocks[block_id]
             if block.ref_count == 0:
                 del self._free[block_id]
             block.ref_count += 1
+        tier_hits = [hit for hit in hits if isinstance(hit, TierHit)]
+        if tier_hits:
+            self.tier.pin(tier_hits)
+            hits = [self._load(hit) if isinstance(hit, TierHit) else hit for hit in hits]
+            self.tier.unpin()
         seq.block_table = list(hits)
         self.queried_tokens += seq.num_prompt_tokens
         self.hit_tokens += len(hits) * self.block_size
         self.grow(seq, num_tokens)
+
+    def take_moves(self) -> list[KVMove]:
+        """The copies between the pool and the tier that the coming step makes before its forward pass."""
+        return self.tier.take_moves() if self.tier is not None else []
 
     # --- growth of a running sequence --------------------------------------
 
@@ -138,6 +164,8 @@ class BlockManager:
             block.hash = block.token_ids = None
         self._cached.clear()
         self.hit_tokens = self.queried_tokens = 0
+        if self.tier is not None:
+            self.tier.clear()
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix, as after a change of weights: no block computed before is hit again. Blocks
@@ -147,6 +175,8 @@ class BlockManager:
         for block in self.blocks:
             block.hash = block.token_ids = None
         self._cached.clear()
+        if self.tier is not None:
+            self.tier.clear()
 
     # --- internals -----------------------------------------------------------
 
@@ -174,8 +204,19 @@ class BlockManager:
         block = self.blocks[block_id]
         if block.hash is not None and self._cached.get(block.hash) == block_id:
             del self._cached[block.hash]
+            if self.tier is not None:
+                self.tier.store(block.hash, block.token_ids, block_id)
         block.hash = block.token_ids = None
         block.ref_count = 1
+        return block_id
+
+    def _load(self, hit: TierHit) -> int:
+        """A free block that the tier's copy of `hit` fills, registered as the pool's copy of it."""
+        block_id = self._take_free()
+        block = self.blocks[block_id]
+        block.hash, block.token_ids = hit.hash, hit.token_ids
+        self._cached[hit.hash] = block_id
+        self.tier.load(hit, block_id)
         return block_id
 
     def _commit(self, seq: Sequence, index: int) -> None:

@@ -34,6 +34,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from runtime.core.block_manager import BlockManager
+from runtime.core.kv_tier import KVMove
 from runtime.core.sequence import Request, Sequence, SequenceStatus
 from runtime.core.waiting_queue import WaitingQueue
 from runtime.lora import AdapterSlots, LoRAAdapter
@@ -48,6 +49,7 @@ class ScheduledBatch:
     num_new_tokens: list[int] = field(default_factory=list)
     num_decodes: int = 0
     lora_loads: list[tuple[int, LoRAAdapter]] = field(default_factory=list)  # (slot, adapter) to load first
+    kv_moves: list[KVMove] = field(default_factory=list)  # copies between the KV pool and its offload tier, first
 
     @property
     def sampled(self) -> list[Sequence]:
@@ -137,7 +139,8 @@ class Scheduler:
                 budget -= n
         if not preempted:
             budget = self._admit(scheduled, budget)
-        batch = ScheduledBatch(lora_loads=self.adapters.take_pending() if self.adapters is not None else [])
+        batch = ScheduledBatch(lora_loads=self.adapters.take_pending() if self.adapters is not None else [],
+                               kv_moves=self.blocks.take_moves())
         for seq, n in sorted(scheduled.items(), key=lambda item: item[1] != 1):
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)

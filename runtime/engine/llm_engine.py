@@ -12,6 +12,7 @@ import logging
 
 from runtime.config import EngineConfig
 from runtime.core.block_manager import BlockManager
+from runtime.core.kv_tier import TierIndex
 from runtime.core.scheduler import ScheduledBatch, Scheduler
 from runtime.core.sequence import Request, Sequence
 from runtime.distributed import destroy_tp_group, free_address
@@ -56,10 +57,12 @@ class LLMEngine(EngineLifecycle):
         if stateful and config.enable_prefix_caching:
             logger.info("prefix caching is off for %s: its linear-attention layers keep a state per sequence, "
                         "which cached KV blocks cannot restore", self.spec.model_class.__name__)
+        tier = TierIndex(self.runner.kv_tier.num_slots) if self.runner.kv_tier is not None else None
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
                                           config.enable_prefix_caching and not stateful,
                                           kv_window(self.spec.hf_config, self.spec.max_model_len),
-                                          share_prefixes=not stateful)
+                                          share_prefixes=not stateful,
+                                          tier=tier)
         self.adapter_slots = AdapterSlots(config.max_loras) if config.enable_lora else None
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.adapter_slots, config.max_num_seqs_per_owner, config.max_num_seqs_background,
@@ -301,6 +304,11 @@ class LLMEngine(EngineLifecycle):
 
     # --- introspection ------------------------------------------------------
 
+    def _tier_stats(self) -> dict:
+        tier, block_bytes = self.block_manager.tier, self.runner.kv_tier.block_bytes
+        return {"kv_offload_bytes": len(tier) * block_bytes, "kv_offload_capacity_bytes": tier.num_slots * block_bytes,
+                "kv_offload_hit_tokens": tier.hit_tokens, "kv_offload_stored_blocks": tier.stored_blocks}
+
     def stats(self) -> dict:
         bm = self.block_manager
         return {
@@ -316,5 +324,6 @@ class LLMEngine(EngineLifecycle):
             "paused": self.paused,
             "asleep": self.asleep,
             "kv_cache_bytes": self.runner.kv_cache_bytes,
+            **(self._tier_stats() if bm.tier is not None else {}),
             **(self.speculator.stats() if self.speculator is not None else {}),
         }

@@ -28,6 +28,7 @@ from runtime.models.spec import ModelSpec
 from runtime.models.state_cache import StateStep, allocate_states, stateful_layers
 from runtime.speculative.verifier import split_rows
 from runtime.worker.gpu_budget import gpu_kv_budget
+from runtime.worker.kv_offload import HostKVTier
 from runtime.worker.model_builder import build_model
 from runtime.worker.runner_weights import RunnerWeights, attention_layers
 from runtime.worker.sampler import Sampler, draw_offsets, token_logprob
@@ -70,6 +71,12 @@ class ModelRunner(RunnerWeights):
         self.hidden: torch.Tensor | None = None  # the last step's, when kept
         self.attention_layers = attention_layers(self.model)
         self.num_blocks = self._allocate_kv_cache()
+        self.kv_tier = None
+        if config.kv_offloading_size:
+            self.kv_tier = HostKVTier(int(config.kv_offloading_size * 2**30), self.kv_cache)
+            if self.kv_tier.num_slots == 0:
+                raise InvalidInputError("kv_offloading_size", f"{config.kv_offloading_size} GiB holds no KV block "
+                                        f"({self.kv_tier.block_bytes} bytes)")
         self._attach_caches()
 
     def _attach_caches(self) -> None:
@@ -210,7 +217,8 @@ class ModelRunner(RunnerWeights):
         embedding requests' sequences it pools rows of, and the sequences that sample nothing (max_tokens 0). A
         sequence's newest token may still be in flight: `previous` sampled it, and the forward pass reads it from
         there."""
-        inputs = StepInputs([], [], [], [], [], batch.num_decodes, [], [], lora_loads=batch.lora_loads)
+        inputs = StepInputs([], [], [], [], [], batch.num_decodes, [], [], lora_loads=batch.lora_loads,
+                            kv_moves=batch.kv_moves)
         prompt_seqs, pool_seqs, prefilled = [], [], []
         previous_rows = {} if previous is None else previous.row_of()
         offset = 0
@@ -269,6 +277,8 @@ class ModelRunner(RunnerWeights):
         """The forward pass, the logits rank 0 needs (the LM head is a collective, so all ranks run it; None when
         nothing is sampled) and the sums of the pooled hidden states (after the all-reduce, every rank holds them
         whole). `previous_tokens`: the previous step's sampled tokens, which `inputs.in_flight` reads."""
+        if inputs.kv_moves:
+            self.kv_tier.apply(inputs.kv_moves, self.kv_cache)
         if self.lora_batch is not None:
             for slot, adapter in inputs.lora_loads:
                 load_into_slot(self.model, slot, adapter)

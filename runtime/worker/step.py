@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from runtime.core.kv_tier import KVMove
 from runtime.core.sequence import Request, Sequence
 from runtime.lora import LoRAAdapter
 from runtime.outputs import TokenLogprob
@@ -66,6 +67,7 @@ class StepInputs:
     # (`runtime.models.rotary`)
     rope_rows: list[int] = field(default_factory=list)
     lora_loads: list[tuple[int, LoRAAdapter]] = field(default_factory=list)  # applied before the forward
+    kv_moves: list[KVMove] = field(default_factory=list)  # copies between the KV pool and its tier, made first
     pool_spans: list[tuple[int, int]] = field(default_factory=list)  # (first row, count) of hidden states pooled
     # (row, row of the previous step's tokens) of input tokens still on the device (async scheduling; rank 0 only)
     in_flight: list[tuple[int, int]] = field(default_factory=list)

@@ -1,5 +1,5 @@
-"""Served with speculation on: a greedy chat stream through the `openai` SDK is token-identical to one
-without, and /metrics carries the acceptance figures."""
+"""Served with speculation (and a KV offload tier) on: a greedy chat stream through the `openai` SDK is
+token-identical to one without, and /metrics carries the acceptance figures and the tier's."""
 
 import openai
 import requests
@@ -30,7 +30,8 @@ def test_greedy_chat_stream_is_token_identical_with_speculation(server, tmp_path
     model_dir = build_model_dir(tmp_path_factory.mktemp("copy_model"), "qwen2", init_std=0.02)  # repeats itself
     plain_args = app_args(model_dir, f"file://{tmp_path_factory.mktemp('plain')}")
     spec_args = app_args(model_dir, f"file://{tmp_path_factory.mktemp('spec')}")
-    spec_args["llm_configs"][0]["engine_kwargs"] = {**ENGINE_KWARGS, "speculative_config": NGRAM}
+    spec_args["llm_configs"][0]["engine_kwargs"] = {**ENGINE_KWARGS, "speculative_config": NGRAM,
+                                                    "kv_offloading_size": 0.01}
     conversations = [[{"role": "user", "content": f"Repeat after me {i} times: the sky is blue, the sea is deep."}]
                      for i in range(3)]
     with another_app(server, "plain", plain_args) as url:
@@ -42,7 +43,9 @@ def test_greedy_chat_stream_is_token_identical_with_speculation(server, tmp_path
 
         def exported():
             text = requests.get(f"{server.base_url}/metrics").text
-            return all(f"ray_rayllm_spec_decode_{name}" in text for name in ("acceptance_rate", "num_draft_tokens"))
+            return all(f"ray_rayllm_{name}" in text for name in ("spec_decode_acceptance_rate",
+                                                                  "spec_decode_num_draft_tokens",
+                                                                  "kv_offload_capacity_bytes"))
 
         wait_until(exported, timeout=60, every=1)  # Ray exports on an interval
     assert all(len(tokens) == 60 or text for tokens, text in expected)
