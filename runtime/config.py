@@ -22,6 +22,24 @@ DTYPES = {
     "half": torch.float16,
 }
 # the KV cache's element type, where it is not the model's ("auto")
+@dataclass(frozen=True)
+class SharedTierConfig:
+    """`kv_shared_tier` (runtime.engine.shared_kv)."""
+
+    size_gib: float  # what the tier keeps published, over every engine
+    name: str | None = None  # engines of one name share blocks; default: the model's path
+    min_prompt_tokens: int = 1024  # shorter prompts are not published
+
+    @classmethod
+    def parse(cls, value: "SharedTierConfig | dict | None") -> "SharedTierConfig | None":
+        if isinstance(value, dict):
+            unknown = set(value) - {"size_gib", "name", "min_prompt_tokens"}
+            require(not unknown and "size_gib" in value, "kv_shared_tier",
+                    f"takes size_gib (required), name and min_prompt_tokens; got {sorted(value)}")
+            return cls(**value)
+        return value
+
+
 KV_CACHE_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
 
 
@@ -64,6 +82,10 @@ class EngineConfig:
     # GiB of host memory (pinned on a GPU) holding full prefix blocks the KV pool evicts, loaded back on a later
     # hit instead of recomputed (vLLM's name); needs prefix caching
     kv_offloading_size: float | None = None
+    # a KV tier shared by the engines of a Ray cluster: {size_gib, name (default: the model's path),
+    # min_prompt_tokens (1024)}; prompts' blocks published there and fetched into the offload tier
+    # (runtime.engine.shared_kv)
+    kv_shared_tier: SharedTierConfig | dict | None = None
     # GPU: no CUDA graphs (every decode step launches its kernels one by one)
     enforce_eager: bool = False
     seed: int = 0
@@ -105,6 +127,7 @@ class EngineConfig:
         require(self.runner in ("generate", "pooling"), "runner", f"expected generate or pooling, got {self.runner!r}")
         self.pooler_config = PoolerConfig.parse(self.pooler_config)
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        self.kv_shared_tier = SharedTierConfig.parse(self.kv_shared_tier)
         require(self.speculative_config is None or self.speculative_config.method == "ngram"
                 or self.tensor_parallel_size == 1, "speculative_config.method",
                 "a draft model runs only with tensor_parallel_size 1; ngram works at any size")
@@ -129,6 +152,10 @@ class EngineConfig:
         require(self.kv_offloading_size is None or self.speculative_config is None
                 or self.speculative_config.method == "ngram", "kv_offloading_size",
                 "the tier holds the target model's blocks only: it runs without a draft model")
+        require(self.kv_shared_tier is None or (self.kv_offloading_size is not None and self.tensor_parallel_size == 1
+                                                and not self.engine_process), "kv_shared_tier",
+                "fetches into the offload tier (set kv_offloading_size), at tensor_parallel_size 1, in the server's "
+                "process (not engine_process)")
         require(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype",
                 f"{self.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
         require(self.max_loras >= 1, "max_loras", "must be at least 1")

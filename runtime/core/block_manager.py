@@ -17,7 +17,9 @@ freed as it grows (into the LRU, still hashed); its block table keeps `FREED` in
 their place so positions still map to their block index.
 """
 
+from array import array
 from collections import OrderedDict
+from hashlib import blake2b
 
 from runtime.core.kv_tier import KVMove, TierHit, TierIndex
 from runtime.core.sequence import Sequence
@@ -110,6 +112,13 @@ class BlockManager:
         self.queried_tokens += seq.num_prompt_tokens
         self.hit_tokens += len(hits) * self.block_size
         self.grow(seq, num_tokens)
+
+    def holds(self, block_hash: int, token_ids: tuple[int, ...]) -> bool:
+        """Whether the pool or the tier has the block `block_hash` (a read another thread may make)."""
+        block_id = self._cached.get(block_hash)
+        if block_id is not None and self.blocks[block_id].token_ids == token_ids:
+            return True
+        return self.tier is not None and self.tier.holds(block_hash, token_ids)
 
     def take_moves(self) -> list[KVMove]:
         """The copies between the pool and the tier that the coming step makes before its forward pass."""
@@ -230,17 +239,28 @@ class BlockManager:
     def _tokens(self, seq: Sequence, index: int) -> tuple[int, ...]:
         return tuple(seq.token_ids[index * self.block_size : (index + 1) * self.block_size])
 
+    def chain_start(self, adapter: str | None, rope_scale: float | None = None) -> str:
+        """Where a prefix's hash chain starts: the cache's epoch and the LoRA adapter (the same tokens under
+        another adapter have other keys and values), and a length-scaled RoPE's scale (rotated otherwise, its
+        blocks never match a sequence rotated by another)."""
+        return f"{self._epoch}|{adapter}" + (f"|rope scale {rope_scale}" if rope_scale else "")
+
     def _hash(self, seq: Sequence, index: int) -> int:
-        """Hash of block `index` of `seq`, chained from its parent's (memoised on the sequence)."""
+        """Hash of block `index` of `seq`, chained from its parent's (memoised on the sequence). Without prefix
+        caching only siblings (n > 1) share: the chain starts at the request."""
         hashes = seq.block_hashes
         while len(hashes) <= index:
             i = len(hashes)
-            # without prefix caching only siblings (n > 1) share: the chain starts at the request; with it, at
-            # the request's LoRA adapter (the same tokens under another adapter have other keys and values)
             adapter = seq.request.adapter
-            start = (self._epoch, adapter.name if adapter is not None else None)
-            if seq.rope_scale:  # rotated otherwise: its blocks never match a sequence rotated by another scale
-                start = (start, "rope scale", seq.rope_scale)
-            parent = hashes[i - 1] if i else (start if self.enable_prefix_caching else seq.request.request_id)
-            hashes.append(hash((parent, self._tokens(seq, i))))
+            start = self.chain_start(adapter.name if adapter is not None else None, seq.rope_scale) \
+                if self.enable_prefix_caching else f"request {seq.request.request_id}"
+            hashes.append(block_hash(hashes[i - 1] if i else start, self._tokens(seq, i)))
         return hashes[index]
+
+
+def block_hash(parent: int | str, token_ids: tuple[int, ...]) -> int:
+    """A block's hash from its parent's (or the chain's start) and its tokens: the same in every process (a
+    replica sharing blocks with another computes the same keys), unlike Python's `hash` of a string."""
+    digest = blake2b(str(parent).encode(), digest_size=8)
+    digest.update(array("q", token_ids).tobytes())
+    return int.from_bytes(digest.digest(), "little")

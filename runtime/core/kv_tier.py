@@ -62,6 +62,16 @@ class TierIndex:
         self._moves.append((True, block_id, slot))
         self.stored_blocks += 1
 
+    def place(self, block_hash: int, token_ids: tuple[int, ...]) -> int | None:
+        """A slot for a block that arrives from outside the pool (the shared tier), which the caller fills; None
+        when the tier holds it already or every slot is pinned."""
+        if block_hash in self._entries:
+            return None
+        slot = self._take_slot()
+        if slot is not None:
+            self._entries[block_hash] = (slot, token_ids)
+        return slot
+
     def load(self, hit: TierHit, block_id: int) -> None:
         """Copy `hit` into the pool block `block_id` before the step runs."""
         slot, _ = self._entries[hit.hash]

@@ -178,6 +178,10 @@ class AsyncLLMEngine:
         if not self.healthy:
             raise EngineDeadError(f"the engine is not running: {self.error!r}")
         request = await self.compile(request)
+        if getattr(self.engine, "shared_tier", None) is not None:  # off the loop and the engine's thread
+            fetched = await asyncio.to_thread(self.engine.fetch_shared, request)
+            if fetched is not None:
+                self._send(("import", fetched))
         request_id = request_id or f"req-{next(self._ids)}"
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = _Stream(asyncio.get_running_loop(), queue)
@@ -293,6 +297,9 @@ class AsyncLLMEngine:
 
     def _apply(self, command: tuple) -> None:
         kind, request_id, *args = command
+        if kind == "import":  # blocks from the shared tier, queued before the request that wants them
+            self.engine.import_blocks(request_id)
+            return
         if kind == "lifecycle":
             done, (operation, operation_args) = request_id, args
             try:

@@ -9,9 +9,10 @@ handling) finishes that request with an error; the step goes on for the others.
 """
 
 import logging
+from functools import partial
 
 from runtime.config import EngineConfig
-from runtime.core.block_manager import BlockManager
+from runtime.core.block_manager import FREED, BlockManager
 from runtime.core.kv_tier import TierIndex
 from runtime.core.scheduler import ScheduledBatch, Scheduler
 from runtime.core.sequence import Request, Sequence
@@ -27,6 +28,7 @@ from runtime.outputs import RequestDelta, SequenceDelta
 from runtime.sampling_params import SamplingParams
 from runtime.speculative.build import build_speculator
 from runtime.text.detokenizer import IncrementalDetokenizer
+from runtime.worker.kv_offload import read_blocks
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.step import LaunchedStep
 
@@ -39,6 +41,10 @@ class LLMEngine(EngineLifecycle):
         self.validator = RequestValidator(config, isolate_grammars)
         self.spec, self.tokenizer = self.validator.spec, self.validator.tokenizer
         self.eos_token_ids = self.validator.eos_token_ids
+        stateful = self.spec.model_class.has_recurrent_state
+        if config.kv_offloading_size is not None and (stateful or not config.enable_prefix_caching):
+            raise InvalidInputError("kv_offloading_size", "holds prefix blocks: it needs enable_prefix_caching and "
+                                    "a model whose layers keep no state per sequence")
         self.workers = None
         address = None
         if config.tensor_parallel_size > 1:
@@ -53,7 +59,6 @@ class LLMEngine(EngineLifecycle):
                 self.workers.shutdown(wait=False)
                 destroy_tp_group()
             raise
-        stateful = self.spec.model_class.has_recurrent_state
         if stateful and config.enable_prefix_caching:
             logger.info("prefix caching is off for %s: its linear-attention layers keep a state per sequence, "
                         "which cached KV blocks cannot restore", self.spec.model_class.__name__)
@@ -69,6 +74,12 @@ class LLMEngine(EngineLifecycle):
                                    state_slots=stateful,
                                    scaled_rope=LengthScaledRope.of(self.spec.hf_config, self.spec.max_model_len))
         self.speculator = build_speculator(config, self.spec, self.tokenizer, self.eos_token_ids, self.runner)
+        self.shared_tier = None
+        if config.kv_shared_tier is not None:
+            from runtime.engine.shared_kv import SharedTier  # Ray, where the engine shares blocks
+
+            self.shared_tier = SharedTier(config.kv_shared_tier, str(self.spec.path), self.block_manager,
+                                          self.runner.kv_tier.block_bytes)
         self.requests: dict[str, Request] = {}
         self._launched: LaunchedStep | None = None  # async scheduling: the batch whose tokens are still in flight
         if config.warm_up and config.runner == "generate":
@@ -83,8 +94,31 @@ class LLMEngine(EngineLifecycle):
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     priority: int = 0, lora: LoRARequest | None = None, owner: str | None = None,
                     stream: bool = True) -> None:
-        """Validate a request and queue it."""
-        self.enqueue(request_id, self.validator.validate(prompt_token_ids, params, lora), priority, owner, stream)
+        """Validate a request and queue it (with the blocks of its prompt that the shared tier has, if any)."""
+        valid = self.validator.validate(prompt_token_ids, params, lora)
+        if self.shared_tier is not None:
+            self.import_blocks(self.fetch_shared(valid))
+        self.enqueue(request_id, valid, priority, owner, stream)
+
+    def fetch_shared(self, valid: ValidRequest):
+        """The blocks of `valid`'s prompt that the shared tier has and this engine lacks (any thread may ask)."""
+        adapter = valid.adapter.name if valid.adapter is not None else None
+        hashes, tokens = self.shared_tier.hashes(valid.prompt_token_ids, adapter)
+        held = 0
+        while held < len(hashes) and self.block_manager.holds(hashes[held], tokens[held]):
+            held += 1
+        return self.shared_tier.fetch(valid.prompt_token_ids, adapter, held)
+
+    def import_blocks(self, fetched) -> None:
+        """Blocks fetched from the shared tier into the offload tier, where an admission finds them."""
+        if fetched is None:
+            return
+        for block_hash, tokens, data in zip(fetched.hashes, fetched.token_ids, fetched.data):
+            if self.block_manager.holds(block_hash, tokens):
+                continue
+            slot = self.block_manager.tier.place(block_hash, tokens)
+            if slot is not None:
+                self.runner.kv_tier.write(slot, data)
 
     def enqueue(self, request_id: str, valid: ValidRequest, priority: int = 0, owner: str | None = None,
                 stream: bool = True) -> None:
@@ -128,6 +162,8 @@ class LLMEngine(EngineLifecycle):
         """Stop the grammar compile processes and the tensor-parallel workers, if any; the engine is unusable
         afterwards."""
         self.validator.close()
+        if self.shared_tier is not None:
+            self.shared_tier.shutdown()
         if self.workers is not None:
             self.runner.shutdown()
             self.workers.shutdown()
@@ -168,10 +204,20 @@ class LLMEngine(EngineLifecycle):
         for seq, total in launched.pooled.items():  # a sum restarts with the prompt (after a preemption, say)
             seq.pooled = total if seq.pooled is None or seq.num_computed_tokens == 0 else seq.pooled + total
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            before = seq.num_computed_tokens
             seq.num_computed_tokens += n - len(seq.draft_token_ids)  # accepted draft tokens count below
+            if self.shared_tier is not None and before < seq.num_prompt_tokens <= seq.num_computed_tokens:
+                self._publish(seq)
         for seq in launched.sampled:
             seq.num_in_flight += 1
         return launched
+
+    def _publish(self, seq: Sequence) -> None:
+        """`seq`'s prompt is computed: its full blocks go to the shared tier (its first completion's only)."""
+        if seq.index == 0 and FREED not in seq.block_table:
+            adapter = seq.request.adapter
+            self.shared_tier.publish(seq.request.prompt_token_ids, adapter.name if adapter is not None else None,
+                                     partial(read_blocks, self.runner.kv_cache), seq.block_table)
 
     def _complete(self, launched: LaunchedStep) -> list[RequestDelta]:
         """Read a launched batch's tokens and turn them into deltas. Its sequences that finished meanwhile (the
@@ -325,5 +371,7 @@ class LLMEngine(EngineLifecycle):
             "asleep": self.asleep,
             "kv_cache_bytes": self.runner.kv_cache_bytes,
             **(self._tier_stats() if bm.tier is not None else {}),
+            **({"kv_shared_published_blocks": self.shared_tier.published_blocks,
+                "kv_shared_fetched_blocks": self.shared_tier.fetched_blocks} if self.shared_tier else {}),
             **(self.speculator.stats() if self.speculator is not None else {}),
         }

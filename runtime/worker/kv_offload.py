@@ -18,6 +18,10 @@ class HostKVTier:
         pinned = kv_cache.is_cuda
         self.slots = torch.empty((planes, layers, self.num_slots, *block), dtype=kv_cache.dtype, pin_memory=pinned)
 
+    def write(self, slot: int, block: torch.Tensor) -> None:
+        """A block from elsewhere ([planes, layers, block_size, kv heads, head size]) into `slot`."""
+        _bytes(self.slots)[:, :, slot] = _bytes(block.to(self.slots.dtype))
+
     def apply(self, moves: list[KVMove], kv_cache: torch.Tensor) -> None:
         """Make `moves` in their order: runs of one direction at once, a run ending where it would touch a block
         or slot twice."""
@@ -28,6 +32,12 @@ class HostKVTier:
             else:
                 pool[:, :, torch.tensor(blocks, device=kv_cache.device)] = \
                     tier[:, :, torch.tensor(slots)].to(kv_cache.device, non_blocking=True)
+
+
+def read_blocks(kv_cache: torch.Tensor, block_ids: list[int]) -> torch.Tensor:
+    """The pool's blocks `block_ids` on the host, [planes, layers, blocks, block_size, kv heads, head size]."""
+    index = torch.tensor(block_ids, device=kv_cache.device)
+    return _bytes(kv_cache)[:, :, index].cpu().view(kv_cache.dtype)
 
 
 def _bytes(cache: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from runtime import LLM, LoRARequest, SamplingParams
+from runtime import LLM, InvalidInputError, LoRARequest, SamplingParams
 from runtime.worker.kv_offload import HostKVTier
 from testing.lora_adapters import make_adapter
 from testing.model_factory import kv_cache_bytes
@@ -122,3 +122,15 @@ def test_copies_run_in_the_order_recorded():
     assert torch.equal(tier.slots[:, :, 2], before[:, :, 1])  # block 1 saved before it was filled
     assert torch.equal(kv_cache[:, :, 1], before[:, :, 5])  # from slot 0, which block 5 had filled
     assert torch.equal(kv_cache[:, :, [0, 2, 4, 5]], before[:, :, [0, 2, 4, 5]])
+
+
+def test_what_the_tier_cannot_hold_is_refused_at_start(qwen2_model):
+    with pytest.raises(InvalidInputError, match="kv_offloading_size: holds prefix blocks: it needs enable_prefix"):
+        LLM(str(qwen2_model), max_model_len=256, kv_offloading_size=0.01, enable_prefix_caching=False)
+    with pytest.raises(InvalidInputError, match="kv_offloading_size: .* it runs without a draft model"):
+        LLM(str(qwen2_model), max_model_len=256, kv_offloading_size=0.01,
+            speculative_config={"method": "draft_model", "model": str(qwen2_model), "num_speculative_tokens": 2})
+    with pytest.raises(InvalidInputError, match="kv_offloading_size: .* holds no KV block"):
+        LLM(str(qwen2_model), max_model_len=256, kv_offloading_size=2**-30)
+    with pytest.raises(InvalidInputError, match="kv_shared_tier: fetches into the offload tier"):
+        LLM(str(qwen2_model), max_model_len=256, kv_shared_tier={"size_gib": 1})

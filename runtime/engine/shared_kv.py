@@ -1,0 +1,145 @@
+"""The KV tier shared by the engines of a cluster (`kv_shared_tier`): prompts' full blocks, published by the
+engine that computed them into Ray's object store, and found by any engine of the same tier name through one
+directory actor, keyed by the blocks' chained hashes (the same in every process) and confirmed by their tokens.
+
+An engine publishes a prompt's blocks once its prefill ends (prompts of at least `min_prompt_tokens`): they are
+read out of the KV pool and put in the object store off the engine's thread. Before a request is queued, the
+engine asks the directory for the longest run of its prompt's blocks that it lacks, fetches them and writes them
+into its offload tier, where the admission finds them as its own. Objects live in their publisher's store: when
+it dies they are lost and the others recompute what they cannot fetch. The directory drops the least recently
+used blocks past its bytes.
+"""
+
+import logging
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import ray
+import torch
+
+from runtime.config import SharedTierConfig
+from runtime.core.block_manager import BlockManager, block_hash
+
+logger = logging.getLogger(__name__)
+
+DIRECTORY_PREFIX = "kv-shared-tier-"
+
+
+@dataclass
+class FetchedBlocks:
+    """Blocks found in the shared tier for one prompt, to be written into the offload tier."""
+
+    hashes: list[int]
+    token_ids: list[tuple[int, ...]]
+    data: list[torch.Tensor]  # each [planes, layers, block_size, kv heads, head size]
+
+
+@ray.remote(num_cpus=0)
+class KVDirectory:
+    """Block hash -> (its tokens, the published object holding it, its index there), least recently used first."""
+
+    def __init__(self, capacity_bytes: int):
+        self.capacity = capacity_bytes
+        self.entries: OrderedDict[int, tuple[tuple[int, ...], list, int, int]] = OrderedDict()
+        self.bytes = 0
+
+    def publish(self, hashes: list[int], token_ids: list[tuple[int, ...]], boxed: list, block_bytes: int) -> None:
+        """Blocks `hashes` of one published object (`boxed[0]`, its ObjectRef, boxed so Ray passes the reference)."""
+        for index, (key, tokens) in enumerate(zip(hashes, token_ids)):  # the newest copy of a block wins
+            old = self.entries.pop(key, None)
+            self.bytes += block_bytes - (old[3] if old is not None else 0)
+            self.entries[key] = (tokens, boxed, index, block_bytes)
+        while self.bytes > self.capacity and self.entries:
+            *_, dropped = self.entries.popitem(last=False)[1]
+            self.bytes -= dropped
+
+    def lookup(self, hashes: list[int]) -> list[tuple[tuple[int, ...], list, int]]:
+        """The longest run of `hashes`, from the first, that the tier holds: (tokens, boxed ref, index) each."""
+        found = []
+        for key in hashes:
+            entry = self.entries.get(key)
+            if entry is None:
+                break
+            self.entries.move_to_end(key)
+            found.append(entry[:3])
+        return found
+
+    def forget(self, hashes: list[int], lost: list) -> None:
+        """Blocks held in the objects `lost` (their publisher died); a copy published since stays."""
+        for key in hashes:
+            entry = self.entries.get(key)
+            if entry is not None and entry[1][0] in lost:
+                del self.entries[key]
+                self.bytes -= entry[3]
+
+    def stats(self) -> dict:
+        return {"blocks": len(self.entries), "bytes": self.bytes}
+
+
+class SharedTier:
+    """An engine's side of the shared tier: what it publishes, and the blocks it fetches for a prompt."""
+
+    def __init__(self, config: SharedTierConfig, default_name: str, block_manager: BlockManager, block_bytes: int):
+        self.config = config
+        self.blocks, self.block_bytes = block_manager, block_bytes
+        name = DIRECTORY_PREFIX + (config.name or default_name).replace("/", "_")
+        self.directory = KVDirectory.options(name=name, namespace="rayllm", get_if_exists=True,
+                                             lifetime="detached").remote(int(config.size_gib * 2**30))
+        self._publisher = ThreadPoolExecutor(1, thread_name_prefix="kv-publish")
+        self.published_blocks = self.fetched_blocks = 0
+
+    def hashes(self, prompt: list[int], adapter: str | None) -> tuple[list[int], list[tuple[int, ...]]]:
+        """The hashes and tokens of `prompt`'s full blocks but its last token's (which is always computed)."""
+        size = self.blocks.block_size
+        hashes, tokens, parent = [], [], self.blocks.chain_start(adapter)
+        for i in range((len(prompt) - 1) // size):
+            block = tuple(prompt[i * size : (i + 1) * size])
+            parent = block_hash(parent, block)
+            hashes.append(parent)
+            tokens.append(block)
+        return hashes, tokens
+
+    def publish(self, prompt: list[int], adapter: str | None, read_blocks, block_ids: list[int]) -> None:
+        """A prompt whose prefill just ended: its full blocks (`block_ids`, read by `read_blocks`) into the tier."""
+        if len(prompt) < self.config.min_prompt_tokens:
+            return
+        hashes, tokens = self.hashes(prompt, adapter)
+        data = read_blocks(block_ids[: len(hashes)])  # before the pool reuses them
+        self._publisher.submit(self._put, hashes, tokens, data)
+
+    def _put(self, hashes, tokens, data: torch.Tensor) -> None:
+        try:
+            self.directory.publish.remote(hashes, tokens, [ray.put(data)], self.block_bytes)
+            self.published_blocks += len(hashes)
+        except Exception:  # the tier is an optimisation: an engine serves on without it
+            logger.exception("publishing %d KV blocks to the shared tier failed", len(hashes))
+
+    def fetch(self, prompt: list[int], adapter: str | None, held: int) -> FetchedBlocks | None:
+        """The blocks of `prompt` past its first `held` (which this engine holds) that the tier has."""
+        hashes, tokens = self.hashes(prompt, adapter)
+        hashes, tokens = hashes[held:], tokens[held:]
+        if not hashes:
+            return None
+        try:
+            found = ray.get(self.directory.lookup.remote(hashes))
+            if not found:
+                return None
+            refs = list(dict.fromkeys(boxed[0] for _, boxed, _ in found))
+            values = dict(zip(refs, ray.get(refs)))
+        except ray.exceptions.ObjectLostError:  # its publisher died (OwnerDiedError is one)
+            self.directory.forget.remote(hashes, refs)
+            return None
+        except ray.exceptions.RayError:  # the tier is an optimisation: the prompt is computed here instead
+            logger.exception("fetching KV blocks from the shared tier failed")
+            return None
+        data = [values[boxed[0]][:, :, index] for _, boxed, index in found]
+        self.fetched_blocks += len(found)
+        return FetchedBlocks(hashes[: len(found)], tokens[: len(found)], data)
+
+    def flush(self) -> None:
+        """Wait for the blocks being published."""
+        self._publisher.submit(lambda: None).result()
+
+    def shutdown(self) -> None:
+        self._publisher.shutdown(wait=True)
