@@ -103,11 +103,7 @@ class LLMEngine(EngineLifecycle):
     def fetch_shared(self, valid: ValidRequest):
         """The blocks of `valid`'s prompt that the shared tier has and this engine lacks (any thread may ask)."""
         adapter = valid.adapter.name if valid.adapter is not None else None
-        hashes, tokens = self.shared_tier.hashes(valid.prompt_token_ids, adapter)
-        held = 0
-        while held < len(hashes) and self.block_manager.holds(hashes[held], tokens[held]):
-            held += 1
-        return self.shared_tier.fetch(valid.prompt_token_ids, adapter, held)
+        return self.shared_tier.fetch(valid.prompt_token_ids, adapter)
 
     def import_blocks(self, fetched) -> None:
         """Blocks fetched from the shared tier into the offload tier, where an admission finds them."""

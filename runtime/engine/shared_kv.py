@@ -115,14 +115,24 @@ class SharedTier:
         except Exception:  # the tier is an optimisation: an engine serves on without it
             logger.exception("publishing %d KV blocks to the shared tier failed", len(hashes))
 
-    def fetch(self, prompt: list[int], adapter: str | None, held: int) -> FetchedBlocks | None:
-        """The blocks of `prompt` past its first `held` (which this engine holds) that the tier has."""
+    def fetch(self, prompt: list[int], adapter: str | None) -> FetchedBlocks | None:
+        """The blocks of `prompt` that the tier has past those the engine holds already, each confirmed by its
+        tokens. Prompts under `min_prompt_tokens` are not looked up (nor published): a round trip saved."""
+        if len(prompt) < self.config.min_prompt_tokens:
+            return None
         hashes, tokens = self.hashes(prompt, adapter)
+        held = 0
+        while held < len(hashes) and self.blocks.holds(hashes[held], tokens[held]):
+            held += 1
         hashes, tokens = hashes[held:], tokens[held:]
         if not hashes:
             return None
         try:
             found = ray.get(self.directory.lookup.remote(hashes))
+            confirmed = 0
+            while confirmed < len(found) and tuple(found[confirmed][0]) == tokens[confirmed]:
+                confirmed += 1
+            found = found[:confirmed]
             if not found:
                 return None
             refs = list(dict.fromkeys(boxed[0] for _, boxed, _ in found))
