@@ -50,7 +50,8 @@ class Sizes:
 
 ENGINE_TEST_FILES = ("tests/kernels/test_triton_kernels.py", "tests/runtime/test_greedy_parity.py",
                      "tests/runtime/test_async_scheduling.py", "tests/runtime/test_model_families.py",
-                     "tests/runtime/test_quantized_checkpoints.py", "tests/runtime/test_hybrid_attention.py")
+                     "tests/runtime/test_quantized_checkpoints.py", "tests/runtime/test_hybrid_attention.py",
+                     "tests/runtime/test_kv_offload.py")
 
 GPU = Sizes(
     dry_run=False, model=QWEN25_05B, served_model={**QWEN25_05B, "vocab_size": 512, "tokenizer_vocab": None},
