@@ -64,9 +64,19 @@ class LoraConfig(StrictModel):
     max_lora_rank: int = Field(16, ge=1)
 
 
+class PlacementGroupConfig(StrictModel):
+    """Ray Serve LLM's `placement_group_config`: a replica's bundles, one per tensor-parallel rank (bundle 0 holds
+    the replica itself, rank 0), and how Ray places them (STRICT_SPREAD: one rank per node)."""
+
+    bundles: list[dict[str, float]] = Field(min_length=1)
+    strategy: Literal["PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD"] = "PACK"
+
+
 class LLMConfig(StrictModel):
     model_loading_config: ModelLoadingConfig
     lora_config: LoraConfig | None = None
+    # default: a bundle per tensor-parallel rank, STRICT_PACK
+    placement_group_config: PlacementGroupConfig | None = None
     experimental_configs: ExperimentalConfigs = Field(default_factory=ExperimentalConfigs)
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
     deployment_config: dict[str, Any] = Field(default_factory=dict)
@@ -86,6 +96,17 @@ class LLMConfig(StrictModel):
         if "num_replicas" in v and "autoscaling_config" in v:
             raise ValueError("give num_replicas or autoscaling_config, not both")
         return v
+
+    @model_validator(mode="after")
+    def _a_bundle_per_rank(self) -> "LLMConfig":
+        ranks = self.engine_kwargs.get("tensor_parallel_size", 1)
+        placement = self.placement_group_config
+        if placement is not None and len(placement.bundles) != ranks:
+            raise ValueError(f"placement_group_config: {len(placement.bundles)} bundles for tensor_parallel_size "
+                             f"{ranks}; give one per rank")
+        if placement is not None and any(b.get("CPU", 0) < 1 and b.get("GPU", 0) < 1 for b in placement.bundles):
+            raise ValueError("placement_group_config: every bundle holds a rank, which takes a CPU or a GPU")
+        return self
 
     @property
     def model_id(self) -> str:

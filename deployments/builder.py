@@ -84,7 +84,10 @@ def _replica(config: LLMConfig, server_class: type, prefix_routing: bool = True)
     actor_options.setdefault("num_cpus", 1)
     actor_options["runtime_env"] = _replica_env(actor_options.get("runtime_env"))
     tp = config.engine_kwargs.get("tensor_parallel_size", 1)
-    if tp > 1:  # one bundle per rank; the replica (rank 0) takes bundle 0, its workers the rest
+    if config.placement_group_config is not None:  # the user's bundles, one per rank
+        options["placement_group_bundles"] = config.placement_group_config.bundles
+        options["placement_group_strategy"] = config.placement_group_config.strategy
+    elif tp > 1:  # one bundle per rank; the replica (rank 0) takes bundle 0, its workers the rest
         rank_bundle = {"CPU": actor_options["num_cpus"]}
         if actor_options.get("num_gpus"):
             rank_bundle["GPU"] = actor_options["num_gpus"]

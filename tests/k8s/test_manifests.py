@@ -72,6 +72,13 @@ def test_config_errors_name_the_field():
                                            "engine_kwargs": {"max_num_seqz": 4}}]})
     with pytest.raises(ValueError, match="storage_uri"):
         parse_app_config({"llm_configs": [{"model_loading_config": {"model_id": "m"}}], "storage_uri": "ftp://x"})
+    for placement, message in [({"bundles": [{"CPU": 1}]}, "1 bundles for tensor_parallel_size 2"),
+                               ({"bundles": [{"CPU": 1}, {"memory": 1}]}, "takes a CPU or a GPU"),
+                               ({"bundles": [{"CPU": 1}] * 2, "strategy": "ANYWHERE"}, "strategy")]:
+        with pytest.raises(ValueError, match=rf"llm_configs\.0.*{message}"):
+            parse_app_config({"llm_configs": [{"model_loading_config": {"model_id": "m"},
+                                               "engine_kwargs": {"tensor_parallel_size": 2},
+                                               "placement_group_config": placement}]})
     for experimental in ({"stream_batching_interval_ms": -1}, {"stream_batching_interval": 10}):
         with pytest.raises(ValueError, match=r"llm_configs\.0\.experimental_configs\.stream_batching_interval"):
             parse_app_config({"llm_configs": [{"model_loading_config": {"model_id": "m"},

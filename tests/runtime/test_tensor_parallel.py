@@ -98,7 +98,12 @@ def tp_app(server, tmp_path_factory):
 
 
 def test_served_tp2_matches_offline_tp1(server, qwen2_model, tmp_path):
-    _served_tp2_matches_offline_tp1(server, qwen2_model, tmp_path)
+    """With the replica's bundles given as Ray Serve LLM's `placement_group_config` (the TP worker's test below
+    takes the default, a bundle per rank in STRICT_PACK)."""
+    placement = {"bundles": [{"CPU": 1}, {"CPU": 1}], "strategy": "SPREAD"}
+    _served_tp2_matches_offline_tp1(server, qwen2_model, tmp_path, placement)
+    assert any(g["strategy"] == "SPREAD" and list(g["bundles"].values()) == [{"CPU": 1.0}] * 2
+               for g in ray.util.placement_group_table().values())
 
 
 @pytest.mark.reliability  # the default suite has it offline (test_tp2_with_one_kv_head_replicates_it) and served TP2
@@ -106,10 +111,11 @@ def test_served_tp2_with_one_kv_head(server, one_kv_head_model, tmp_path):
     _served_tp2_matches_offline_tp1(server, one_kv_head_model, tmp_path)
 
 
-def _served_tp2_matches_offline_tp1(server, model_dir, storage):
+def _served_tp2_matches_offline_tp1(server, model_dir, storage, placement: dict | None = None):
     """The model through `serve.run` at TP=2 against the offline engine at TP=1."""
     args = app_args(model_dir, f"file://{storage}")
     args["llm_configs"][0]["engine_kwargs"] = {**ENGINE_KWARGS, "tensor_parallel_size": 2}
+    args["llm_configs"][0]["placement_group_config"] = placement
     with another_app(server, "tp-parity", args) as url:
         client = openai.Client(base_url=f"{url}/v1", api_key="None")
         messages = [{"role": "user", "content": "List 3 countries and their capitals."}]
