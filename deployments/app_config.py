@@ -72,9 +72,18 @@ class PlacementGroupConfig(StrictModel):
     strategy: Literal["PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD"] = "PACK"
 
 
+class PrefillConfig(StrictModel):
+    """Prefill/decode disaggregation (deployments/disaggregated.py): the prefill deployment's options, over the
+    model's own. Both deployments share a KV tier (`engine_kwargs.kv_shared_tier`, which each must have)."""
+
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+    deployment_config: dict[str, Any] = Field(default_factory=dict)
+
+
 class LLMConfig(StrictModel):
     model_loading_config: ModelLoadingConfig
     lora_config: LoraConfig | None = None
+    prefill_config: PrefillConfig | None = None  # a prefill deployment beside the model's (disaggregation)
     # default: a bundle per tensor-parallel rank, STRICT_PACK
     placement_group_config: PlacementGroupConfig | None = None
     experimental_configs: ExperimentalConfigs = Field(default_factory=ExperimentalConfigs)
@@ -107,6 +116,25 @@ class LLMConfig(StrictModel):
         if placement is not None and any(b.get("CPU", 0) < 1 and b.get("GPU", 0) < 1 for b in placement.bundles):
             raise ValueError("placement_group_config: every bundle holds a rank, which takes a CPU or a GPU")
         return self
+
+    @model_validator(mode="after")
+    def _both_sides_share_a_tier(self) -> "LLMConfig":
+        if self.prefill_config is not None:
+            prefill = self.prefill()
+            for side, kwargs in (("engine_kwargs", self.engine_kwargs), ("prefill_config", prefill.engine_kwargs)):
+                if "kv_shared_tier" not in kwargs:
+                    raise ValueError(f"prefill_config: the prefill and decode deployments hand prompts over through "
+                                     f"a shared KV tier: set {side}.kv_shared_tier")
+        return self
+
+    def prefill(self) -> "LLMConfig":
+        """The prefill deployment's config: the model's, with `prefill_config`'s options over it."""
+        return self.model_copy(update={
+            "engine_kwargs": _only_known({**self.engine_kwargs, **self.prefill_config.engine_kwargs}, _ENGINE_OPTIONS,
+                                         "engine"),
+            "deployment_config": _only_known({**self.deployment_config, **self.prefill_config.deployment_config},
+                                             _DEPLOYMENT_OPTIONS, "deployment"),
+            "prefill_config": None})
 
     @property
     def model_id(self) -> str:
@@ -203,6 +231,9 @@ class AppConfig(StrictModel):
     def _direct_streaming_serves_one_model(self):
         if self.direct_streaming and len(self.llm_configs) > 1:
             raise ValueError(f"direct_streaming serves one model per app, got {len(self.llm_configs)} llm_configs")
+        if self.direct_streaming and self.llm_configs[0].prefill_config is not None:
+            raise ValueError("direct_streaming has no ingress to send a request to prefill first: it runs without "
+                             "prefill_config")
         return self
 
     @property
@@ -223,9 +254,9 @@ class AppConfig(StrictModel):
         return any(uri.startswith(p if p.endswith("/") else p + "/") for p in prefixes)
 
 
-def replica_name(model_id: str) -> str:
-    """The Serve deployment name of a model's replicas."""
-    return "LLMServer:" + model_id.replace("/", "--")
+def replica_name(model_id: str, prefill: bool = False) -> str:
+    """The Serve deployment name of a model's replicas (or of its prefill replicas)."""
+    return "LLMServer:" + model_id.replace("/", "--") + (":prefill" if prefill else "")
 
 
 def parse_app_config(args: dict) -> AppConfig:

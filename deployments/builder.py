@@ -15,8 +15,8 @@ from deployments.replica.server import LLMServer
 
 
 def build_openai_app(args: dict) -> Application:
-    """One replica deployment per model behind one OpenAI ingress; in direct streaming, the model's
-    replica deployment is the ingress."""
+    """One replica deployment per model (and one of prefill replicas where it is disaggregated) behind one OpenAI
+    ingress; in direct streaming, the model's replica deployment is the ingress."""
     config = parse_app_config(args)
     _check_storage_is_shared(config)
     if config.direct_streaming:
@@ -24,12 +24,15 @@ def build_openai_app(args: dict) -> Application:
         # ingress deployment: the replica, its own ingress here, keeps Serve's default router
         return _replica(config.llm_configs[0], DirectLLMServer, prefix_routing=not _haproxy()).bind(config)
     replicas = {c.model_id: _replica(c, LLMServer).bind(c, config.otlp_traces_endpoint) for c in config.llm_configs}
+    # disaggregated models' prefill replicas (deployments/disaggregated.py)
+    prefill = {c.model_id: _replica(c.prefill(), LLMServer, prefill=True).bind(c.prefill(), config.otlp_traces_endpoint)
+               for c in config.llm_configs if c.prefill_config is not None}
     options = dict(config.ingress_deployment_config)
     # no CPU reserved unless asked: like Serve's proxy, the ingress only routes; the cores go to the engines
     actor_options = {"num_cpus": 0, **options.pop("ray_actor_options", {})}
     if "max_replicas_per_node" not in options and (per_node := _spread_over_nodes(options, actor_options)):
         options["max_replicas_per_node"] = per_node
-    return OpenAIIngress.options(ray_actor_options=actor_options, **options).bind(config, replicas)
+    return OpenAIIngress.options(ray_actor_options=actor_options, **options).bind(config, replicas, prefill)
 
 
 def _spread_over_nodes(options: dict, actor_options: dict) -> int | None:
@@ -69,10 +72,10 @@ def _haproxy() -> bool:
     return os.environ.get("RAY_SERVE_ENABLE_HA_PROXY", "0") == "1"
 
 
-def _replica(config: LLMConfig, server_class: type, prefix_routing: bool = True) -> Deployment:
-    """The model's replica deployment, with its Serve options and resources (a GPU when wanted, a bundle
-    per tensor-parallel rank)."""
-    options = {"name": replica_name(config.model_id), **config.deployment_config}
+def _replica(config: LLMConfig, server_class: type, prefix_routing: bool = True, prefill: bool = False) -> Deployment:
+    """The model's replica deployment (or its prefill replicas'), with its Serve options and resources (a GPU when
+    wanted, a bundle per tensor-parallel rank)."""
+    options = {"name": replica_name(config.model_id, prefill), **config.deployment_config}
     options.setdefault("max_ongoing_requests", 256)
     if prefix_routing:
         options.setdefault("request_router_config", {"request_router_class": PrefixAwareRouter})

@@ -1,10 +1,11 @@
-"""The app's HTTP ingress: the OpenAI routes in front of one replica deployment per model."""
+"""The app's HTTP ingress: the OpenAI routes in front of one replica deployment per model (two where a model's
+prefill is disaggregated)."""
 
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments.app_config import AppConfig
-from deployments.clients import RemoteModel
+from deployments.disaggregated import model_clients
 from deployments.http.app import build_app
 from deployments.http.front import OpenAIFront
 from runtime.engine.startup_heap import freeze_startup_heap
@@ -14,8 +15,10 @@ from runtime.engine.startup_heap import freeze_startup_heap
 @serve.deployment(max_ongoing_requests=1000)
 @serve.ingress()
 class OpenAIIngress:
-    def __init__(self, config: AppConfig, replicas: dict[str, DeploymentHandle]):
-        clients = {model_id: RemoteModel(h) for model_id, h in replicas.items()}
+    def __init__(self, config: AppConfig, replicas: dict[str, DeploymentHandle],
+                 prefill_replicas: dict[str, DeploymentHandle] | None = None):
+        """`prefill_replicas`: the models disaggregated, their prefill deployments (deployments/disaggregated.py)."""
+        clients = model_clients(replicas, prefill_replicas or {})
         self.front = OpenAIFront.for_app(config, clients, serve.get_replica_context().app_name)
         freeze_startup_heap()
 
