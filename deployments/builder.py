@@ -25,8 +25,9 @@ def build_openai_app(args: dict) -> Application:
         return _replica(config.llm_configs[0], DirectLLMServer, prefix_routing=not _haproxy()).bind(config)
     replicas = {c.model_id: _replica(c, LLMServer).bind(c, config.otlp_traces_endpoint) for c in config.llm_configs}
     # disaggregated models' prefill replicas (deployments/disaggregated.py)
-    prefill = {c.model_id: _replica(c.prefill(), LLMServer, prefill=True).bind(c.prefill(), config.otlp_traces_endpoint)
-               for c in config.llm_configs if c.prefill_config is not None}
+    prefill_configs = [c.prefill() for c in config.llm_configs if c.prefill_config is not None]
+    prefill = {p.model_id: _replica(p, LLMServer, prefill=True).bind(p, config.otlp_traces_endpoint)
+               for p in prefill_configs}
     options = dict(config.ingress_deployment_config)
     # no CPU reserved unless asked: like Serve's proxy, the ingress only routes; the cores go to the engines
     actor_options = {"num_cpus": 0, **options.pop("ray_actor_options", {})}

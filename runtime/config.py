@@ -21,7 +21,8 @@ DTYPES = {
     "float16": torch.float16,
     "half": torch.float16,
 }
-# the KV cache's element type, where it is not the model's ("auto")
+
+
 @dataclass(frozen=True)
 class SharedTierConfig:
     """`kv_shared_tier` (runtime.engine.shared_kv)."""
@@ -40,6 +41,7 @@ class SharedTierConfig:
         return value
 
 
+# the KV cache's element type, where it is not the model's ("auto")
 KV_CACHE_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
 
 

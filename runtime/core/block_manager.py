@@ -77,8 +77,8 @@ class BlockManager:
         hits = []
         for i in range((seq.num_tokens - 1) // self.block_size):
             block_hash, tokens = self._hash(seq, i), self._tokens(seq, i)
-            block_id = self._cached.get(block_hash)
-            if block_id is not None and self.blocks[block_id].token_ids == tokens:
+            block_id = self._pooled(block_hash, tokens)
+            if block_id is not None:
                 hits.append(block_id)
             elif self.tier is not None and self.tier.holds(block_hash, tokens):
                 hits.append(TierHit(block_hash, tokens))
@@ -115,10 +115,12 @@ class BlockManager:
 
     def holds(self, block_hash: int, token_ids: tuple[int, ...]) -> bool:
         """Whether the pool or the tier has the block `block_hash` (a read another thread may make)."""
-        block_id = self._cached.get(block_hash)
-        if block_id is not None and self.blocks[block_id].token_ids == token_ids:
-            return True
-        return self.tier is not None and self.tier.holds(block_hash, token_ids)
+        return self._pooled(block_hash, token_ids) is not None or (self.tier is not None
+                                                                   and self.tier.holds(block_hash, token_ids))
+
+    def prefix_hashes(self, seq: Sequence, count: int) -> list[int]:
+        """The hashes of `seq`'s first `count` blocks, as its admission computed them."""
+        return [self._hash(seq, i) for i in range(count)]
 
     def take_moves(self) -> list[KVMove]:
         """The copies between the pool and the tier that the coming step makes before its forward pass."""
@@ -218,6 +220,11 @@ class BlockManager:
         block.hash = block.token_ids = None
         block.ref_count = 1
         return block_id
+
+    def _pooled(self, block_hash: int, token_ids: tuple[int, ...]) -> int | None:
+        """The pool's block of hash `block_hash`, confirmed by its tokens, or None."""
+        block_id = self._cached.get(block_hash)
+        return block_id if block_id is not None and self.blocks[block_id].token_ids == token_ids else None
 
     def _load(self, hit: TierHit) -> int:
         """A free block that the tier's copy of `hit` fills, registered as the pool's copy of it."""

@@ -27,7 +27,8 @@ class TierIndex:
     def __init__(self, num_slots: int):
         self.num_slots = num_slots
         self._entries: OrderedDict[int, tuple[int, tuple[int, ...]]] = OrderedDict()  # hash -> (slot, tokens)
-        self._free_slots = list(range(num_slots - 1, -1, -1))
+        self._free_slots: list[int] = []
+        self.clear()
         self._pinned: set[int] = set()  # hashes being loaded by the admission under way: never evicted by it
         self._moves: list[KVMove] = []
         self.hit_tokens = 0  # prompt tokens loaded back from the tier, over its life
@@ -55,12 +56,10 @@ class TierIndex:
         if block_hash in self._entries:
             self._entries.move_to_end(block_hash)
             return
-        slot = self._take_slot()
-        if slot is None:
-            return
-        self._entries[block_hash] = (slot, token_ids)
-        self._moves.append((True, block_id, slot))
-        self.stored_blocks += 1
+        slot = self.place(block_hash, token_ids)
+        if slot is not None:
+            self._moves.append((True, block_id, slot))
+            self.stored_blocks += 1
 
     def place(self, block_hash: int, token_ids: tuple[int, ...]) -> int | None:
         """A slot for a block that arrives from outside the pool (the shared tier), which the caller fills; None

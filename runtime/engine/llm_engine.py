@@ -210,9 +210,8 @@ class LLMEngine(EngineLifecycle):
 
     def _publish(self, seq: Sequence) -> None:
         """`seq`'s prompt is computed: its full blocks go to the shared tier (its first completion's only)."""
-        if seq.index == 0 and FREED not in seq.block_table:
-            adapter = seq.request.adapter
-            self.shared_tier.publish(seq.request.prompt_token_ids, adapter.name if adapter is not None else None,
+        if seq.index == 0 and FREED not in seq.block_table:  # the sequence's own hashes: a scaled RoPE's included
+            self.shared_tier.publish(seq.request.prompt_token_ids, partial(self.block_manager.prefix_hashes, seq),
                                      partial(read_blocks, self.runner.kv_cache), seq.block_table)
 
     def _complete(self, launched: LaunchedStep) -> list[RequestDelta]:

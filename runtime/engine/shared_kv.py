@@ -89,23 +89,27 @@ class SharedTier:
         self._publisher = ThreadPoolExecutor(1, thread_name_prefix="kv-publish")
         self.published_blocks = self.fetched_blocks = 0
 
-    def hashes(self, prompt: list[int], adapter: str | None) -> tuple[list[int], list[tuple[int, ...]]]:
-        """The hashes and tokens of `prompt`'s full blocks but its last token's (which is always computed)."""
+    def _blocks_of(self, prompt: list[int]) -> list[tuple[int, ...]]:
+        """The tokens of `prompt`'s full blocks but its last token's (which is always computed)."""
         size = self.blocks.block_size
-        hashes, tokens, parent = [], [], self.blocks.chain_start(adapter)
-        for i in range((len(prompt) - 1) // size):
-            block = tuple(prompt[i * size : (i + 1) * size])
+        return [tuple(prompt[i * size : (i + 1) * size]) for i in range((len(prompt) - 1) // size)]
+
+    def hashes(self, prompt: list[int], adapter: str | None) -> tuple[list[int], list[tuple[int, ...]]]:
+        """The hashes and tokens of `prompt`'s full blocks (`_blocks_of`), chained as an admission chains them."""
+        hashes, parent, tokens = [], self.blocks.chain_start(adapter), self._blocks_of(prompt)
+        for block in tokens:
             parent = block_hash(parent, block)
             hashes.append(parent)
-            tokens.append(block)
         return hashes, tokens
 
-    def publish(self, prompt: list[int], adapter: str | None, read_blocks, block_ids: list[int]) -> None:
-        """A prompt whose prefill just ended: its full blocks (`block_ids`, read by `read_blocks`) into the tier."""
+    def publish(self, prompt: list[int], prefix_hashes, read_blocks, block_ids: list[int]) -> None:
+        """A prompt whose prefill just ended: its full blocks (`block_ids`, read by `read_blocks`) into the tier,
+        under the hashes its admission gave them (`prefix_hashes(count)`)."""
         if len(prompt) < self.config.min_prompt_tokens:
             return
-        hashes, tokens = self.hashes(prompt, adapter)
-        data = read_blocks(block_ids[: len(hashes)])  # before the pool reuses them
+        tokens = self._blocks_of(prompt)
+        hashes = prefix_hashes(len(tokens))
+        data = read_blocks(block_ids[: len(tokens)])  # before the pool reuses them
         self._publisher.submit(self._put, hashes, tokens, data)
 
     def _put(self, hashes, tokens, data: torch.Tensor) -> None:

@@ -25,8 +25,8 @@ class HostKVTier:
     def apply(self, moves: list[KVMove], kv_cache: torch.Tensor) -> None:
         """Make `moves` in their order: runs of one direction at once, a run ending where it would touch a block
         or slot twice."""
+        pool, tier = _bytes(kv_cache), _bytes(self.slots)
         for to_tier, blocks, slots in _runs(moves):
-            pool, tier = _bytes(kv_cache), _bytes(self.slots)
             if to_tier:
                 tier[:, :, torch.tensor(slots)] = pool[:, :, torch.tensor(blocks, device=kv_cache.device)].cpu()
             else:

@@ -20,7 +20,7 @@ from runtime.distributed import expert_parallel, tp_rank, tp_size
 from runtime.errors import InvalidInputError
 from runtime.models.quantization.activations import quantize_input
 from runtime.models.quantization.layout import (
-    check_input_order,
+    check_unused,
     code_bytes,
     codes_by_row,
     codes_dtype,
@@ -113,8 +113,7 @@ class QuantizedExperts(ExpertLoop):
         rows, columns = (self.intermediate, self.hidden) if proj == "gate_up_proj" else (self.hidden,
                                                                                            self.intermediate)
         if suffix in w.unused_names:
-            if suffix == "g_idx":
-                check_input_order(loaded, w.inputs_per_scale(columns))
+            check_unused(suffix, loaded, w)
             return
         group = self.groups[proj]
         if suffix == w.zero_name:

@@ -26,9 +26,11 @@ def scales_by_row(loaded: torch.Tensor, rows: int, columns: int, group: int, wei
     return _by_row(loaded.t() if weights.legacy else loaded, rows, columns, group)
 
 
-def check_input_order(g_idx: torch.Tensor, group: int) -> None:
-    """GPTQ's `g_idx` (each input's group) must be the plain order: act-order (`desc_act`) reorders the inputs."""
-    if not torch.equal(g_idx.long(), torch.arange(g_idx.numel()) // group):
+def check_unused(name: str, loaded: torch.Tensor, weights: WeightScheme) -> None:
+    """A tensor of `weights.unused_names`, which the projection reads nothing from; GPTQ's `g_idx` (each input's
+    group) must be the plain order: act-order (`desc_act`) reorders the inputs."""
+    if name == "g_idx" and not torch.equal(loaded.long(),
+                                           torch.arange(loaded.numel()) // weights.inputs_per_scale(loaded.numel())):
         raise InvalidInputError("model", "GPTQ act-order checkpoints (desc_act: a g_idx that reorders the inputs) "
                                 "are not supported yet")
 

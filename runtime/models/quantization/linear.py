@@ -28,7 +28,7 @@ from runtime.models.layers import (
 from runtime.models.quantization.activations import quantize_input
 from runtime.models.quantization.experts import quantize_experts
 from runtime.models.quantization.layout import (
-    check_input_order,
+    check_unused,
     code_bytes,
     codes_by_row,
     codes_dtype,
@@ -133,16 +133,11 @@ def _quantize(module: _Linear, scheme: LayerScheme, name: str) -> None:
         register(w.zero_name, (out, local_in // group), torch.float32,
                  partial(zero_points_by_row, group=group, weights=w))
     for unused in w.unused_names:
-        register(unused, (0,), torch.int32, load=partial(_check_unused, scheme=scheme, name=unused))
+        register(unused, (0,), torch.int32,
+                 load=lambda p, loaded, *shard, unused=unused: check_unused(unused, loaded, w))
     if scheme.activations is not None and not scheme.activations.dynamic:  # fused parts share the largest
         register("input_scale", (1,), torch.float32,
                  load=lambda p, loaded, *shard: p.data.copy_(torch.maximum(p.data, loaded.float().reshape(1))))
-
-
-def _check_unused(param: nn.Parameter, loaded: torch.Tensor, *shard, scheme: LayerScheme, name: str) -> None:
-    """A tensor the projection reads nothing from; GPTQ's `g_idx` must say the inputs are in their plain order."""
-    if name == "g_idx":
-        check_input_order(loaded, scheme.weights.inputs_per_scale(loaded.numel()))
 
 
 def _dequantize_at_load(module: nn.Module, scheme: LayerScheme) -> None:
