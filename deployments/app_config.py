@@ -108,11 +108,11 @@ class LLMConfig(StrictModel):
 
     @model_validator(mode="after")
     def _a_bundle_per_rank(self) -> "LLMConfig":
-        ranks = self.engine_kwargs.get("tensor_parallel_size", 1)
+        ranks = self.ranks()
         placement = self.placement_group_config
         if placement is not None and len(placement.bundles) != ranks:
-            raise ValueError(f"placement_group_config: {len(placement.bundles)} bundles for tensor_parallel_size "
-                             f"{ranks}; give one per rank")
+            raise ValueError(f"placement_group_config: {len(placement.bundles)} bundles for {ranks} ranks (tensor "
+                             "times pipeline parallel size); give one per rank")
         if placement is not None and any(b.get("CPU", 0) < 1 and b.get("GPU", 0) < 1 for b in placement.bundles):
             raise ValueError("placement_group_config: every bundle holds a rank, which takes a CPU or a GPU")
         return self
@@ -135,6 +135,11 @@ class LLMConfig(StrictModel):
             "deployment_config": _only_known({**self.deployment_config, **self.prefill_config.deployment_config},
                                              _DEPLOYMENT_OPTIONS, "deployment"),
             "prefill_config": None})
+
+    def ranks(self) -> int:
+        """The engine's ranks: tensor times pipeline parallel size (a placement bundle each)."""
+        kwargs = self.engine_kwargs
+        return kwargs.get("tensor_parallel_size", 1) * kwargs.get("pipeline_parallel_size", 1)
 
     @property
     def model_id(self) -> str:

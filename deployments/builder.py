@@ -87,16 +87,18 @@ def _replica(config: LLMConfig, server_class: type, prefix_routing: bool = True,
             actor_options["accelerator_type"] = config.accelerator_type
     actor_options.setdefault("num_cpus", 1)
     actor_options["runtime_env"] = _replica_env(actor_options.get("runtime_env"))
-    tp = config.engine_kwargs.get("tensor_parallel_size", 1)
+    ranks = config.ranks()
     if config.placement_group_config is not None:  # the user's bundles, one per rank
         options["placement_group_bundles"] = config.placement_group_config.bundles
         options["placement_group_strategy"] = config.placement_group_config.strategy
-    elif tp > 1:  # one bundle per rank; the replica (rank 0) takes bundle 0, its workers the rest
+    elif ranks > 1:  # one bundle per rank; the replica (rank 0) takes bundle 0, its workers the rest
         rank_bundle = {"CPU": actor_options["num_cpus"]}
         if actor_options.get("num_gpus"):
             rank_bundle["GPU"] = actor_options["num_gpus"]
-        options.setdefault("placement_group_bundles", [rank_bundle] * tp)
-        options.setdefault("placement_group_strategy", "STRICT_PACK")
+        options.setdefault("placement_group_bundles", [rank_bundle] * ranks)
+        # pipeline stages may take a node each when one node cannot hold the replica
+        pipeline = config.engine_kwargs.get("pipeline_parallel_size", 1) > 1
+        options.setdefault("placement_group_strategy", "PACK" if pipeline else "STRICT_PACK")
     return serve.deployment(server_class).options(ray_actor_options=actor_options, **options)
 
 

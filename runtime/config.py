@@ -58,6 +58,11 @@ class EngineConfig:
     # (compressed-tensors)
     quantization: str | None = None
     tensor_parallel_size: int = 1
+    # stages the decoder's layers are split into, each a tensor-parallel group of its own (runtime.worker.pipeline)
+    pipeline_parallel_size: int = 1
+    # layers per stage, as a list or "4,4" (vLLM's VLLM_PP_LAYER_PARTITION); default: even, the remainder to the last
+    # stages
+    pp_layer_partition: list[int] | str | None = None
     # MoE experts spread whole over the tensor-parallel ranks (vLLM's name) instead of each sharded over all of them
     enable_expert_parallel: bool = False
     # default: the model's max_position_embeddings
@@ -130,16 +135,19 @@ class EngineConfig:
         self.pooler_config = PoolerConfig.parse(self.pooler_config)
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         self.kv_shared_tier = SharedTierConfig.parse(self.kv_shared_tier)
-        require(self.speculative_config is None or self.speculative_config.method == "ngram"
-                or self.tensor_parallel_size == 1, "speculative_config.method",
-                "a draft model runs only with tensor_parallel_size 1; ngram works at any size")
-        require(not self.async_scheduling or (self.speculative_config is None and self.tensor_parallel_size == 1),
-                "async_scheduling", "runs without speculative_config and with tensor_parallel_size 1: both need each "
-                "step's tokens on the host before the next step is scheduled")
-        require(not self.engine_process or self.tensor_parallel_size == 1, "engine_process",
-                "runs with tensor_parallel_size 1 (the workers of a larger one are Ray actors of the server's)")
-        require(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "must be at least 2")
         require(self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be at least 1")
+        require(self.pipeline_parallel_size >= 1, "pipeline_parallel_size", "must be at least 1")
+        self.pp_layer_partition = self._partition()
+        require(self.speculative_config is None or self.speculative_config.method == "ngram"
+                or self.world_size == 1, "speculative_config.method",
+                "a draft model or MTP runs only with one rank (tensor and pipeline parallel size 1); ngram works at "
+                "any size")
+        require(not self.async_scheduling or (self.speculative_config is None and self.world_size == 1),
+                "async_scheduling", "runs without speculative_config and with one rank (tensor and pipeline parallel "
+                "size 1): both need each step's tokens on the host before the next step is scheduled")
+        require(not self.engine_process or self.world_size == 1, "engine_process",
+                "runs with one rank (the workers of a larger replica are Ray actors of the server's)")
+        require(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "must be at least 2")
         require(self.max_num_seqs >= 1, "max_num_seqs", "must be at least 1")
         require(self.max_num_seqs_per_owner is None or self.max_num_seqs_per_owner >= 1, "max_num_seqs_per_owner",
                 "must be at least 1")
@@ -154,11 +162,31 @@ class EngineConfig:
         require(self.kv_offloading_size is None or self.speculative_config is None
                 or self.speculative_config.method == "ngram", "kv_offloading_size",
                 "the tier holds the target model's blocks only: it runs without a draft model")
-        require(self.kv_shared_tier is None or (self.kv_offloading_size is not None and self.tensor_parallel_size == 1
+        require(self.kv_shared_tier is None or (self.kv_offloading_size is not None and self.world_size == 1
                                                 and not self.engine_process), "kv_shared_tier",
-                "fetches into the offload tier (set kv_offloading_size), at tensor_parallel_size 1, in the server's "
+                "fetches into the offload tier (set kv_offloading_size), with one rank, in the server's "
                 "process (not engine_process)")
         require(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype",
                 f"{self.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
         require(self.max_loras >= 1, "max_loras", "must be at least 1")
         require(self.max_lora_rank >= 1, "max_lora_rank", "must be at least 1")
+
+    @property
+    def world_size(self) -> int:
+        """The replica's ranks: tensor times pipeline parallel size."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    def _partition(self) -> tuple[int, ...] | None:
+        """`pp_layer_partition` as a tuple of positive layer counts, one per stage (their sum is checked against
+        the model: runtime.models.spec)."""
+        value = self.pp_layer_partition
+        if value is None:
+            return None
+        try:
+            sizes = tuple(int(n) for n in (value.split(",") if isinstance(value, str) else value))
+        except (TypeError, ValueError):
+            raise InvalidInputError("pp_layer_partition", f"expected layer counts such as [4, 4]; got {value!r}") \
+                from None
+        require(len(sizes) == self.pipeline_parallel_size and all(n > 0 for n in sizes), "pp_layer_partition",
+                f"expected {self.pipeline_parallel_size} positive layer counts (one per stage); got {list(sizes)}")
+        return sizes

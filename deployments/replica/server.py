@@ -65,12 +65,24 @@ class LLMServer:
         self.tokenize_handler = TokenizeHandler(self.engine, self.chat_handler.prompt)
         threading.Thread(target=self._report_gauges, args=(EngineGauges(self.model_id),), name="gauges",
                          daemon=True).start()
+        threading.Thread(target=self._leave_when_the_engine_dies, name="engine-watch", daemon=True).start()
         freeze_startup_heap()
 
     def _report_gauges(self, gauges: EngineGauges) -> None:
         while self.engine.healthy:
             gauges.update(self.engine.stats())
             time.sleep(1)
+
+    def _leave_when_the_engine_dies(self) -> None:
+        """A replica whose engine died (a step failed: a lost tensor- or pipeline-parallel rank, a device error) can
+        serve nothing again: it exits at once rather than at Serve's next health check, so the ingress sees the
+        replica lost (its streams end with an error event, its other requests and new ones go to another replica)
+        and Serve starts a new one."""
+        self.engine.died.wait()
+        logger.error("model %s: the engine died (%r); this replica exits for Serve to replace it", self.model_id,
+                     self.engine.error)
+        logging.shutdown()  # flush the log first: os._exit skips it
+        os._exit(1)
 
     # --- the ModelClient interface (clients.py): replies, or streams of chunks ---
 
@@ -185,9 +197,9 @@ class LLMServer:
     async def join_weight_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                 backend: str) -> dict:
         """SGLang's init_weights_update_group, on every replica at once: replica k's ranks join as `rank_offset`
-        plus k times the tensor-parallel size (plus the rank)."""
-        tp = self.engine.engine.config.tensor_parallel_size
-        offset = rank_offset + serve.get_replica_context().rank.rank * tp
+        plus k times its ranks (tensor times pipeline parallel size; plus the rank)."""
+        ranks = self.engine.engine.config.world_size
+        offset = rank_offset + serve.get_replica_context().rank.rank * ranks
         return await self.lifecycle("init_weights_update_group", master_address, master_port, offset, world_size,
                                     backend)
 

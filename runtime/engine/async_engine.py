@@ -84,6 +84,7 @@ class AsyncLLMEngine:
         self._ids = itertools.count()
         self._stopped = False
         self.error: BaseException | None = None
+        self.died = threading.Event()  # set once a step has failed and the engine stopped serving (`error` says why)
         built: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread = threading.Thread(target=self._run, args=(build_engine, built), name="engine-loop",
                                         daemon=True)
@@ -286,6 +287,7 @@ class AsyncLLMEngine:
             except BaseException as e:  # the engine is broken: fail everyone, stop serving
                 self.error = e
                 self._fail_all(EngineDeadError(f"engine step failed: {e!r}"))
+                self.died.set()
                 return
             self._deliver_step(deltas)
 

@@ -16,7 +16,7 @@ from runtime.core.block_manager import FREED, BlockManager
 from runtime.core.kv_tier import TierIndex
 from runtime.core.scheduler import ScheduledBatch, Scheduler
 from runtime.core.sequence import Request, Sequence
-from runtime.distributed import destroy_tp_group, free_address
+from runtime.distributed import destroy_groups, free_address
 from runtime.engine.lifecycle import EngineLifecycle
 from runtime.engine.validator import RequestValidator, ValidRequest
 from runtime.engine.warm_up import warm_up
@@ -47,17 +47,17 @@ class LLMEngine(EngineLifecycle):
                                     "a model whose layers keep no state per sequence")
         self.workers = None
         address = None
-        if config.tensor_parallel_size > 1:
-            from runtime.worker.tp_workers import TPWorkers  # the one place the engine uses Ray
+        if config.world_size > 1:
+            from runtime.worker.rank_workers import RankWorkers  # the one place the engine uses Ray
 
             address = free_address()
-            self.workers = TPWorkers(config, self.spec, self.eos_token_ids, address)
+            self.workers = RankWorkers(config, self.spec, self.eos_token_ids, address)
         try:
             self.runner = ModelRunner(config, self.spec, self.eos_token_ids, 0, address)
         except BaseException:
             if self.workers is not None:  # leave no worker or process group behind
                 self.workers.shutdown(wait=False)
-                destroy_tp_group()
+                destroy_groups()
             raise
         if stateful and config.enable_prefix_caching:
             logger.info("prefix caching is off for %s: its linear-attention layers keep a state per sequence, "

@@ -121,7 +121,8 @@ def attach_lora(model: nn.Module, slots: int, max_rank: int, dtype: torch.dtype,
     def weights(parts: list[Part], in_features: int, input_shard: int | None = None) -> LoRAWeights:
         return LoRAWeights(parts, in_features, input_shard, slots, max_rank, batch, dtype, device)
 
-    for layer in model.model.layers:
+    for i in model.model.stage_layers:
+        layer = model.model.layers[i]
         qkv, o = layer.self_attn.qkv_proj, layer.self_attn.o_proj
         q_size, kv_size = qkv.num_heads * qkv.head_dim, qkv.num_kv_heads * qkv.head_dim
         kv_shard = rank // qkv.kv_replicas
@@ -137,7 +138,8 @@ def attach_lora(model: nn.Module, slots: int, max_rank: int, dtype: torch.dtype,
 
 
 def load_into_slot(model: nn.Module, slot: int, adapter: LoRAAdapter) -> None:
-    for i, layer in enumerate(model.model.layers):
+    for i in model.model.stage_layers:
+        layer = model.model.layers[i]
         for projection in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
                            layer.mlp.down_proj):
             projection.lora.load(slot, i, adapter)

@@ -14,7 +14,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from kernels import AttentionMetadata, apply_rotary, silu_and_mul
-from runtime.distributed import all_reduce
+from runtime.distributed import all_reduce, pipeline_stage
 from runtime.models.layers import (
     MergedColumnParallelLinear,
     ParallelLMHead,
@@ -162,28 +162,42 @@ def normed_input(norm: nn.Module, hidden: torch.Tensor, residual: torch.Tensor |
     return norm(hidden, residual)
 
 
+class OtherStageLayer(nn.Module):
+    """The place of a decoder layer that another pipeline stage holds: no parameters, never run."""
+
+
 class DecoderModel(nn.Module):
     """Embedding (times `embed_scale`, when the family scales it), layers, final norm; one rotary table per
-    set of RoPE parameters, each layer rotating by its own (`rotary.rope_key`)."""
+    set of RoPE parameters, each layer rotating by its own (`rotary.rope_key`). A pipeline stage holds its own
+    layers (the others are `OtherStageLayer`s), the embedding on the first stage and the final norm on the last."""
 
     def __init__(self, config: PretrainedConfig, layers: list[DecoderLayer], max_positions: int,
                  norm: type[nn.Module] = RMSNorm, embed_scale: float | None = None):
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        stage = pipeline_stage()
+        self.stage_layers = stage.layers(len(layers))
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size) if stage.first else None
         self.embed_scale = embed_scale
         self.layers = nn.ModuleList(layers)
-        self.norm = norm(config.hidden_size, config.rms_norm_eps)
+        self.norm = norm(config.hidden_size, config.rms_norm_eps) if stage.last else None
         self.rope_keys = [rope_key(config, i) for i in range(len(layers))]
         self.rotary = nn.ModuleDict({key: RotaryTables(config, head_dim_of(config), max_positions, key)
-                                     for key in dict.fromkeys(self.rope_keys)})
+                                     for key in dict.fromkeys(self.rope_keys[i] for i in self.stage_layers)})
 
-    def forward(self, input_ids, positions, meta):
+    def forward(self, input_ids, positions, meta, carried: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """The final hidden states; on a stage before the last, the (hidden, residual) it hands on, from the
+        previous stage's `carried` ones when it is not the first."""
         tables = {key: rotary(positions) for key, rotary in self.rotary.items()}
-        hidden, residual = self.embed_tokens(input_ids), None
-        if self.embed_scale is not None:  # rounded to the weights' dtype first, as transformers does
-            hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
-        for layer, key in zip(self.layers, self.rope_keys):
-            hidden, residual = layer(hidden, residual, tables[key], meta)
+        if carried is None:
+            hidden, residual = self.embed_tokens(input_ids), None
+            if self.embed_scale is not None:  # rounded to the weights' dtype first, as transformers does
+                hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
+        else:
+            hidden, residual = carried
+        for i in self.stage_layers:
+            hidden, residual = self.layers[i](hidden, residual, tables[self.rope_keys[i]], meta)
+        if self.norm is None:
+            return hidden, residual
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -212,12 +226,16 @@ class CausalLM(nn.Module):
     def __init__(self, config: PretrainedConfig, max_positions: int):
         super().__init__()
         windows = layer_windows(config, max_positions)
+        stage = pipeline_stage()
+        own = stage.layers(config.num_hidden_layers)
         layers = [self.make_layer(config, self.make_attention(config, windows[i], i), self.make_mlp(config, i))
-                  for i in range(config.num_hidden_layers)]
+                  if i in own else OtherStageLayer() for i in range(config.num_hidden_layers)]
         self.model = self.make_model(config, layers, max_positions)
-        self.lm_head = None if self.headless else ParallelLMHead(config.vocab_size, config.hidden_size)
+        # the LM head runs on the first stage, beside the sampler, on the hidden states the last stage sends back
+        self.lm_head = None if self.headless or not stage.first else ParallelLMHead(config.vocab_size,
+                                                                                     config.hidden_size)
         self.tie_word_embeddings = not self.headless and bool(getattr(config, "tie_word_embeddings", False))
-        if self.tie_word_embeddings:
+        if self.tie_word_embeddings and self.lm_head is not None:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     @classmethod
@@ -266,13 +284,21 @@ class CausalLM(nn.Module):
                 return name.replace(f".{part}.", f".{fused}."), (shard,)
         return name, ()
 
+    def holds(self, param: str) -> bool:
+        """Whether this pipeline stage holds parameter `param` (a tensor of another stage's part is skipped)."""
+        layer = _LAYER.match(param)
+        if layer is not None:
+            return int(layer.group(1)) in self.model.stage_layers
+        part = param.split(".")[0 if param.startswith("lm_head") else 1]
+        return getattr(self if part == "lm_head" else self.model, part, None) is not None
+
     def past_last_layer(self, name: str) -> bool:
         """Whether a checkpoint tensor belongs to a layer past the last decoder layer."""
         layer = _LAYER.match(name)
         return layer is not None and int(layer.group(1)) >= len(self.model.layers)
 
-    def forward(self, input_ids, positions, meta) -> torch.Tensor:
-        return self.model(input_ids, positions, meta)
+    def forward(self, input_ids, positions, meta, carried=None):
+        return self.model(input_ids, positions, meta, carried)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

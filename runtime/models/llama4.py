@@ -97,8 +97,8 @@ class Llama4Moe(nn.Module):
 class Llama4Model(DecoderModel):
     def __init__(self, config: PretrainedConfig, layers: list[nn.Module], max_positions: int):
         super().__init__(config, layers, max_positions)
-        for i, layer in enumerate(layers):
-            if layer.self_attn.temperature:
+        for i in self.stage_layers:
+            if layers[i].self_attn.temperature:
                 self.rope_keys[i] = "temperature"
                 self.rotary["temperature"] = AttentionTemperature(config)
 

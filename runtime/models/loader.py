@@ -51,8 +51,8 @@ def load_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]]) 
         if target is None:  # a tensor the family leaves out (DeepSeek's multi-token-prediction layers)
             continue
         if target not in params:
-            if model.tie_word_embeddings and target == "lm_head.weight":
-                continue
+            if model.tie_word_embeddings and target == "lm_head.weight" or not model.holds(target):
+                continue  # tied to the embedding, or another pipeline stage's
             raise KeyError(f"checkpoint tensor {name!r} matches no parameter")
         param = params[target]
         loader = getattr(param, "weight_loader", default_weight_loader)

@@ -1,8 +1,8 @@
 """The model that the engine options name, resolved when the engine is built: its directory (downloaded
 from the Hub if need be), its transformers config, the dtype it runs in and its context length.
 
-Options that can only be checked against the model (max_model_len, tensor_parallel_size) are checked here,
-with errors naming the option.
+Options that can only be checked against the model (max_model_len, tensor and pipeline parallel sizes) are
+checked here, with errors naming the option.
 """
 
 from collections.abc import Iterator
@@ -43,6 +43,7 @@ class ModelSpec:
                 f"{max_model_len} exceeds the model's context ({limit}: max_position_embeddings"
                 f"{'' if limit == hf_config.max_position_embeddings else ' times its dynamic NTK factor'})")
         _check_tp_split(hf_config, config.tensor_parallel_size)
+        _check_pp_split(hf_config, config)
         family.check_config(hf_config, max_model_len)
         require(config.runner == "pooling" or not family.headless, "runner",
                 f"{family.__name__} has no LM head: it serves embeddings only (runner: pooling)")
@@ -103,3 +104,11 @@ def _check_tp_split(hf: PretrainedConfig, tp: int) -> None:
     if problems:
         raise InvalidInputError("tensor_parallel_size",
                                 f"{tp} cannot split this model: {', '.join(problems)} are not divisible by {tp}")
+
+
+def _check_pp_split(hf: PretrainedConfig, config: EngineConfig) -> None:
+    """Refuse more stages than layers, or a layer partition that does not add up to the model's layers."""
+    pp, layers, partition = config.pipeline_parallel_size, hf.num_hidden_layers, config.pp_layer_partition
+    require(pp <= layers, "pipeline_parallel_size", f"{pp} stages for {layers} decoder layers")
+    require(partition is None or sum(partition) == layers, "pp_layer_partition",
+            f"{list(partition or ())} adds up to {sum(partition or ())} layers; the model has {layers}")

@@ -14,11 +14,13 @@ from runtime.config import KV_CACHE_DTYPES, EngineConfig
 from runtime.core.scheduler import ScheduledBatch
 from runtime.core.sequence import Request, Sequence
 from runtime.distributed import (
+    PipelineStage,
     all_reduce_min,
     broadcast_from_rank0,
-    destroy_tp_group,
-    init_tp_group,
+    destroy_groups,
+    init_groups,
     set_expert_parallel,
+    set_pipeline_stage,
 )
 from runtime.errors import InvalidInputError, describe
 from runtime.lora import load_into_slot
@@ -30,6 +32,7 @@ from runtime.speculative.verifier import split_rows
 from runtime.worker.gpu_budget import gpu_kv_budget
 from runtime.worker.kv_offload import HostKVTier
 from runtime.worker.model_builder import build_model
+from runtime.worker.pipeline import Pipeline
 from runtime.worker.runner_weights import RunnerWeights, attention_layers
 from runtime.worker.sampler import Sampler, draw_offsets, token_logprob
 from runtime.worker.step import LaunchedStep, RunnerCall, StepInputs, StepResult
@@ -39,7 +42,7 @@ _CPU_KV_BYTES = 2 << 30
 
 class ModelRunner(RunnerWeights):
     """Owns one rank's model shard and KV cache. Rank 0 prepares each step, broadcasts it to the
-    other ranks (when tensor-parallel), runs its share and samples."""
+    other ranks (when tensor- or pipeline-parallel), runs its share and samples."""
 
     def __init__(self, config: EngineConfig, spec: ModelSpec, eos_token_ids: set[int], rank: int = 0,
                  tp_address: str | None = None):
@@ -54,14 +57,18 @@ class ModelRunner(RunnerWeights):
                                                               spec.head_dim, self.kv_cache_dtype)
         except ValueError as e:
             raise InvalidInputError("attention_backend", str(e)) from None
-        if config.tensor_parallel_size > 1:
-            init_tp_group(rank, config.tensor_parallel_size, tp_address, self.device.type)
+        tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
+        if config.world_size > 1:
+            init_groups(rank, tp, pp, tp_address, self.device.type)
         set_expert_parallel(config.enable_expert_parallel)
+        stage = PipelineStage(rank // tp, pp, config.pp_layer_partition)
+        set_pipeline_stage(stage)
+        self.pipeline = None if pp == 1 else Pipeline(stage, pp, spec.hf_config.hidden_size, spec.dtype, self.device)
         torch.manual_seed(config.seed)
         self.weights = spec.path  # the checkpoint the weights came from: waking up loads it again
         self.model, self.lora_batch = build_model(spec, config, self.device, spec.path)
         self.sampler = Sampler(eos_token_ids, self.device)
-        self.use_graphs = (self.device.type == "cuda" and not config.enforce_eager and config.tensor_parallel_size == 1
+        self.use_graphs = (self.device.type == "cuda" and not config.enforce_eager and config.world_size == 1
                            and self.attention_backend.supports_cuda_graphs and not config.enable_lora
                            and self.model.lm_head is not None
                            and all(getattr(module, "cuda_graphs", True) for module in self.model.modules()))
@@ -104,7 +111,8 @@ class ModelRunner(RunnerWeights):
         if budget is None:  # enough for every sequence at full length, within what the device can give
             full = -(-cfg.max_num_seqs * max_model_len // cfg.block_size) * bytes_per_block
             budget = min(full, gpu_kv_budget(self, self.use_graphs) if self.device.type == "cuda" else _CPU_KV_BYTES)
-        num_blocks = all_reduce_min(max(0, budget) // bytes_per_block)  # every rank must agree on the pool
+        # every rank must agree on the pool; a pipeline stage of linear-attention layers only holds none of it
+        num_blocks = all_reduce_min(max(0, budget) // bytes_per_block if bytes_per_block else 2**62)
         if num_blocks * cfg.block_size < max_model_len:
             raise InvalidInputError(
                 "kv_cache_bytes" if cfg.kv_cache_bytes is not None or self.device.type == "cpu"
@@ -122,11 +130,12 @@ class ModelRunner(RunnerWeights):
 
     def kv_planes(self) -> int:
         """2 (keys, values), or 1 where values are read from the keys (latent attention)."""
-        return self.attention_layers[0].kv_planes
+        return self.attention_layers[0].kv_planes if self.attention_layers else 2
 
     def block_shape(self) -> tuple[int, int, int]:
         """One KV-cache block of one layer: (block_size, this rank's KV heads, head size)."""
-        return self.config.block_size, self.attention_layers[0].num_kv_heads, self.spec.head_dim
+        heads = self.attention_layers[0].num_kv_heads if self.attention_layers else 0
+        return self.config.block_size, heads, self.spec.head_dim
 
     def _tensors(self, inputs: StepInputs, previous_tokens: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,7 +162,7 @@ class ModelRunner(RunnerWeights):
         """Queue the step's forward pass and sampling; on a GPU, without waiting for them (or for `previous`,
         whose tokens still in flight this step's inputs read on the device)."""
         inputs, prompt_seqs, pool_seqs, prefilled = self.prepare(batch, previous)
-        if self.config.tensor_parallel_size > 1:
+        if self.config.world_size > 1:
             broadcast_from_rank0(inputs)
         logits, prompt_logits, pooled = self.execute(inputs, None if previous is None else previous.tokens)
         failed: dict[Request, str] = {}
@@ -261,33 +270,35 @@ class ModelRunner(RunnerWeights):
 
     def shutdown(self) -> None:
         """Release the workers and leave the process group, even when a worker is already gone."""
-        if self.config.tensor_parallel_size > 1:
+        if self.config.world_size > 1:
             try:
                 broadcast_from_rank0(None)
             except Exception:  # a dead worker cannot be told; leaving the group is what matters
                 pass
             finally:
-                destroy_tp_group()
+                destroy_groups()
 
     # --- every rank ------------------------------------------------------------
 
     @torch.inference_mode()
     def execute(self, inputs: StepInputs, previous_tokens: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor | None, list[torch.Tensor], list[torch.Tensor]]:
-        """The forward pass, the logits rank 0 needs (the LM head is a collective, so all ranks run it; None when
-        nothing is sampled) and the sums of the pooled hidden states (after the all-reduce, every rank holds them
-        whole). `previous_tokens`: the previous step's sampled tokens, which `inputs.in_flight` reads."""
+        """The forward pass, the logits rank 0 needs (the LM head is a collective, so all the first stage's ranks
+        run it; None when nothing is sampled) and the sums of the pooled hidden states (after the all-reduce, every
+        rank holds them whole); nothing on a later pipeline stage. `previous_tokens`: the previous step's sampled
+        tokens, which `inputs.in_flight` reads."""
         if inputs.kv_moves:
             self.kv_tier.apply(inputs.kv_moves, self.kv_cache)
         if self.lora_batch is not None:
             for slot, adapter in inputs.lora_loads:
                 load_into_slot(self.model, slot, adapter)
-            self.lora_batch.set(inputs.lora_slots, inputs.query_lens, self.device)
         if self.graphs is not None and not self.keep_hidden and inputs.one_sampled_row_each and self.graphs.fits(
                 len(inputs.query_lens), inputs.num_decodes, max(map(len, inputs.block_tables))):
             return self.graphs.run(self._input_ids(inputs, previous_tokens), inputs.positions, inputs.context_lens,
                                    inputs.block_tables, self.config.block_size), [], []
         hidden = self.forward(inputs, previous_tokens)
+        if hidden is None:  # a later pipeline stage: its part is done
+            return None, [], []
         self.hidden = hidden if self.keep_hidden else None
         logits = self.model.compute_logits(hidden[inputs.logit_rows]) if inputs.logit_rows else None
         prompt_logits = [self.model.compute_logits(hidden[first : first + count])
@@ -295,13 +306,21 @@ class ModelRunner(RunnerWeights):
         pooled = [hidden[first : first + count].float().sum(0) for first, count in inputs.pool_spans]
         return logits, prompt_logits, pooled
 
-    def forward(self, inputs: StepInputs, previous_tokens: torch.Tensor | None = None) -> torch.Tensor:
-        """The model's final hidden states for the step's tokens."""
+    def forward(self, inputs: StepInputs, previous_tokens: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The model's final hidden states for the step's tokens (None on a pipeline stage after the first)."""
+        if self.pipeline is not None:
+            return self.pipeline.run(inputs, self._stage_forward)
+        return self._stage_forward(inputs, None, previous_tokens)
+
+    def _stage_forward(self, inputs: StepInputs, carried: tuple | None, previous_tokens: torch.Tensor | None = None):
+        """This rank's layers on `inputs` (the step, or a pipeline micro-batch of it)."""
+        if self.lora_batch is not None:
+            self.lora_batch.set(inputs.lora_slots, inputs.query_lens, self.device)
         if self.stateful_layers:
             step = StateStep.build(inputs.state_slots, inputs.query_lens, inputs.context_lens, self.device)
             for layer in self.stateful_layers:
                 layer.step = step
-        return self.model(*self._tensors(inputs, previous_tokens), self.attention_metadata(inputs))
+        return self.model(*self._tensors(inputs, previous_tokens), self.attention_metadata(inputs), carried)
 
     def attention_metadata(self, inputs: StepInputs) -> AttentionMetadata | ChunkedAttentionMetadata:
         """The step's attention metadata; for a model with chunked layers, theirs beside it."""
@@ -322,4 +341,4 @@ class ModelRunner(RunnerWeights):
                 getattr(self, inputs.name)(*inputs.args)
             else:
                 self.execute(inputs)
-        destroy_tp_group()
+        destroy_groups()

@@ -1,6 +1,6 @@
 """The model runner's weights and memory, for the engine's lifecycle (runtime.engine.lifecycle): new weights from
 a checkpoint or from a trainer's process group, sleep (weights and KV cache released) and wake up. On rank 0 of a
-tensor-parallel group each call first has the other ranks make it too."""
+replica of several ranks each call first has the other ranks make it too."""
 
 import gc
 from pathlib import Path
@@ -92,6 +92,6 @@ class RunnerWeights:
         gc.collect()
 
     def _on_every_rank(self, name: str, *args) -> None:
-        """On rank 0 of a tensor-parallel group: have the other ranks call `name` too."""
-        if self.rank == 0 and self.config.tensor_parallel_size > 1:
+        """On rank 0 of several ranks: have the other ranks call `name` too."""
+        if self.rank == 0 and self.config.world_size > 1:
             broadcast_from_rank0(RunnerCall(name, args))

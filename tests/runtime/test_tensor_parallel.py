@@ -1,4 +1,5 @@
-"""Tensor parallelism over gloo on CPU: TP=2 gives TP=1's greedy tokens, offline and served."""
+"""Tensor parallelism over gloo on CPU: TP=2 gives TP=1's greedy tokens, offline and served (and PP=2 served:
+its offline tests are test_pipeline_parallel.py)."""
 
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import requests
 from runtime import LLM, InvalidInputError, SamplingParams
 from runtime.distributed import free_address
 from runtime.models.decoder import _CPU_MLP_ROWS
-from runtime.worker.tp_workers import WORKER_PREFIX
+from runtime.worker.rank_workers import WORKER_PREFIX
 from testing.model_factory import build_model_dir
 from testing.weight_trainer import checkpoint_update
 from tests.conftest import ENGINE_KWARGS, MODEL_ID, another_app, app_args
@@ -97,24 +98,30 @@ def tp_app(server, tmp_path_factory):
         yield f"{url}/v1"
 
 
-def test_served_tp2_matches_offline_tp1(server, qwen2_model, tmp_path):
+# the default suite serves TP=2 in the worker-kill test below (tp_app) and offline in the tests above
+PARALLEL = {"pp2": {"pipeline_parallel_size": 2},
+            "tp2": pytest.param({"tensor_parallel_size": 2}, marks=pytest.mark.reliability)}
+
+
+@pytest.mark.parametrize("parallel", PARALLEL.values(), ids=PARALLEL.keys())
+def test_served_parallel_replica_matches_offline_one_rank(server, qwen2_model, tmp_path, parallel):
     """With the replica's bundles given as Ray Serve LLM's `placement_group_config` (the TP worker's test below
     takes the default, a bundle per rank in STRICT_PACK)."""
     placement = {"bundles": [{"CPU": 1}, {"CPU": 1}], "strategy": "SPREAD"}
-    _served_tp2_matches_offline_tp1(server, qwen2_model, tmp_path, placement)
+    _served_matches_offline(server, qwen2_model, tmp_path, parallel, placement)
     assert any(g["strategy"] == "SPREAD" and list(g["bundles"].values()) == [{"CPU": 1.0}] * 2
                for g in ray.util.placement_group_table().values())
 
 
 @pytest.mark.reliability  # the default suite has it offline (test_tp2_with_one_kv_head_replicates_it) and served TP2
 def test_served_tp2_with_one_kv_head(server, one_kv_head_model, tmp_path):
-    _served_tp2_matches_offline_tp1(server, one_kv_head_model, tmp_path)
+    _served_matches_offline(server, one_kv_head_model, tmp_path, {"tensor_parallel_size": 2})
 
 
-def _served_tp2_matches_offline_tp1(server, model_dir, storage, placement: dict | None = None):
-    """The model through `serve.run` at TP=2 against the offline engine at TP=1."""
+def _served_matches_offline(server, model_dir, storage, parallel: dict, placement: dict | None = None):
+    """The model through `serve.run` on several ranks (`parallel`'s sizes) against the offline engine on one."""
     args = app_args(model_dir, f"file://{storage}")
-    args["llm_configs"][0]["engine_kwargs"] = {**ENGINE_KWARGS, "tensor_parallel_size": 2}
+    args["llm_configs"][0]["engine_kwargs"] = {**ENGINE_KWARGS, **parallel}
     args["llm_configs"][0]["placement_group_config"] = placement
     with another_app(server, "tp-parity", args) as url:
         client = openai.Client(base_url=f"{url}/v1", api_key="None")

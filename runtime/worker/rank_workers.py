@@ -1,11 +1,12 @@
-"""Tensor-parallel ranks 1..N-1 as Ray actors, one per bundle of a STRICT_PACK placement group.
+"""A replica's ranks 1..N-1 (tensor- and pipeline-parallel) as Ray actors, one per bundle of a placement group.
 
 Inside a Serve replica the group is the replica's own (reserved through Serve's
 placement-group options, bundle 0 holding the replica, which is rank 0); an
-offline `LLM` creates one. Each worker builds its shard, joins the
-torch.distributed group, then loops on the steps rank 0 broadcasts: no Ray
-call per step. Building and stepping happen in one call, so on one thread
-(see `async_engine` for why that matters on CPU).
+offline `LLM` creates one (STRICT_PACK; PACK with pipeline stages, which may
+span nodes). Each worker builds its shard, joins the torch.distributed groups,
+then loops on the steps rank 0 broadcasts: no Ray call per step. Building and
+stepping happen in one call, so on one thread (see `async_engine` for why that
+matters on CPU).
 """
 
 import uuid
@@ -17,11 +18,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from runtime.config import EngineConfig
 from runtime.models.spec import ModelSpec
 
-WORKER_PREFIX = "tp-worker-"
+WORKER_PREFIX = "rank-worker-"
 
 
 @ray.remote(max_concurrency=2)  # `ping` answers while `serve` runs
-class TPWorker:
+class RankWorker:
     def serve(self, config: EngineConfig, spec: ModelSpec, eos_token_ids: set[int], rank: int, address: str) -> None:
         from runtime.worker.model_runner import ModelRunner
 
@@ -35,25 +36,35 @@ def bundle(config: EngineConfig) -> dict:
     return {"GPU": 1, "CPU": 1} if config.device == "cuda" else {"CPU": 1}
 
 
-class TPWorkers:
+def bundles_by_node(nodes: dict[int, str]) -> list[int]:
+    """Each rank's bundle, from each bundle's node: rank 0 keeps bundle 0 (the replica's), the next ranks take
+    the bundles on its node, then node by node, so a pipeline stage's tensor-parallel ranks (consecutive ranks)
+    share a node wherever the placement allows."""
+    first = nodes[0]
+    return [0, *sorted((i for i in nodes if i != 0), key=lambda i: (nodes[i] != first, nodes[i], i))]
+
+
+class RankWorkers:
     def __init__(self, config: EngineConfig, spec: ModelSpec, eos_token_ids: set[int], address: str):
         if not ray.is_initialized():
             ray.init()
         group = get_current_placement_group()
         self._own_group = None
         if group is None:
-            group = self._own_group = placement_group([bundle(config)] * config.tensor_parallel_size,
-                                                      strategy="STRICT_PACK")
+            group = self._own_group = placement_group([bundle(config)] * config.world_size,
+                                                      strategy="PACK" if config.pipeline_parallel_size > 1
+                                                      else "STRICT_PACK")
             ray.get(group.ready(), timeout=120)
         resources = {"num_gpus": 1, "num_cpus": 0} if config.device == "cuda" else {"num_cpus": 1}
         tag = uuid.uuid4().hex[:8]
+        bundles = bundles_by_node(ray.util.placement_group_table(group)["bundles_to_node_id"])
         self.workers = [
-            TPWorker.options(
+            RankWorker.options(
                 name=f"{WORKER_PREFIX}{tag}-rank{rank}",  # named, so operators (and tests) can find them
-                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index),
                 **resources,
             ).remote()
-            for rank in range(1, config.tensor_parallel_size)
+            for rank, index in enumerate(bundles[1:], start=1)
         ]
         self._loops = [w.serve.remote(config, spec, eos_token_ids, rank, address)
                        for rank, w in enumerate(self.workers, start=1)]
