@@ -23,8 +23,15 @@ import openai
 from testing.helpers import free_port, wait_until
 from testing.model_factory import build_model_dir
 from tests.conftest import MODEL_ID, app_args
-from tests.reliability.multinode_cluster import FAST_DETECTION, STREAMS, Prober, kill_node, node_of, stream_outcome, \
-    summary
+from tests.reliability.multinode_cluster import (
+    FAST_DETECTION,
+    STREAMS,
+    Prober,
+    kill_node,
+    node_of,
+    stream_outcome,
+    summary,
+)
 
 
 def stage_groups() -> list[dict]:
