@@ -1,5 +1,6 @@
-"""Losing a node costs only what ran on it, on a real multi-node Ray cluster (see multinode_cluster.py, which
-runs in its own process: one Ray cluster per process). The figures are printed as one JSON line."""
+"""Losing a node costs only what ran on it, on a real multi-node Ray cluster (see multinode_cluster.py and
+pipeline_cluster.py, which run in processes of their own: one Ray cluster per process). The figures are printed
+as one JSON line."""
 
 import json
 import subprocess
@@ -32,3 +33,22 @@ def test_node_losses_cost_only_what_ran_on_them(tmp_path):
 
     batch = figures["batch_manager_killed"]
     assert batch["all_present"] and batch["output_lines"] == batch["unique_custom_ids"] == 300
+
+
+def test_a_replica_over_two_nodes_serves_and_loses_only_its_streams_with_a_stage(tmp_path):
+    """Two replicas of two pipeline stages, each stage on a node of its own; one stage's node is killed under load:
+    that replica's streams end with an error event, every new request is answered by the other replica (p99 under
+    2 s), and Serve rebuilds the lost replica on the nodes left (pipeline_cluster.py)."""
+    out = tmp_path / "figures.json"
+    subprocess.run([sys.executable, "-m", "tests.reliability.pipeline_cluster", str(out)], check=True, timeout=900,
+                   stdout=subprocess.DEVNULL)
+    figures = json.loads(out.read_text())
+    print(json.dumps({"reliability": "pipeline_multinode", **figures}))
+    assert figures["stage_nodes_per_replica"] == [2, 2] and figures["sdk_chat_tokens"] == 8
+    loss = figures["stage_node_killed"]
+    streams, new_requests = loss["streams"], loss["new_requests"]
+    assert sum(streams.values()) == 20 and "plain" not in streams and "unfinished" not in streams
+    assert streams.get("error_event", 0) >= 1 and streams.get("completed", 0) >= 1
+    if not loss["victim_ran_ingress"]:  # streams through an ingress replica on the killed node may be cut
+        assert "cut" not in streams and new_requests["failed"] == 0 and new_requests["p99_s"] <= 2.0
+    assert loss["replica_rebuilt_after_s"] is not None

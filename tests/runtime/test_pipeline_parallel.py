@@ -54,9 +54,13 @@ def test_pp2_matches_pp1(ray_cluster, family_model):
         llm.shutdown()
 
 
-def test_pp2_tp2_matches_tp1(ray_cluster, qwen2_model):
-    expected = _tokens(LLM(str(qwen2_model), **KWARGS))
-    llm = LLM(str(qwen2_model), **KWARGS, pipeline_parallel_size=2, tensor_parallel_size=2)
+@pytest.mark.parametrize("family_model, expert_parallel", [
+    ("qwen2", False), pytest.param("qwen2_moe", True, marks=pytest.mark.reliability)], indirect=["family_model"])
+def test_pp2_tp2_matches_tp1(ray_cluster, family_model, expert_parallel):
+    """Two stages of two tensor-parallel ranks each; an MoE model's experts spread whole over each stage's ranks."""
+    expected = _tokens(LLM(str(family_model), **KWARGS))
+    llm = LLM(str(family_model), **KWARGS, pipeline_parallel_size=2, tensor_parallel_size=2,
+              enable_expert_parallel=expert_parallel)
     try:
         _assert_same_twice(llm, expected)
     finally:
