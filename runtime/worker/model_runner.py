@@ -45,7 +45,7 @@ class ModelRunner(RunnerWeights):
     other ranks (when tensor- or pipeline-parallel), runs its share and samples."""
 
     def __init__(self, config: EngineConfig, spec: ModelSpec, eos_token_ids: set[int], rank: int = 0,
-                 tp_address: str | None = None):
+                 address: str | None = None):
         self.config = config
         self.spec = spec
         self.rank = rank
@@ -59,11 +59,11 @@ class ModelRunner(RunnerWeights):
             raise InvalidInputError("attention_backend", str(e)) from None
         tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
         if config.world_size > 1:
-            init_groups(rank, tp, pp, tp_address, self.device.type)
+            init_groups(rank, tp, pp, address, self.device.type)
         set_expert_parallel(config.enable_expert_parallel)
         stage = PipelineStage(rank // tp, pp, config.pp_layer_partition)
         set_pipeline_stage(stage)
-        self.pipeline = None if pp == 1 else Pipeline(stage, pp, spec.hf_config.hidden_size, spec.dtype, self.device)
+        self.pipeline = None if pp == 1 else Pipeline(stage, spec.hf_config.hidden_size, spec.dtype, self.device)
         torch.manual_seed(config.seed)
         self.weights = spec.path  # the checkpoint the weights came from: waking up loads it again
         self.model, self.lora_batch = build_model(spec, config, self.device, spec.path)

@@ -20,10 +20,13 @@ from runtime.worker.step import StepInputs
 StageForward = Callable[[StepInputs, tuple | None], torch.Tensor | tuple[torch.Tensor, torch.Tensor]]
 
 
+# micro-batches per step for each stage: more shrink the bubble, fewer keep each forward pass's matmuls large
+MICROBATCHES_PER_STAGE = 2
+
+
 class Pipeline:
-    def __init__(self, stage: PipelineStage, microbatches: int, hidden_size: int, dtype: torch.dtype,
-                 device: torch.device):
-        self.stage, self.microbatches = stage, microbatches
+    def __init__(self, stage: PipelineStage, hidden_size: int, dtype: torch.dtype, device: torch.device):
+        self.stage, self.microbatches = stage, MICROBATCHES_PER_STAGE * stage.count
         self.hidden_size, self.dtype, self.device = hidden_size, dtype, device
 
     def run(self, inputs: StepInputs, forward: StageForward) -> torch.Tensor | None:
