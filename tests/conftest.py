@@ -115,10 +115,17 @@ def s3_endpoint(s3_server) -> str:
     return s3_server.url
 
 
+# Serve's Python proxy lets go of a client that stops reading (deployments/http/stalled_streams.py), as README's
+# operations section configures it; 20 s: no test's client stalls a write for that long
+PROXY_ENV = {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "deployments.http.stalled_streams:proxy_middlewares",
+             "RAYLLM_STREAM_STALL_S": "20"}
+
+
 @pytest.fixture(scope="session")
 def ray_cluster(s3_endpoint):
     import ray
 
+    os.environ.update(PROXY_ENV)  # before Ray starts: its processes (Serve's proxy among them) inherit it
     ray.init(address="local", num_cpus=8, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     yield
     ray.shutdown()

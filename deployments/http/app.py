@@ -27,6 +27,7 @@ from deployments.clients import ModelClient
 from deployments.errors import OpenAIError, error_body, model_not_found
 from deployments.http import admin
 from deployments.http.disconnect import DisconnectOnCancel
+from deployments.http.stalled_streams import StalledStreamGuard
 from deployments.http.front import OpenAIFront
 from deployments.http.key_admission import KeyAdmission
 from deployments.http.metrics import RequestCounter, node_metrics_text
@@ -46,13 +47,15 @@ def build_app(front: OpenAIFront) -> FastAPI:
                   redoc_url=None if keyed else "/redoc", openapi_url=None if keyed else "/openapi.json")
     app.state.front = front
     config = front.config
-    # outermost last: Serve's cancellation as a disconnect, then counting, header and body bounds, key admission
+    # outermost last: a client that stops reading let go (where the app writes to its connection: direct ingress),
+    # Serve's cancellation as a disconnect, then counting, header and body bounds, key admission
     in_flight, waiting = config.key_bounds_per_replica()
     app.add_middleware(KeyAdmission, keys=front.auth, max_in_flight=in_flight, max_waiting=waiting)
     app.add_middleware(RequestLimits, max_headers=config.max_headers, max_header_bytes=config.max_header_bytes,
                        body_grace_s=config.body_grace_s, min_body_bytes_per_s=config.min_body_bytes_per_s)
     app.add_middleware(RequestCounter)
     app.add_middleware(DisconnectOnCancel)
+    app.add_middleware(StalledStreamGuard)
     if tracing():
         app.add_middleware(HttpSpans)
     app.add_exception_handler(OpenAIError, _openai_error)

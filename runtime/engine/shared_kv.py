@@ -7,7 +7,9 @@ read out of the KV pool and put in the object store off the engine's thread. Bef
 engine asks the directory for the longest run of its prompt's blocks that it lacks, fetches them and writes them
 into its offload tier, where the admission finds them as its own. Objects live in their publisher's store: when
 it dies they are lost and the others recompute what they cannot fetch. The directory drops the least recently
-used blocks past its bytes.
+used blocks past its bytes; when its own process or node dies, Ray restarts it empty, and prompts fill it again.
+No lookup or fetch waits on a dead node for long: past `LOOKUP_TIMEOUT_S` or `FETCH_TIMEOUT_S` the engine
+computes the prompt itself.
 """
 
 import logging
@@ -24,6 +26,8 @@ from runtime.core.block_manager import BlockManager, block_hash
 logger = logging.getLogger(__name__)
 
 DIRECTORY_PREFIX = "kv-shared-tier-"
+LOOKUP_TIMEOUT_S = 2.0  # the directory's answer: a small message
+FETCH_TIMEOUT_S = 10.0  # the blocks themselves, from their publisher's node
 
 
 @dataclass
@@ -35,7 +39,7 @@ class FetchedBlocks:
     data: list[torch.Tensor]  # each [planes, layers, block_size, kv heads, head size]
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=0, max_restarts=-1)
 class KVDirectory:
     """Block hash -> (its tokens, the published object holding it, its index there), least recently used first."""
 
@@ -132,7 +136,7 @@ class SharedTier:
         if not hashes:
             return None
         try:
-            found = ray.get(self.directory.lookup.remote(hashes))
+            found = ray.get(self.directory.lookup.remote(hashes), timeout=LOOKUP_TIMEOUT_S)
             confirmed = 0
             while confirmed < len(found) and tuple(found[confirmed][0]) == tokens[confirmed]:
                 confirmed += 1
@@ -140,12 +144,12 @@ class SharedTier:
             if not found:
                 return None
             refs = list(dict.fromkeys(boxed[0] for _, boxed, _ in found))
-            values = dict(zip(refs, ray.get(refs)))
+            values = dict(zip(refs, ray.get(refs, timeout=FETCH_TIMEOUT_S)))
         except ray.exceptions.ObjectLostError:  # its publisher died (OwnerDiedError is one)
             self.directory.forget.remote(hashes, refs)
             return None
-        except ray.exceptions.RayError:  # the tier is an optimisation: the prompt is computed here instead
-            logger.exception("fetching KV blocks from the shared tier failed")
+        except ray.exceptions.RayError as e:  # the tier is an optimisation: the prompt is computed here instead
+            logger.warning("fetching KV blocks from the shared tier failed (%r): the prompt is computed", e)
             return None
         data = [values[boxed[0]][:, :, index] for _, boxed, index in found]
         self.fetched_blocks += len(found)

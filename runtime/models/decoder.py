@@ -289,8 +289,11 @@ class CausalLM(nn.Module):
         layer = _LAYER.match(param)
         if layer is not None:
             return int(layer.group(1)) in self.model.stage_layers
-        part = param.split(".")[0 if param.startswith("lm_head") else 1]
-        return getattr(self if part == "lm_head" else self.model, part, None) is not None
+        for prefix, module in (("model.embed_tokens.", self.model.embed_tokens), ("model.norm.", self.model.norm),
+                               ("lm_head.", self.lm_head)):
+            if param.startswith(prefix):
+                return module is not None
+        return True
 
     def past_last_layer(self, name: str) -> bool:
         """Whether a checkpoint tensor belongs to a layer past the last decoder layer."""

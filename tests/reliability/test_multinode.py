@@ -1,6 +1,6 @@
-"""Losing a node costs only what ran on it, on a real multi-node Ray cluster (see multinode_cluster.py and
-pipeline_cluster.py, which run in processes of their own: one Ray cluster per process). The figures are printed
-as one JSON line."""
+"""Losing a node costs only what ran on it, on a real multi-node Ray cluster (see multinode_cluster.py,
+pipeline_cluster.py and shared_tier_cluster.py, which run in processes of their own: one Ray cluster per
+process). The figures are printed as one JSON line."""
 
 import json
 import subprocess
@@ -52,3 +52,23 @@ def test_a_replica_over_two_nodes_serves_and_loses_only_its_streams_with_a_stage
     if not loss["victim_ran_ingress"]:  # streams through an ingress replica on the killed node may be cut
         assert "cut" not in streams and new_requests["failed"] == 0 and new_requests["p99_s"] <= 2.0
     assert loss["replica_rebuilt_after_s"] is not None
+
+
+def test_the_shared_kv_tier_outlives_its_directorys_node_and_a_publishers(tmp_path):
+    """Engines on nodes of their own share a tier whose directory sits on a third node (shared_tier_cluster.py):
+    killing the directory's node, then the publisher's, fails no request; the tier comes back and serves again,
+    the survivor keeps what it holds and computes what only the dead node had."""
+    out = tmp_path / "figures.json"
+    subprocess.run([sys.executable, "-m", "tests.reliability.shared_tier_cluster", str(out)], check=True,
+                   timeout=600, stdout=subprocess.DEVNULL)
+    figures = json.loads(out.read_text())
+    print(json.dumps({"reliability": "shared_tier_multinode", **figures}))
+    full = (1000 - 1) // 16 * 16
+    cached = {step: figures[step]["cached"] for step in figures}
+    assert cached == {"a_computes": 0, "b_from_tier": full, "b_while_directory_restarts": 0,
+                      "a_publishes_again": 0, "b_from_restarted_tier": full, "a_publishes_before_its_loss": 0,
+                      "b_own_cache_after_a_lost": full, "b_computes_what_only_a_had": 0}
+    assert figures["a_computes"]["tokens"] == figures["b_from_tier"]["tokens"]
+    assert figures["a_publishes_before_its_loss"]["tokens"] == figures["b_computes_what_only_a_had"]["tokens"]
+    assert figures["b_while_directory_restarts"]["seconds"] < 10  # a lookup waits 2 s at most
+    assert figures["b_computes_what_only_a_had"]["seconds"] < 20  # a fetch waits 10 s at most

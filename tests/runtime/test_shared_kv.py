@@ -120,3 +120,21 @@ def _first_hash(path, name: str, prompt: list[int]) -> list[int]:
     """The hash of `prompt`'s first block, as an engine of the tier computes it."""
     llm = LLM(str(path), **_options(name))
     return llm.engine.shared_tier.hashes(prompt, None)[0][:1]
+
+
+def test_the_directory_comes_back_empty_after_its_process_dies(name, qwen2_model, prompts):
+    """Ray restarts the directory; an engine asking meanwhile computes the prompt itself (no error), publishes it
+    again, and a third engine hits it."""
+    (prompt, _), (expected, _) = prompts
+    a = LLM(str(qwen2_model), **_options(name))
+    a.generate([prompt], GREEDY)
+    a.engine.shared_tier.flush()
+    directory = ray.get_actor(DIRECTORY_PREFIX + name, namespace="rayllm")
+    ray.kill(directory, no_restart=False)
+    b = LLM(str(qwen2_model), **_options(name))
+    [out] = b.generate([prompt], GREEDY)
+    assert (out.outputs[0].token_ids, out.num_cached_tokens) == (expected, 0)
+    b.engine.shared_tier.flush()
+    assert ray.get(directory.stats.remote())["blocks"] == FULL_BLOCKS // 16  # restarted, refilled by b
+    [again] = LLM(str(qwen2_model), **_options(name)).generate([prompt], GREEDY)
+    assert (again.outputs[0].token_ids, again.num_cached_tokens) == (expected, FULL_BLOCKS)
