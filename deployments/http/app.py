@@ -27,11 +27,11 @@ from deployments.clients import ModelClient
 from deployments.errors import OpenAIError, error_body, model_not_found
 from deployments.http import admin
 from deployments.http.disconnect import DisconnectOnCancel
-from deployments.http.stalled_streams import StalledStreamGuard
 from deployments.http.front import OpenAIFront
 from deployments.http.key_admission import KeyAdmission
 from deployments.http.metrics import RequestCounter, node_metrics_text
 from deployments.http.request_limits import RequestLimits
+from deployments.http.stalled_streams import StalledStreamGuard
 from deployments.tracing import HttpSpans, tracing
 
 router = APIRouter()
