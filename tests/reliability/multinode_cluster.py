@@ -122,7 +122,10 @@ def summary(results: list[tuple[float, float, bool, str]], since: float) -> dict
     }
 
 
-def replica_loss(cluster, base_url: str) -> dict:
+def kill_under_load(cluster, base_url: str, actor_class: str) -> tuple[dict, Prober, float]:
+    """20 long streams and a prober running, then the node of an `actor_class` actor SIGKILLed (one without an
+    ingress replica if there is one). Returns the streams' outcomes, the prober (still probing) and the kill's
+    time."""
     outcomes = [None] * STREAMS
     started = threading.Event()
     threads = [threading.Thread(target=stream_outcome, args=(base_url, started, outcomes, i), daemon=True)
@@ -134,16 +137,21 @@ def replica_loss(cluster, base_url: str) -> dict:
     started.wait(60)
     time.sleep(1.0)  # every stream is admitted and streaming (ignore_eos, 1500 tokens: tens of seconds)
     ingress_nodes = set(node_of("OpenAIIngress"))
-    victim = min(node_of("LLMServer"), key=lambda node: node in ingress_nodes)  # a model-only node if any
+    victim = min(node_of(actor_class), key=lambda node: node in ingress_nodes)
     killed_at = kill_node(cluster, victim)
     for t in threads:
         t.join(150)
-    time.sleep(3)
     counts = {}
     for outcome in outcomes:
         counts[outcome[0] if outcome else "unfinished"] = counts.get(outcome[0] if outcome else "unfinished", 0) + 1
-    return {"streams": counts, "examples": sorted({str(o[2]) for o in outcomes if o})[:4],
-            "victim_ran_ingress": victim in ingress_nodes, "new_requests": summary(prober.stop(), killed_at)}
+    return ({"streams": counts, "examples": sorted({str(o[2]) for o in outcomes if o})[:4],
+             "victim_ran_ingress": victim in ingress_nodes}, prober, killed_at)
+
+
+def replica_loss(cluster, base_url: str) -> dict:
+    figures, prober, killed_at = kill_under_load(cluster, base_url, "LLMServer")
+    time.sleep(3)
+    return {**figures, "new_requests": summary(prober.stop(), killed_at)}
 
 
 def ingress_loss(cluster, base_url: str) -> dict:
@@ -191,23 +199,44 @@ def manager_loss(base_url: str, storage: Path) -> dict:
             "all_present": sorted(set(ids)) == sorted(f"line-{i}" for i in range(BATCH_LINES))}
 
 
-def main(out: str) -> None:
+def start_cluster(nodes: int) -> tuple:
+    """A head with no CPUs and `nodes` worker nodes of one CPU, this process connected and Serve's proxy on the
+    head; the app's args for a tiny model, on storage every node shares. Returns (cluster, port, args, tmp dir)."""
     import ray
     from ray import serve
     from ray.cluster_utils import Cluster
 
-    from deployments import build_openai_app
-
     tmp = Path(tempfile.mkdtemp())
     model_dir = build_model_dir(tmp / "model", "qwen2")
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": FAST_DETECTION})
-    for _ in range(4):
+    for _ in range(nodes):
         cluster.add_node(num_cpus=1)
     ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
     args = app_args(model_dir, f"file://{tmp / 'storage'}")
     args["shared_storage"] = True  # every "node" is this host
+    return cluster, port, args, tmp
+
+
+def write_and_stop(out: str, figures: dict, cluster) -> None:
+    """The figures to `out` (and stdout); Serve, Ray and the cluster stopped."""
+    import ray
+    from ray import serve
+
+    Path(out).write_text(json.dumps(figures, indent=1))
+    print(json.dumps(figures))
+    serve.shutdown()
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def main(out: str) -> None:
+    from ray import serve
+
+    from deployments import build_openai_app
+
+    cluster, port, args, tmp = start_cluster(4)
     args["llm_configs"][0]["engine_kwargs"] = {"max_model_len": 2048, "kv_cache_bytes": 256 << 20}
     args["llm_configs"][0]["deployment_config"] = {
         "num_replicas": 2, "health_check_period_s": 1, "ray_actor_options": {"num_cpus": 1}}
@@ -218,11 +247,7 @@ def main(out: str) -> None:
     figures["replica_node_killed"] = replica_loss(cluster, base_url)
     figures["ingress_node_killed"] = ingress_loss(cluster, base_url)
     figures["batch_manager_killed"] = manager_loss(base_url, tmp / "storage")
-    Path(out).write_text(json.dumps(figures, indent=1))
-    print(json.dumps(figures))
-    serve.shutdown()
-    ray.shutdown()
-    cluster.shutdown()
+    write_and_stop(out, figures, cluster)
 
 
 if __name__ == "__main__":
