@@ -40,8 +40,9 @@ class StalledStreamGuard:
             if stalled.is_set():
                 return  # abandoned: the rest of the response goes nowhere
             try:
-                await asyncio.wait_for(send(message), self.stall_s)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(self.stall_s):  # a timer on this task: no task made per write
+                    await send(message)
+            except TimeoutError:
                 stalled.set()
 
         async def receive_or_stall():
