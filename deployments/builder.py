@@ -12,6 +12,7 @@ from deployments.http.ingress import OpenAIIngress
 from deployments.prefix_router import PrefixAwareRouter
 from deployments.replica.direct_server import DirectLLMServer
 from deployments.replica.server import LLMServer
+from runtime.worker.rank_workers import placement_strategy
 
 
 def build_openai_app(args: dict) -> Application:
@@ -96,9 +97,8 @@ def _replica(config: LLMConfig, server_class: type, prefix_routing: bool = True,
         if actor_options.get("num_gpus"):
             rank_bundle["GPU"] = actor_options["num_gpus"]
         options.setdefault("placement_group_bundles", [rank_bundle] * ranks)
-        # pipeline stages may take a node each when one node cannot hold the replica
-        pipeline = config.engine_kwargs.get("pipeline_parallel_size", 1) > 1
-        options.setdefault("placement_group_strategy", "PACK" if pipeline else "STRICT_PACK")
+        options.setdefault("placement_group_strategy",
+                           placement_strategy(config.engine_kwargs.get("pipeline_parallel_size", 1)))
     return serve.deployment(server_class).options(ray_actor_options=actor_options, **options)
 
 

@@ -36,6 +36,12 @@ def bundle(config: EngineConfig) -> dict:
     return {"GPU": 1, "CPU": 1} if config.device == "cuda" else {"CPU": 1}
 
 
+def placement_strategy(pipeline_parallel_size: int) -> str:
+    """How a replica's bundles are placed by default: on one node (STRICT_PACK), or, with pipeline stages, as few
+    nodes as hold them (PACK), so a stage may take a node of its own when one node cannot hold the replica."""
+    return "PACK" if pipeline_parallel_size > 1 else "STRICT_PACK"
+
+
 def bundles_by_node(nodes: dict[int, str]) -> list[int]:
     """Each rank's bundle, from each bundle's node: rank 0 keeps bundle 0 (the replica's), the next ranks take
     the bundles on its node, then node by node, so a pipeline stage's tensor-parallel ranks (consecutive ranks)
@@ -52,8 +58,7 @@ class RankWorkers:
         self._own_group = None
         if group is None:
             group = self._own_group = placement_group([bundle(config)] * config.world_size,
-                                                      strategy="PACK" if config.pipeline_parallel_size > 1
-                                                      else "STRICT_PACK")
+                                                      strategy=placement_strategy(config.pipeline_parallel_size))
             ray.get(group.ready(), timeout=120)
         resources = {"num_gpus": 1, "num_cpus": 0} if config.device == "cuda" else {"num_cpus": 1}
         tag = uuid.uuid4().hex[:8]
