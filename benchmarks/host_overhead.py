@@ -1,7 +1,9 @@
 """Host work per decode step, the CPU proxy for the GPU's host-bound decode: a micro model whose compute is
 negligible, 256 running sequences, and the step's time split into its phases (schedule, prepare the inputs,
-the forward pass, sample, collect the tokens, post-process: tokens appended, detokenized, stops checked,
-deltas built), with async scheduling off and on, in one run.
+the forward pass, sample, collect the tokens, post-process: tokens appended, ends by id and length, deltas
+built), with async scheduling off and on, in one run. `text_ms` is the text stage's work per step
+(detokenized, stop strings checked: runtime.text.text_stage), which a server does on a thread of its own, off
+the engine's (AsyncLLMEngine); `host_ms` is the engine thread's own.
 
 On a CPU nothing runs beside the host, so both modes do the same host work; what async scheduling changes is
 which of it a GPU waits for. Without it, every host phase runs while the device idles (the step's tokens are
@@ -56,6 +58,7 @@ def measure(path: Path, batch: int, steps: int, async_scheduling: bool) -> dict:
     runner.execute = timed(phases, "forward", runner.execute)
     runner._sample = timed(phases, "sample", runner._sample)
     runner.collect = timed(phases, "collect", runner.collect)
+    engine.text.apply = timed(phases, "text", engine.text.apply)
     start = time.perf_counter()
     for _ in range(steps):
         engine.step()
@@ -63,7 +66,7 @@ def measure(path: Path, batch: int, steps: int, async_scheduling: bool) -> dict:
     per_step = {name: total * 1e3 / steps for name, total in phases.items()}
     per_step["post_process"] = step_ms - sum(per_step.values())
     device_ms = per_step["forward"] + per_step["sample"]
-    host_ms = step_ms - device_ms
+    host_ms = step_ms - device_ms - per_step["text"]
     return {"async_scheduling": async_scheduling, "step_ms": round(step_ms, 3), "host_ms": round(host_ms, 3),
             "device_ms": round(device_ms, 3),
             "device_waits_ms": round(max(0.0, host_ms - device_ms) if async_scheduling else host_ms, 3),

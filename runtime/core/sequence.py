@@ -6,7 +6,6 @@ is scheduled on its own, and siblings share the prompt's cached blocks.
 
 import enum
 import itertools
-from collections.abc import Callable
 
 import torch
 
@@ -14,7 +13,6 @@ from runtime.lora.adapter import LoRAAdapter
 from runtime.outputs import TokenLogprob
 from runtime.pooling import PoolerConfig
 from runtime.sampling_params import SamplingParams
-from runtime.text.detokenizer import IncrementalDetokenizer
 from runtime.text.grammar import Grammar, Matcher
 
 _arrivals = itertools.count()
@@ -33,7 +31,6 @@ class Request:
         prompt_token_ids: list[int],
         params: SamplingParams,
         priority: int,
-        make_detokenizer: Callable[[], IncrementalDetokenizer | None],
         grammar: Grammar | None = None,
         adapter: LoRAAdapter | None = None,
         owner: str | None = None,
@@ -51,7 +48,7 @@ class Request:
         self.priority = priority  # lower runs first (0: online, larger: batch jobs)
         self.arrival = next(_arrivals)
         self.prompt_logprobs: list[TokenLogprob | None] = []
-        self.seqs = [Sequence(self, i, make_detokenizer(), grammar) for i in range(params.n)]
+        self.seqs = [Sequence(self, i, grammar) for i in range(params.n)]
 
     @property
     def num_seqs(self) -> int:
@@ -79,8 +76,7 @@ class Request:
 
 
 class Sequence:
-    def __init__(self, request: Request, index: int, detokenizer: IncrementalDetokenizer | None,
-                 grammar: Grammar | None = None):
+    def __init__(self, request: Request, index: int, grammar: Grammar | None = None):
         self.request = request
         self.index = index
         self.params = request.params
@@ -93,7 +89,6 @@ class Sequence:
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []
         self.num_committed_blocks = 0
-        self.detokenizer = detokenizer  # None for an embedding request
         self.logprobs: list[TokenLogprob] = []
         self.finish_reason: str | None = None
         self.matched_stop: int | str | None = None

@@ -14,6 +14,11 @@ instead: the same interface, the engine itself in a child process
 Commands (add, abort) are queued to the thread and applied between steps, so
 the engine itself is only ever touched by its thread (an engine process takes
 them at once, on any thread, and its child applies them between its steps).
+The step's token deltas get their text on a second thread (runtime.text.text_stage),
+so the engine's thread goes on to the next step meanwhile (on a GPU, the host
+work while the device computes); it waits only for the text of the step before,
+so a sequence ends at most a step after its stop string. An engine process
+gives its deltas their text in its child.
 Each request's deltas go to an asyncio queue on the caller's loop, at most
 once per `delivery_interval_s` (runtime.engine.delivery; with `engine_process`, the
 child holds them back, so they never cross the pipe), with one wake-up per
@@ -24,6 +29,7 @@ task) aborts the request and frees its blocks.
 import asyncio
 import concurrent.futures
 import itertools
+import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -85,6 +91,9 @@ class AsyncLLMEngine:
         self._stopped = False
         self.error: BaseException | None = None
         self.died = threading.Event()  # set once a step has failed and the engine stopped serving (`error` says why)
+        # token deltas to give text to, and aborted request ids to forget, in order; None ends the text thread
+        self._texts: queue.Queue[list[RequestDelta] | str | None] = queue.Queue()
+        self._text_slot = threading.Semaphore(1)  # one step's deltas waiting for (or getting) their text at most
         built: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread = threading.Thread(target=self._run, args=(build_engine, built), name="engine-loop",
                                         daemon=True)
@@ -93,6 +102,10 @@ class AsyncLLMEngine:
         # an engine process takes commands at once, from any thread: they reach its child while this thread
         # waits for its next step (an online request does not wait a step for its add to leave)
         self._commands_at_once = isinstance(self.engine, EngineProcess)
+        self._text_thread = None
+        if not self._commands_at_once:
+            self._text_thread = threading.Thread(target=self._write_text, name="engine-text", daemon=True)
+            self._text_thread.start()
 
     @classmethod
     def from_options(cls, model: str, delivery_interval_s: float = 0.0, observer: StreamObserver | None = None,
@@ -253,6 +266,7 @@ class AsyncLLMEngine:
     def shutdown(self) -> None:
         self._stopped = True
         self._wake.set()
+        self._texts.put(None)
         self._thread.join(timeout=10)
         self.engine.shutdown()
 
@@ -283,13 +297,37 @@ class AsyncLLMEngine:
                 self._wake.clear()
                 continue
             try:
-                deltas = self.engine.step()
+                if self._text_thread is None:  # an engine process: its deltas come with their text
+                    self._deliver_step(self.engine.step())
+                else:
+                    deltas = self.engine.step_tokens()
+                    self._text_slot.acquire()
+                    self._texts.put(deltas)
             except BaseException as e:  # the engine is broken: fail everyone, stop serving
-                self.error = e
-                self._fail_all(EngineDeadError(f"engine step failed: {e!r}"))
-                self.died.set()
+                self._die(e, "engine step failed")
                 return
-            self._deliver_step(deltas)
+
+    def _die(self, error: BaseException, what: str) -> None:
+        self.error = error
+        self._stopped = True
+        self._wake.set()
+        self._fail_all(EngineDeadError(f"{what}: {error!r}"))
+        self.died.set()
+
+    def _write_text(self) -> None:
+        """The text thread: each step's deltas with their text, delivered; the ids of aborted requests forgotten."""
+        while (item := self._texts.get()) is not None:
+            try:
+                if isinstance(item, str):
+                    self._schedule.forget(item)
+                else:
+                    self._deliver_step(self.engine.text.apply(item))
+            except BaseException as e:  # not one request's (those fail alone): nothing would be delivered again
+                self._die(e, "the text stage failed")
+            finally:
+                if not isinstance(item, str):
+                    self._text_slot.release()
+                self._texts.task_done()
 
     def _apply_commands(self) -> None:
         with self._lock:
@@ -304,6 +342,7 @@ class AsyncLLMEngine:
             return
         if kind == "lifecycle":
             done, (operation, operation_args) = request_id, args
+            self._texts.join()  # the text stage is the operation's own while it runs
             try:
                 self._deliver_step(getattr(self.engine, operation)(*operation_args))
             except Exception as e:
@@ -313,7 +352,10 @@ class AsyncLLMEngine:
             return
         if kind == "abort":
             self.engine.abort(request_id)
-            self._schedule.forget(request_id)
+            if self._text_thread is None:
+                self._schedule.forget(request_id)
+            else:
+                self._texts.put(request_id)  # held deltas are the text thread's to forget
             return
         request, priority, owner, stream = args
         try:
@@ -344,5 +386,5 @@ class AsyncLLMEngine:
 
 
 def _put_all(items: list[tuple[asyncio.Queue, RequestDelta]]) -> None:
-    for queue, delta in items:
-        queue.put_nowait(delta)
+    for stream_queue, delta in items:
+        stream_queue.put_nowait(delta)

@@ -2,8 +2,9 @@
 as vLLM and SGLang offer it: pause and resume generation, new weights from a checkpoint, a prefix-cache reset,
 and sleep (weights and KV cache released, the process kept) and wake up; and a LoRA adapter unloaded.
 
-Each runs on the engine's own thread between two steps, and returns the deltas it produced (the step still in
-flight under async scheduling, completed first; the requests a pause with mode "abort" ended). New weights and
+Each runs on the engine's own thread between two steps (and while no other thread applies the text stage), and
+returns the deltas it produced, with their text (the step still in flight under async scheduling, completed
+first; the requests a pause with mode "abort" ended). New weights and
 sleep send every running sequence back to wait: it is recomputed from its first token, its output so far kept,
 so no token after the change reads keys and values of the old weights; and the prefix cache is reset, so no
 block computed before is hit again. While paused or asleep the engine takes requests but runs no step.
@@ -37,7 +38,7 @@ class EngineLifecycle:
             raise InvalidInputError("mode", f"must be one of {PAUSE_MODES}, got {mode!r}")
         deltas = self._settle()
         if mode == "abort":
-            deltas += [self._aborted(request) for request in list(self.requests.values())]
+            deltas += self.text.apply([self._aborted(request) for request in list(self.requests.values())])
         self.paused = True
         return deltas
 
@@ -113,7 +114,7 @@ class EngineLifecycle:
     def _settle(self) -> list[RequestDelta]:
         """Complete the step still in flight (async scheduling), so that no sequence has a token on the device."""
         launched, self._launched = self._launched, None
-        return [] if launched is None else self._complete(launched)
+        return [] if launched is None else self.text.apply(self._complete(launched))
 
     def _recompute_all(self) -> None:
         self.scheduler.preempt_all()
@@ -121,9 +122,9 @@ class EngineLifecycle:
             self.adapter_slots.forget()
 
     def _aborted(self, request) -> RequestDelta:
-        """Finish every unfinished completion of `request` with reason "abort", its text so far released; its last
-        delta."""
-        delta = self._end_unfinished(request, "abort", with_text=True)
+        """Finish every unfinished completion of `request` with reason "abort"; its last delta (to which the text stage
+        adds the text not yet released)."""
+        delta = self._end_unfinished(request, "abort")
         delta.finished = True
         del self.requests[request.request_id]
         return delta

@@ -1,11 +1,14 @@
 """The synchronous engine: add requests, abort them, and step the batch forward.
 
-`step()` schedules one batch, runs it, and turns the sampled tokens into
-per-request deltas (new tokens, new text, logprobs, finish reason). An embedding
-request (`validate_embedding`) is prefilled in the same batches and finishes
-with its pooled embedding once its last prompt token is computed. A failure
-that belongs to one request (its sampling, prompt logprobs, text or stop
-handling) finishes that request with an error; the step goes on for the others.
+`step_tokens()` schedules one batch, runs it, and turns the sampled tokens into
+per-request deltas (new tokens, logprobs, finish reason), ending sequences by
+token id and length; `step()` also gives them their text and ends sequences at
+stop strings (runtime.text.text_stage), which a caller may do on a thread of its
+own instead, as AsyncLLMEngine does. An embedding request (`validate_embedding`)
+is prefilled in the same batches and finishes with its pooled embedding once its
+last prompt token is computed. A failure that belongs to one request (its
+sampling, prompt logprobs, text or stop handling) finishes that request with an
+error; the step goes on for the others.
 """
 
 import logging
@@ -27,7 +30,7 @@ from runtime.models.sliding_window import kv_window
 from runtime.outputs import RequestDelta, SequenceDelta
 from runtime.sampling_params import SamplingParams
 from runtime.speculative.build import build_speculator
-from runtime.text.detokenizer import IncrementalDetokenizer
+from runtime.text.text_stage import TextStage
 from runtime.worker.kv_offload import read_blocks
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.step import LaunchedStep
@@ -81,6 +84,7 @@ class LLMEngine(EngineLifecycle):
             self.shared_tier = SharedTier(config.kv_shared_tier, str(self.spec.path), self.block_manager,
                                           self.runner.kv_tier.block_bytes)
         self.requests: dict[str, Request] = {}
+        self.text = TextStage(self.tokenizer)
         self._launched: LaunchedStep | None = None  # async scheduling: the batch whose tokens are still in flight
         if config.warm_up and config.runner == "generate":
             warm_up(self)
@@ -127,19 +131,15 @@ class LLMEngine(EngineLifecycle):
         prompt, params, grammar = valid.prompt_token_ids, valid.params, valid.grammar
         if params.structured_output is not None and grammar is None:
             grammar = self.validator.compile_grammar(params.structured_output)
-        make_detokenizer = (lambda: None) if valid.pooling else (lambda: self._detokenizer(prompt, params))
-        request = Request(request_id, prompt, params, priority, make_detokenizer, grammar, valid.adapter, owner,
-                          valid.pooling, stream)
+        request = Request(request_id, prompt, params, priority, grammar, valid.adapter, owner, valid.pooling, stream)
         request.max_tokens = valid.max_tokens
+        self.text.start(request_id, prompt, None if valid.pooling else params, stream)
         self.requests[request_id] = request
         self.scheduler.add(request)
 
-    def _detokenizer(self, prompt_token_ids: list[int], params: SamplingParams) -> IncrementalDetokenizer:
-        return IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop, params.include_stop_str_in_output,
-                                      params.skip_special_tokens, params.stop_regex)
-
     def abort(self, request_id: str) -> None:
         request = self.requests.pop(request_id, None)
+        self.text.forget(request_id)
         if request is None:
             return
         for seq in request.seqs:
@@ -168,7 +168,12 @@ class LLMEngine(EngineLifecycle):
     # --- stepping -----------------------------------------------------------
 
     def step(self) -> list[RequestDelta]:
-        """Schedule and run one batch; the deltas of the batch whose tokens came back.
+        """`step_tokens()`, its deltas with their text (runtime.text.text_stage)."""
+        return self.text.apply(self.step_tokens())
+
+    def step_tokens(self) -> list[RequestDelta]:
+        """Retire the sequences the text stage ended, schedule and run one batch; the token deltas (no text) of the
+        batch whose tokens came back.
 
         With `async_scheduling`, the batch is launched before the previous one's tokens are read (on a GPU, the
         host schedules, prepares and post-processes while the device computes): its sequences' newest tokens
@@ -176,8 +181,9 @@ class LLMEngine(EngineLifecycle):
         those tokens on the host first (a grammar, penalties) waits for them: the step runs as without. Paused or
         asleep (runtime.engine.lifecycle), it runs nothing.
         """
+        retired = self._retire_ended_by_text()
         if self.paused or self.asleep:
-            return []
+            return retired
         previous, self._launched = self._launched, None
         deltas = []
         if previous is not None and any(s.matcher is not None or s.params.uses_penalties for s in previous.sampled):
@@ -189,8 +195,23 @@ class LLMEngine(EngineLifecycle):
         if previous is not None:
             deltas = self._complete(previous)
         if launched is not None and not self.config.async_scheduling:
-            return self._complete(launched)
-        self._launched = launched
+            deltas = self._complete(launched)
+        else:
+            self._launched = launched
+        return retired + deltas if retired else deltas
+
+    def _retire_ended_by_text(self) -> list[RequestDelta]:
+        """Finish the sequences the text stage ended (a stop string, a failure); their deltas, which it drops."""
+        deltas = []
+        for request_id, index, reason in self.text.take_verdicts():
+            request = self.requests.get(request_id)
+            if request is None:
+                continue
+            delta = self._end_unfinished(request, reason, None if index is None else [request.seqs[index]])
+            delta.finished = request.finished
+            if delta.finished:
+                del self.requests[request_id]
+            deltas.append(delta)
         return deltas
 
     def _launch(self, batch: ScheduledBatch, previous: LaunchedStep | None) -> LaunchedStep:
@@ -230,7 +251,7 @@ class LLMEngine(EngineLifecycle):
                 continue
             try:
                 seq_delta = self._advance(seq, token_ids, logprobs)
-            except Exception as e:  # this request's tokens, text or stop handling: it alone fails
+            except Exception as e:  # this request's tokens or grammar: it alone fails
                 failed[seq.request] = describe(e)
                 continue
             delta = deltas.get(seq.request.request_id)
@@ -280,7 +301,7 @@ class LLMEngine(EngineLifecycle):
         return SequenceDelta(
             index=seq.index,
             token_ids=appended,
-            text=seq.detokenizer.release(final=seq.is_finished) if seq.request.stream or seq.is_finished else "",
+            text="",
             logprobs=None if logprobs[0] is None else logprobs,
             finish_reason=seq.finish_reason,
             matched_stop=seq.matched_stop,
@@ -302,15 +323,14 @@ class LLMEngine(EngineLifecycle):
         delta.error = error
         return delta
 
-    def _end_unfinished(self, request: Request, reason: str, with_text: bool = False) -> RequestDelta:
-        """Finish every unfinished completion of `request` with `reason`; the delta that says so (with the text not
-        yet released, when `with_text`)."""
+    def _end_unfinished(self, request: Request, reason: str, seqs: list[Sequence] | None = None) -> RequestDelta:
+        """Finish every unfinished completion of `request` (of `seqs`, if given) with `reason`; the delta that says
+        so (the text stage gives it the text not yet released)."""
         delta = self._request_delta(request)
-        for seq in request.seqs:
+        for seq in request.seqs if seqs is None else seqs:
             if not seq.is_finished:
                 self._finish(seq, reason, None)
-                text = seq.detokenizer.release(final=True) if with_text and seq.detokenizer is not None else ""
-                delta.seqs.append(SequenceDelta(seq.index, [], text, None, reason,
+                delta.seqs.append(SequenceDelta(seq.index, [], "", None, reason,
                                                 num_output_tokens=seq.num_output_tokens))
         return delta
 
@@ -331,10 +351,6 @@ class LLMEngine(EngineLifecycle):
                 return
         if (token_id in self.eos_token_ids and not params.ignore_eos) or token_id in params.stop_token_ids:
             self._finish(seq, "stop", token_id)
-            return
-        stop = seq.detokenizer.append(token_id, check_stop=seq.num_output_tokens >= params.min_tokens)
-        if stop is not None:
-            self._finish(seq, "stop", stop)
         elif seq.num_output_tokens >= seq.request.max_tokens or seq.num_tokens >= self.spec.max_model_len:
             self._finish(seq, "length", None)
 

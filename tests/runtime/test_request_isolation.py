@@ -15,14 +15,14 @@ PARAMS = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
 
 
 def _run(llm: LLM, sabotage=None) -> dict:
-    """Every prompt to completion, with an extra request `bad` that `sabotage(request)` breaks once added."""
+    """Every prompt to completion, with an extra request `bad` that `sabotage(engine, "bad")` breaks once added."""
     engine = llm.engine
     for i, (prompt, params) in enumerate(zip(PROMPTS, PARAMS)):
         engine.add_request(f"r{i}", llm.tokenizer.encode(prompt), params)
     if sabotage is not None:
         engine.add_request("bad", llm.tokenizer.encode("Grüße aus München"),
                            SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True))
-        sabotage(engine.requests["bad"])
+        sabotage(engine, "bad")
     deltas = {}
     while engine.has_unfinished_requests():
         for delta in engine.step():
@@ -35,12 +35,13 @@ def _tokens(deltas) -> dict:
             for rid, ds in deltas.items() if rid != "bad"}
 
 
-def _break_sampling(request):
-    request.params.logit_bias = {10**6: 1.0}  # past validation: indexing the logits raises in the sampler
+def _break_sampling(engine, request_id):
+    # past validation: indexing the logits raises in the sampler
+    engine.requests[request_id].params.logit_bias = {10**6: 1.0}
 
 
-def _break_detokenizer(request):
-    detokenizer = request.seqs[0].detokenizer
+def _break_detokenizer(engine, request_id):
+    detokenizer = engine.text.detokenizer(request_id, 0)
     original, calls = detokenizer.append, []
 
     def append(token_id, check_stop=True):

@@ -59,7 +59,7 @@ def test_min_tokens_masks_stop_tokens_and_stop_token_ids_end(qwen2_model):
 
 
 def _sequence(params: SamplingParams, prompt: list[int], output: list[int]):
-    seq = Request("r", prompt, params, 0, lambda: None).seqs[0]
+    seq = Request("r", prompt, params, 0).seqs[0]
     seq.token_ids.extend(output)
     return seq
 

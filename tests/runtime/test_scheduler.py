@@ -45,7 +45,7 @@ def _add(scheduler: Scheduler, request_id: str, prompt_len: int, priority: int =
          n: int = 1, owner: str | None = None) -> Request:
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, n=n)
     prompt = [hash((request_id, i)) % 1000 for i in range(prompt_len)]  # no two requests share a block
-    request = Request(request_id, prompt, params, priority, make_detokenizer=lambda: None, owner=owner)
+    request = Request(request_id, prompt, params, priority, owner=owner)
     scheduler.add(request)
     return request
 

@@ -1,11 +1,12 @@
 """Incremental detokenization: stop strings across token boundaries, holdback, whole characters."""
 
+import asyncio
 import random
 import time
 
 import pytest
 
-from runtime import LLM, InvalidInputError, SamplingParams
+from runtime import LLM, AsyncLLMEngine, InvalidInputError, SamplingParams
 from runtime.sampling_params import MAX_STOP_CHARS
 from runtime.text.detokenizer import IncrementalDetokenizer
 
@@ -122,6 +123,62 @@ def test_stop_string_across_token_boundary_in_generation(qwen2_model):
     assert choice.text == full.text[:cut]
     assert choice.token_ids == full.token_ids[: len(choice.token_ids)]
     assert stop not in choice.text
+
+
+def _stop_ending_at_a_token(tokenizer, token_ids: list[int]) -> tuple[str, int]:
+    """A stop string whose first match in the text of `token_ids` ends with the text of a token: (the stop, how
+    many tokens up to that one)."""
+    text = tokenizer.decode(token_ids)
+    for k in range(6, len(token_ids)):
+        head = tokenizer.decode(token_ids[:k])
+        stop = head[-2:]
+        if len(stop) == 2 and stop.isprintable() and text.find(stop) + 2 == len(head) and head == text[:len(head)]:
+            return stop, k
+    raise AssertionError("no token ends a first match")
+
+
+def test_a_stop_string_retires_its_sequence_within_a_step_and_no_token_after_it_reaches_the_caller(qwen2_model):
+    """The text stage finds the stop after the step: the engine retires the sequence at its next step. Stepped
+    with its text (the offline engine), it computes no token past the stop; with the text on a thread of its own
+    (AsyncLLMEngine), at most one, which the caller never sees."""
+    llm = LLM(str(qwen2_model), dtype="float32", max_model_len=256)
+    prompt = llm.tokenizer.encode("Numbers: 0 1 2")
+    greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    full = llm.generate([prompt], greedy)[0].outputs[0]
+    stop, k = _stop_ending_at_a_token(llm.tokenizer, full.token_ids)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop])
+
+    def counting(engine) -> list[int]:
+        computed, step_tokens = [], engine.step_tokens
+
+        def step():
+            deltas = step_tokens()
+            computed.extend(t for d in deltas for s in d.seqs for t in s.token_ids)
+            return deltas
+        engine.step_tokens = step
+        return computed
+
+    computed = counting(llm.engine)
+    out = llm.generate([prompt], params)[0].outputs[0]
+    assert out.finish_reason == "stop" and out.token_ids == full.token_ids[:k] and computed == full.token_ids[:k]
+
+    async def stream(engine):
+        return [delta async for delta in engine.generate(engine.validate(prompt, params))]
+
+    engine = AsyncLLMEngine.from_options(str(qwen2_model), dtype="float32", max_model_len=256)
+    try:
+        computed = counting(engine.engine)
+        deltas = asyncio.run(stream(engine))
+        deadline = time.monotonic() + 10
+        while engine.stats()["num_requests"]:  # the engine retires it a step after the caller's stream ended
+            assert time.monotonic() < deadline, "the engine never retired the stopped sequence"
+            time.sleep(0.01)
+    finally:
+        engine.shutdown()
+    assert [t for d in deltas for t in d.seqs[0].token_ids] == full.token_ids[:k]
+    assert deltas[-1].seqs[0].finish_reason == "stop" and deltas[-1].seqs[0].num_output_tokens == k
+    assert "".join(d.seqs[0].text for d in deltas) == full.text[:full.text.find(stop)]
+    assert computed[:k] == full.token_ids[:k] and len(computed) <= k + 1
 
 
 def test_a_stop_regex_stops_at_the_first_token_whose_text_completes_a_match(qwen2_model):
