@@ -13,7 +13,7 @@ class TokenLogprob:
     top: list[tuple[int, float]] = field(default_factory=list)  # (token id, logprob), best first
 
 
-@dataclass
+@dataclass(slots=True)
 class SequenceDelta:
     """What one completion gained in a step."""
 
@@ -43,7 +43,7 @@ class SequenceDelta:
         self.num_output_tokens = later.num_output_tokens
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestDelta:
     """One step's news for a request: an element of `AsyncLLMEngine.generate`'s stream."""
 

@@ -128,8 +128,15 @@ class BlockManager:
 
     # --- growth of a running sequence --------------------------------------
 
-    def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
-        return self.blocks_for(num_tokens) - len(seq.block_table) <= len(self._free)
+    def try_grow(self, seq: Sequence, num_tokens: int) -> bool:
+        """`grow`, when the free blocks suffice; False (and nothing changed) when they do not."""
+        new_blocks = -(-num_tokens // self.block_size) - len(seq.block_table)
+        if new_blocks > len(self._free):
+            return False
+        if new_blocks > 0 or min(num_tokens, len(seq.token_ids)) // self.block_size > seq.num_committed_blocks \
+                or self.sliding_window is not None:
+            self.grow(seq, num_tokens)
+        return True
 
     def grow(self, seq: Sequence, num_tokens: int) -> None:
         """Cover the first `num_tokens` tokens of `seq`, all of which are computed by the coming step.

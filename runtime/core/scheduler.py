@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from runtime.core.block_manager import BlockManager
 from runtime.core.kv_tier import KVMove
-from runtime.core.sequence import Request, Sequence, SequenceStatus
+from runtime.core.sequence import BY_ORDER, Request, Sequence, SequenceStatus
 from runtime.core.waiting_queue import WaitingQueue
 from runtime.lora import AdapterSlots, LoRAAdapter
 from runtime.models.rotary import LengthScaledRope
@@ -51,11 +51,8 @@ class ScheduledBatch:
     lora_loads: list[tuple[int, LoRAAdapter]] = field(default_factory=list)  # (slot, adapter) to load first
     kv_moves: list[KVMove] = field(default_factory=list)  # copies between the KV pool and its offload tier, first
 
-    @property
-    def sampled(self) -> list[Sequence]:
-        """Generating sequences whose chunk reaches their last token, so a new token is sampled."""
-        return [s for s, n in zip(self.seqs, self.num_new_tokens)
-                if n == s.num_pending_tokens + len(s.draft_token_ids) and s.request.samples]
+    # generating sequences whose chunk reaches their last token, so a new token is sampled
+    sampled: list[Sequence] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -106,51 +103,81 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: dict[Sequence, int] = {}
         preempted = False
-        order = sorted(self.running, key=lambda s: (s.num_pending_tokens > 1, s.sort_key()))
         background_seats = self.max_num_seqs_background
-        for seq in order:
+        blocks, running = self.blocks, SequenceStatus.RUNNING
+        # whether any running sequence is of a lower priority than the foreground (`_in_background`)
+        lowest = max(self.running_per_priority, default=None)
+        behind = self._foreground is not None and lowest is not None and lowest > self._foreground
+        for seq in self._in_order():
             if budget == 0:
                 break
-            if seq.status is not SequenceStatus.RUNNING or seq.last_token_in_flight:
+            if seq.status is not running or (seq.num_in_flight and seq.last_token_in_flight):
                 continue  # preempted earlier in this loop, or ends when its token in flight comes back
             if self.scaled_rope is not None and self.scaled_rope.outgrown(seq.rope_scale, seq.num_tokens):
                 self._preempt(seq)
                 continue
-            if self._in_background(seq):
+            if behind and self._in_background(seq):
                 if background_seats == 0:
                     continue  # paused beside the foreground
                 background_seats -= 1
-            n = self._fit_drafts(seq, budget)
+            if seq.draft_token_ids:
+                n = self._fit_drafts(seq, budget)
+            else:
+                n = min(len(seq.token_ids) + seq.num_in_flight - seq.num_computed_tokens, budget)
             if n == 0:
                 continue  # a prompt computed whole that samples nothing: it finishes as its step completes
-            while not self.blocks.can_grow(seq, seq.num_computed_tokens + n):
+            while not blocks.try_grow(seq, seq.num_computed_tokens + n):
                 if seq.draft_token_ids:  # short of blocks: verify nothing rather than preempt anyone
                     n -= len(seq.draft_token_ids)
                     seq.draft_token_ids = []
                     continue
-                victim = max((s for s in self.running if s not in scheduled), key=Sequence.sort_key)
+                victim = max((s for s in self.running if s not in scheduled), key=BY_ORDER)
                 self._preempt(victim)
                 preempted = True
                 if victim is seq:
                     break
             else:
-                self.blocks.grow(seq, seq.num_computed_tokens + n)
                 scheduled[seq] = n
                 budget -= n
         if not preempted:
             budget = self._admit(scheduled, budget)
+        return self._batch(scheduled)
+
+    def _in_order(self) -> list[Sequence]:
+        """The running sequences in the order they are scheduled: decodes, then unfinished prefills, each by
+        priority, arrival and completion index."""
+        decodes, prefills = [], []
+        for seq in sorted(self.running, key=BY_ORDER):
+            pending = len(seq.token_ids) + seq.num_in_flight - seq.num_computed_tokens
+            (decodes if pending <= 1 else prefills).append(seq)
+        return decodes + prefills if prefills else decodes
+
+    def _batch(self, scheduled: dict[Sequence, int]) -> ScheduledBatch:
+        """The step's batch: the sequences scheduled, one-token chunks first."""
         batch = ScheduledBatch(lora_loads=self.adapters.take_pending() if self.adapters is not None else [],
                                kv_moves=self.blocks.take_moves())
-        for seq, n in sorted(scheduled.items(), key=lambda item: item[1] != 1):
-            batch.seqs.append(seq)
-            batch.num_new_tokens.append(n)
-            batch.num_decodes += n == 1
+        seqs, num_new_tokens, sampled = batch.seqs, batch.num_new_tokens, batch.sampled
+        longer = []
+        for seq, n in scheduled.items():
+            if n != 1:
+                longer.append((seq, n))
+                continue
+            seqs.append(seq)
+            num_new_tokens.append(1)
+            if len(seq.token_ids) + seq.num_in_flight - seq.num_computed_tokens == 1 and seq.request.samples:
+                sampled.append(seq)  # (a one-token chunk verifies no draft)
+        batch.num_decodes = len(seqs)
+        for seq, n in longer:
+            seqs.append(seq)
+            num_new_tokens.append(n)
+            if n == seq.num_pending_tokens + len(seq.draft_token_ids) and seq.request.samples:
+                sampled.append(seq)
         return batch
 
     def preempt_all(self) -> None:
         """Send every running sequence back to wait, to recompute from its first token (its KV is about to go, or
         to have been computed with other weights)."""
-        for seq in sorted(self.running, key=Sequence.sort_key, reverse=True):
+        for seq in sorted(self.running, key=BY_ORDER, reverse=True):
             self._preempt(seq)
 
     def _fit_drafts(self, seq: Sequence, budget: int) -> int:
@@ -170,13 +197,13 @@ class Scheduler:
             return
         seq = self.waiting.peek(self.running_per_owner, cap)
         if seq is not None and seq.priority < max(self.running_per_priority):
-            self._preempt(max(self.running, key=Sequence.sort_key))
+            self._preempt(max(self.running, key=BY_ORDER))
             return
         if seq is None or self.running_per_owner[seq.request.owner] >= cap:
             return
         owner, count = self.running_per_owner.most_common(1)[0]
         if count > cap:
-            victim = max((s for s in self.running if s.request.owner == owner), key=Sequence.sort_key)
+            victim = max((s for s in self.running if s.request.owner == owner), key=BY_ORDER)
             if victim.priority >= seq.priority:
                 self._preempt(victim)
 
@@ -240,7 +267,7 @@ class Scheduler:
         paused = [s for s in self.running if s not in scheduled and self._in_background(s)]
         if not paused:
             return False
-        self._preempt(max(paused, key=Sequence.sort_key))
+        self._preempt(max(paused, key=BY_ORDER))
         return True
 
     def _pin(self, seq: Sequence) -> bool:

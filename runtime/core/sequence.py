@@ -6,6 +6,7 @@ is scheduled on its own, and siblings share the prompt's cached blocks.
 
 import enum
 import itertools
+from operator import attrgetter
 
 import torch
 
@@ -48,6 +49,9 @@ class Request:
         self.priority = priority  # lower runs first (0: online, larger: batch jobs)
         self.arrival = next(_arrivals)
         self.prompt_logprobs: list[TokenLogprob | None] = []
+        # its next step needs the tokens on the host, not just on the device (a grammar, penalties): under async
+        # scheduling the step waits for them
+        self.needs_tokens_on_host = grammar is not None or params.uses_penalties
         self.seqs = [Sequence(self, i, grammar) for i in range(params.n)]
 
     @property
@@ -56,7 +60,10 @@ class Request:
 
     @property
     def finished(self) -> bool:
-        return all(s.status is SequenceStatus.FINISHED for s in self.seqs)
+        for seq in self.seqs:
+            if seq.status is not SequenceStatus.FINISHED:
+                return False
+        return True
 
     @property
     def num_cached_tokens(self) -> int:
@@ -82,6 +89,7 @@ class Sequence:
         self.params = request.params
         self.token_ids = list(request.prompt_token_ids)
         self.num_prompt_tokens = len(self.token_ids)
+        self.order = (request.priority, request.arrival, index)  # scheduling order: priority, arrival, completion
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.num_in_flight = 0  # tokens a launched step samples that are not appended yet (async scheduling)
@@ -135,6 +143,6 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    def sort_key(self) -> tuple[int, int, int]:
-        """Scheduling order: priority, then arrival, then completion index."""
-        return (self.priority, self.arrival, self.index)
+
+
+BY_ORDER = attrgetter("order")  # the key that sorts sequences in their scheduling order

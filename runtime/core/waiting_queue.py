@@ -28,7 +28,7 @@ class WaitingQueue:
         owners.setdefault(seq.request.owner, OrderedDict()).setdefault(seq.request, deque()).append(seq)
 
     def push_preempted(self, seq: Sequence) -> None:
-        heapq.heappush(self._preempted, (seq.sort_key(), seq))
+        heapq.heappush(self._preempted, (seq.order, seq))
 
     def peek(self, running: Counter, cap: int) -> Sequence | None:
         """The sequence to admit next (`running`: running sequences per owner), or None."""

@@ -18,7 +18,7 @@ from runtime.config import EngineConfig
 from runtime.core.block_manager import FREED, BlockManager
 from runtime.core.kv_tier import TierIndex
 from runtime.core.scheduler import ScheduledBatch, Scheduler
-from runtime.core.sequence import Request, Sequence
+from runtime.core.sequence import Request, Sequence, SequenceStatus
 from runtime.distributed import destroy_groups, free_address
 from runtime.engine.lifecycle import EngineLifecycle
 from runtime.engine.validator import RequestValidator, ValidRequest
@@ -186,7 +186,7 @@ class LLMEngine(EngineLifecycle):
             return retired
         previous, self._launched = self._launched, None
         deltas = []
-        if previous is not None and any(s.matcher is not None or s.params.uses_penalties for s in previous.sampled):
+        if previous is not None and previous.needs_tokens_on_host:
             deltas, previous = self._complete(previous), None
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running)
@@ -220,13 +220,16 @@ class LLMEngine(EngineLifecycle):
         launched = self.runner.launch(batch, previous)
         for seq, total in launched.pooled.items():  # a sum restarts with the prompt (after a preemption, say)
             seq.pooled = total if seq.pooled is None or seq.num_computed_tokens == 0 else seq.pooled + total
+        publishing = self.shared_tier is not None
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             before = seq.num_computed_tokens
-            seq.num_computed_tokens += n - len(seq.draft_token_ids)  # accepted draft tokens count below
-            if self.shared_tier is not None and before < seq.num_prompt_tokens <= seq.num_computed_tokens:
+            # draft tokens count once verified (`_verified`)
+            seq.num_computed_tokens += n - len(seq.draft_token_ids) if seq.draft_token_ids else n
+            if publishing and before < seq.num_prompt_tokens <= seq.num_computed_tokens:
                 self._publish(seq)
         for seq in launched.sampled:
             seq.num_in_flight += 1
+            launched.needs_tokens_on_host |= seq.request.needs_tokens_on_host
         return launched
 
     def _publish(self, seq: Sequence) -> None:
@@ -243,21 +246,25 @@ class LLMEngine(EngineLifecycle):
         for request, logprobs in result.prompt_logprobs.items():
             request.prompt_logprobs.extend(logprobs)
         deltas: dict[str, RequestDelta] = {}
+        finished = SequenceStatus.FINISHED
         for seq, token_ids, logprobs in zip(launched.sampled, result.token_ids, result.logprobs):
             seq.num_in_flight -= 1
+            request = seq.request
             if seq.draft_token_ids:
-                self._verified(seq, len(token_ids) - 1, seq.request in failed)
-            if seq.request in failed or seq.is_finished:
+                self._verified(seq, len(token_ids) - 1, request in failed)
+            if seq.status is finished or (failed and request in failed):
                 continue
             try:
                 seq_delta = self._advance(seq, token_ids, logprobs)
             except Exception as e:  # this request's tokens or grammar: it alone fails
-                failed[seq.request] = describe(e)
+                failed[request] = describe(e)
                 continue
-            delta = deltas.get(seq.request.request_id)
+            delta = deltas.get(request.request_id)
             if delta is None:
-                delta = deltas[seq.request.request_id] = self._request_delta(seq.request)
+                delta = deltas[request.request_id] = self._request_delta(request)
             delta.seqs.append(seq_delta)
+            if seq_delta.finish_reason is not None:
+                delta.finished = request.finished
         for seq in result.pooled:
             if seq.num_computed_tokens == seq.num_tokens and not seq.is_finished:
                 deltas[seq.request.request_id] = self._embedded(seq)
@@ -267,14 +274,13 @@ class LLMEngine(EngineLifecycle):
                 deltas[seq.request.request_id] = delta
                 self._finish(seq, "length", None)
                 delta.seqs.append(SequenceDelta(seq.index, [], "", None, "length", num_output_tokens=0))
+                delta.finished = seq.request.finished
         for request, error in failed.items():
             if not request.finished:
                 deltas[request.request_id] = self._fail(request, error)
         if self.speculator is not None:
             self.speculator.observe(launched)
         for request_id, delta in deltas.items():
-            request = self.requests[request_id]
-            delta.finished = request.finished
             if delta.finished:
                 del self.requests[request_id]
         return list(deltas.values())
@@ -288,25 +294,25 @@ class LLMEngine(EngineLifecycle):
         seq.draft_token_ids = []
 
     def _advance(self, seq: Sequence, token_ids: list[int], logprobs: list) -> SequenceDelta:
-        """Append sampled tokens to `seq` (stops, length, grammar) until it finishes; say what it gained."""
-        appended = []
-        for token_id, logprob in zip(token_ids, logprobs):
-            if logprob is not None:
-                seq.logprobs.append(logprob)
-            self._append_token(seq, token_id)
-            appended.append(token_id)
-            if seq.is_finished:
-                break
+        """Append sampled tokens to `seq` (ends by id, length and grammar) until it finishes; say what it gained."""
+        if len(token_ids) == 1:  # the rule: one token a step
+            self._append_token(seq, token_ids[0])
+            if logprobs[0] is None:
+                return SequenceDelta(seq.index, token_ids, "", None, seq.finish_reason, seq.matched_stop,
+                                     len(seq.token_ids) - seq.num_prompt_tokens)
+            appended = token_ids
+        else:
+            appended = []
+            for token_id in token_ids:
+                self._append_token(seq, token_id)
+                appended.append(token_id)
+                if seq.is_finished:
+                    break
         logprobs = logprobs[: len(appended)]
-        return SequenceDelta(
-            index=seq.index,
-            token_ids=appended,
-            text="",
-            logprobs=None if logprobs[0] is None else logprobs,
-            finish_reason=seq.finish_reason,
-            matched_stop=seq.matched_stop,
-            num_output_tokens=seq.num_output_tokens,
-        )
+        if logprobs[0] is not None:
+            seq.logprobs.extend(logprobs)
+        return SequenceDelta(seq.index, appended, "", None if logprobs[0] is None else logprobs, seq.finish_reason,
+                             seq.matched_stop, seq.num_output_tokens)
 
     def _embedded(self, seq: Sequence) -> RequestDelta:
         """Finish an embedding request whose whole prompt is computed; the delta carrying its embedding."""
@@ -314,13 +320,14 @@ class LLMEngine(EngineLifecycle):
         delta.embedding = seq.request.pooling.pool(seq.pooled, seq.num_tokens)
         seq.pooled = None
         self._finish(seq, "stop", None)
+        delta.finished = True
         return delta
 
     def _fail(self, request: Request, error: str) -> RequestDelta:
         """Finish every unfinished completion of `request` with reason "error"; the delta that says so."""
         logger.warning("request %s failed in the engine: %s", request.request_id, error)
         delta = self._end_unfinished(request, "error")
-        delta.error = error
+        delta.error, delta.finished = error, True
         return delta
 
     def _end_unfinished(self, request: Request, reason: str, seqs: list[Sequence] | None = None) -> RequestDelta:
@@ -351,7 +358,8 @@ class LLMEngine(EngineLifecycle):
                 return
         if (token_id in self.eos_token_ids and not params.ignore_eos) or token_id in params.stop_token_ids:
             self._finish(seq, "stop", token_id)
-        elif seq.num_output_tokens >= seq.request.max_tokens or seq.num_tokens >= self.spec.max_model_len:
+        elif (len(seq.token_ids) - seq.num_prompt_tokens >= seq.request.max_tokens
+              or len(seq.token_ids) >= self.spec.max_model_len):
             self._finish(seq, "length", None)
 
     def _finish(self, seq: Sequence, reason: str, matched_stop: int | str | None) -> None:

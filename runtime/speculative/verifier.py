@@ -25,6 +25,8 @@ def accepted_length(drafts: list[int], samples: list[int]) -> int:
 def split_rows(seqs: list[Sequence], tokens: list[int], logprobs: list[TokenLogprob | None]
                ) -> tuple[list[list[int]], list[list[TokenLogprob | None]]]:
     """Each sequence's emitted tokens and their logprobs, from the sampled rows (1 + its drafts each)."""
+    if len(tokens) == len(seqs):  # no drafts: a row each
+        return [[token] for token in tokens], [[logprob] for logprob in logprobs]
     out_tokens, out_logprobs, row = [], [], 0
     for seq in seqs:
         drafts = seq.draft_token_ids

@@ -167,7 +167,8 @@ class ModelRunner(RunnerWeights):
         logits, prompt_logits, pooled = self.execute(inputs, None if previous is None else previous.tokens)
         failed: dict[Request, str] = {}
         seqs = batch.sampled
-        rows = [s for s in seqs for _ in range(1 + len(s.draft_token_ids))]  # a verified draft adds a row
+        rows = seqs if len(inputs.logit_rows) == len(seqs) else [  # a verified draft adds a row
+            s for s in seqs for _ in range(1 + len(s.draft_token_ids))]
         tokens, raw_logprobs = self._sample(logits, rows, failed)
         step = LaunchedStep(seqs, rows, tokens, raw_logprobs,
                             [(seq, start, chunk) for (seq, start), chunk in zip(prompt_seqs, prompt_logits)],
@@ -230,39 +231,44 @@ class ModelRunner(RunnerWeights):
                             kv_moves=batch.kv_moves)
         prompt_seqs, pool_seqs, prefilled = [], [], []
         previous_rows = {} if previous is None else previous.row_of()
+        input_ids, positions, logit_rows = inputs.input_ids, inputs.positions, inputs.logit_rows
         offset = 0
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            start = seq.num_computed_tokens
-            drafts = seq.draft_token_ids
-            ids = seq.token_ids[start : start + n]
-            if start + n > seq.num_tokens + len(drafts):  # its newest token is the previous step's, in flight
-                inputs.in_flight.append((offset + n - 1, previous_rows[seq]))
-                ids.append(0)
-            inputs.input_ids.extend((ids + drafts)[:n])  # drafts follow its last token
-            inputs.positions.extend(range(start, start + n))
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            drafts, token_ids, request = seq.draft_token_ids, seq.token_ids, seq.request
+            if n == 1 and start < len(token_ids):  # the rule: a decode whose newest token is on the host
+                input_ids.append(token_ids[start])
+                positions.append(start)
+            else:
+                ids = token_ids[start:end]
+                if end > len(token_ids) + len(drafts):  # its newest token is the previous step's, in flight
+                    inputs.in_flight.append((offset + n - 1, previous_rows[seq]))
+                    ids.append(0)
+                input_ids.extend((ids + drafts)[:n] if drafts else ids)  # drafts follow its last token
+                positions.extend(range(start, end))
             if self.scaled_rope is not None:
                 inputs.rope_rows.extend(self.scaled_rope.rows(seq.rope_scale, seq.num_prompt_tokens, start, n))
             inputs.query_lens.append(n)
-            inputs.context_lens.append(start + n)
+            inputs.context_lens.append(end)
             inputs.block_tables.append(seq.block_table)
             if self.lora_batch is not None:
                 inputs.lora_slots.append(-1 if seq.lora_slot is None else seq.lora_slot)
             if self.stateful_layers:
                 inputs.state_slots.append(seq.state_slot)
-            pooling = seq.request.pooling
+            pooling = request.pooling
             if pooling is not None:
                 if pooling.pooling_type == "mean":
                     inputs.pool_spans.append((offset, n))
                     pool_seqs.append(seq)
-                elif start + n == seq.num_tokens:
+                elif end == len(token_ids):
                     inputs.pool_spans.append((offset + n - 1, 1))
                     pool_seqs.append(seq)
-            elif not seq.request.samples:
+            elif not request.samples:
                 prefilled.append(seq)
-            elif n == seq.num_pending_tokens + len(drafts):
-                inputs.logit_rows.extend(range(offset + n - 1 - len(drafts), offset + n))
+            elif end == len(token_ids) + seq.num_in_flight + len(drafts):  # its chunk reaches its last token
+                logit_rows.extend(range(offset + n - 1 - len(drafts), offset + n))
             if seq.params.prompt_logprobs is not None and seq.index == 0 and start < seq.num_prompt_tokens - 1:
-                last = min(start + n, seq.num_prompt_tokens - 1)  # the position predicting the last prompt token
+                last = min(end, seq.num_prompt_tokens - 1)  # the position predicting the last prompt token
                 inputs.prompt_spans.append((offset, last - start))
                 prompt_seqs.append((seq, start))
             offset += n

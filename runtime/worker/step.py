@@ -40,6 +40,7 @@ class LaunchedStep:
     # position) among them
     hidden: torch.Tensor | None = None
     spans: list[tuple[Sequence, int, int]] = field(default_factory=list)
+    needs_tokens_on_host: bool = False  # a sequence's next step needs its tokens on the host (Request's flag)
 
     def row_of(self) -> dict[Sequence, int]:
         """Each sampled sequence's (first) row."""
