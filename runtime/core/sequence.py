@@ -46,6 +46,9 @@ class Request:
         self.prompt_token_ids = prompt_token_ids
         self.params = params
         self.max_tokens = params.max_tokens  # resolved against the context by the engine
+        # what ends its sequences, set by the engine: these ids (EOS unless ignored, stop token ids), this length
+        self.end_token_ids = frozenset(params.stop_token_ids)
+        self.max_num_tokens = len(prompt_token_ids) + (params.max_tokens or 0)
         self.priority = priority  # lower runs first (0: online, larger: batch jobs)
         self.arrival = next(_arrivals)
         self.prompt_logprobs: list[TokenLogprob | None] = []

@@ -133,6 +133,9 @@ class LLMEngine(EngineLifecycle):
             grammar = self.validator.compile_grammar(params.structured_output)
         request = Request(request_id, prompt, params, priority, grammar, valid.adapter, owner, valid.pooling, stream)
         request.max_tokens = valid.max_tokens
+        request.max_num_tokens = min(len(prompt) + valid.max_tokens, self.spec.max_model_len)
+        if not params.ignore_eos:
+            request.end_token_ids |= self.eos_token_ids
         self.text.start(request_id, prompt, None if valid.pooling else params, stream)
         self.requests[request_id] = request
         self.scheduler.add(request)
@@ -350,16 +353,14 @@ class LLMEngine(EngineLifecycle):
 
     def _append_token(self, seq: Sequence, token_id: int) -> None:
         seq.token_ids.append(token_id)
-        params = seq.params
         if seq.matcher is not None:
             seq.matcher.accept(token_id)
             if seq.matcher.done:  # the grammar is complete: nothing else may follow
                 self._finish(seq, "stop", token_id)
                 return
-        if (token_id in self.eos_token_ids and not params.ignore_eos) or token_id in params.stop_token_ids:
+        if token_id in seq.request.end_token_ids:
             self._finish(seq, "stop", token_id)
-        elif (len(seq.token_ids) - seq.num_prompt_tokens >= seq.request.max_tokens
-              or len(seq.token_ids) >= self.spec.max_model_len):
+        elif len(seq.token_ids) >= seq.request.max_num_tokens:
             self._finish(seq, "length", None)
 
     def _finish(self, seq: Sequence, reason: str, matched_stop: int | str | None) -> None:
