@@ -44,6 +44,7 @@ class Request:
         self.pooling = pooling  # an embedding request: its prompt is prefilled and pooled, nothing is sampled
         self.adapter = adapter  # the LoRA adapter it runs with; its name also keys its prefix-cache blocks
         self.prompt_token_ids = prompt_token_ids
+        self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
         self.max_tokens = params.max_tokens  # resolved against the context by the engine
         # what ends its sequences, set by the engine: these ids (EOS unless ignored, stop token ids), this length
@@ -131,8 +132,8 @@ class Sequence:
 
     @property
     def last_token_in_flight(self) -> bool:
-        """Whether a token in flight is its last (max_tokens): no step needs to follow it."""
-        return self.num_in_flight > 0 and self.num_output_tokens + self.num_in_flight >= self.request.max_tokens
+        """Whether a token in flight is its last (max_tokens, the context): no step needs to follow it."""
+        return self.num_in_flight > 0 and len(self.token_ids) + self.num_in_flight >= self.request.max_num_tokens
 
     @property
     def num_output_tokens(self) -> int:

@@ -230,9 +230,11 @@ class LLMEngine(EngineLifecycle):
             seq.num_computed_tokens += n - len(seq.draft_token_ids) if seq.draft_token_ids else n
             if publishing and before < seq.num_prompt_tokens <= seq.num_computed_tokens:
                 self._publish(seq)
+        needs_tokens_on_host = False
         for seq in launched.sampled:
             seq.num_in_flight += 1
-            launched.needs_tokens_on_host |= seq.request.needs_tokens_on_host
+            needs_tokens_on_host = needs_tokens_on_host or seq.request.needs_tokens_on_host
+        launched.needs_tokens_on_host = needs_tokens_on_host
         return launched
 
     def _publish(self, seq: Sequence) -> None:
@@ -264,8 +266,9 @@ class LLMEngine(EngineLifecycle):
                 continue
             delta = deltas.get(request.request_id)
             if delta is None:
-                delta = deltas[request.request_id] = self._request_delta(request)
-            delta.seqs.append(seq_delta)
+                delta = deltas[request.request_id] = self._request_delta(request, [seq_delta])
+            else:
+                delta.seqs.append(seq_delta)
             if seq_delta.finish_reason is not None:
                 delta.finished = request.finished
         for seq in result.pooled:
@@ -344,12 +347,12 @@ class LLMEngine(EngineLifecycle):
                                                 num_output_tokens=seq.num_output_tokens))
         return delta
 
-    def _request_delta(self, request: Request) -> RequestDelta:
+    def _request_delta(self, request: Request, seqs: list[SequenceDelta] | None = None) -> RequestDelta:
         prompt_logprobs = None
         if request.params.prompt_logprobs is not None and all(s.num_output_tokens <= 1 for s in request.seqs):
             prompt_logprobs = [None, *request.prompt_logprobs]
-        return RequestDelta(request.request_id, len(request.prompt_token_ids), request.num_cached_tokens or 0,
-                            [], False, prompt_logprobs)
+        return RequestDelta(request.request_id, request.num_prompt_tokens, request.num_cached_tokens or 0,
+                            [] if seqs is None else seqs, False, prompt_logprobs)
 
     def _append_token(self, seq: Sequence, token_id: int) -> None:
         seq.token_ids.append(token_id)

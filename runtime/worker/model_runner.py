@@ -236,8 +236,12 @@ class ModelRunner(RunnerWeights):
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
             drafts, token_ids, request = seq.draft_token_ids, seq.token_ids, seq.request
-            if n == 1 and start < len(token_ids):  # the rule: a decode whose newest token is on the host
-                input_ids.append(token_ids[start])
+            if n == 1:  # the rule: a decode (one token a step has no drafts)
+                if start < len(token_ids):
+                    input_ids.append(token_ids[start])
+                else:  # its newest token is the previous step's, in flight
+                    inputs.in_flight.append((offset, previous_rows[seq]))
+                    input_ids.append(0)
                 positions.append(start)
             else:
                 ids = token_ids[start:end]

@@ -44,6 +44,8 @@ class LaunchedStep:
 
     def row_of(self) -> dict[Sequence, int]:
         """Each sampled sequence's (first) row."""
+        if len(self.rows) == len(self.sampled):  # no drafts: a row each
+            return dict(zip(self.rows, range(len(self.rows))))
         rows = {}
         for i, seq in enumerate(self.rows):
             rows.setdefault(seq, i)
