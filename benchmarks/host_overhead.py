@@ -12,6 +12,9 @@ the device waits only for the host work that exceeds its own step: `device_waits
 async scheduling and max(0, host_ms - device_ms) with it, device_ms being what the step's forward pass and
 sampling take on the device (on this CPU, their time on the host, which also includes launching them).
 
+A server freezes its startup heap out of the garbage collector's passes (runtime.engine.startup_heap); the last
+run does so too, as a server's engine runs (`heap: frozen`), async scheduling off.
+
 Run: python -m benchmarks.host_overhead [--batch 256] [--steps 50]
 """
 
@@ -23,6 +26,7 @@ from pathlib import Path
 
 from benchmarks.common import report
 from runtime import LLM, SamplingParams
+from runtime.engine.startup_heap import freeze_startup_heap
 from testing.model_factory import build_model_dir
 
 MICRO = dict(hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=1, vocab_size=512)
@@ -80,8 +84,11 @@ def main() -> None:
     args = parser.parse_args()
     path = build_model_dir(Path(tempfile.mkdtemp(prefix="micro-")), **MICRO)
     for async_scheduling in (False, True):
-        report("host_overhead", batch=args.batch, steps=args.steps,
+        report("host_overhead", batch=args.batch, steps=args.steps, heap="collected",
                **measure(path, args.batch, args.steps, async_scheduling))
+    freeze_startup_heap()
+    report("host_overhead", batch=args.batch, steps=args.steps, heap="frozen",
+           **measure(path, args.batch, args.steps, False))
 
 
 if __name__ == "__main__":
