@@ -104,16 +104,16 @@ class Scheduler:
         scheduled: dict[Sequence, int] = {}
         preempted = False
         background_seats = self.max_num_seqs_background
-        blocks, running = self.blocks, SequenceStatus.RUNNING
+        blocks, running, scaled_rope = self.blocks, SequenceStatus.RUNNING, self.scaled_rope
         # whether any running sequence is of a lower priority than the foreground (`_in_background`)
         lowest = max(self.running_per_priority, default=None)
         behind = self._foreground is not None and lowest is not None and lowest > self._foreground
-        for seq in self._in_order():
+        for seq, pending in self._in_order():
             if budget == 0:
                 break
             if seq.status is not running or (seq.num_in_flight and seq.last_token_in_flight):
                 continue  # preempted earlier in this loop, or ends when its token in flight comes back
-            if self.scaled_rope is not None and self.scaled_rope.outgrown(seq.rope_scale, seq.num_tokens):
+            if scaled_rope is not None and scaled_rope.outgrown(seq.rope_scale, seq.num_tokens):
                 self._preempt(seq)
                 continue
             if behind and self._in_background(seq):
@@ -123,7 +123,7 @@ class Scheduler:
             if seq.draft_token_ids:
                 n = self._fit_drafts(seq, budget)
             else:
-                n = min(len(seq.token_ids) + seq.num_in_flight - seq.num_computed_tokens, budget)
+                n = pending if pending <= budget else budget
             if n == 0:
                 continue  # a prompt computed whole that samples nothing: it finishes as its step completes
             while not blocks.try_grow(seq, seq.num_computed_tokens + n):
@@ -143,13 +143,16 @@ class Scheduler:
             budget = self._admit(scheduled, budget)
         return self._batch(scheduled)
 
-    def _in_order(self) -> list[Sequence]:
-        """The running sequences in the order they are scheduled: decodes, then unfinished prefills, each by
-        priority, arrival and completion index."""
+    def _in_order(self) -> list[tuple[Sequence, int]]:
+        """The running sequences in the order they are scheduled (decodes, then unfinished prefills, each by
+        priority, arrival and completion index), with their pending tokens."""
         decodes, prefills = [], []
         for seq in sorted(self.running, key=BY_ORDER):
             pending = len(seq.token_ids) + seq.num_in_flight - seq.num_computed_tokens
-            (decodes if pending <= 1 else prefills).append(seq)
+            if pending <= 1:
+                decodes.append((seq, pending))
+            else:
+                prefills.append((seq, pending))
         return decodes + prefills if prefills else decodes
 
     def _batch(self, scheduled: dict[Sequence, int]) -> ScheduledBatch:
