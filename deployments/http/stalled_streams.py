@@ -10,15 +10,12 @@ Where it runs:
 - HAProxy / direct ingress (`RAY_SERVE_THROUGHPUT_OPTIMIZED=1`, the manifests' mode): the app writes to the
   client's connection itself, so the app's own middleware (deployments/http/app.py) does it.
 - Serve's Python proxy (plain `serve run`): the proxy writes to the client and the app's writes never wait, so
-  the proxy must run it: set `RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=deployments.http.stalled_streams:
-  proxy_middlewares` in the environment Ray starts with (`serve run` or the Ray nodes'). Without it nothing
-  limits such a stream but the engine finishing it.
+  the proxy must run it (deployments/http/proxy.py). Without it nothing limits such a stream but the engine
+  finishing it.
 """
 
 import asyncio
 import os
-
-from starlette.middleware import Middleware
 
 STALL_S = float(os.environ.get("RAYLLM_STREAM_STALL_S", "60"))
 _DISCONNECT = {"type": "http.disconnect"}
@@ -59,8 +56,3 @@ class StalledStreamGuard:
             return received.result() if answered else _DISCONNECT
 
         await self.app(scope, receive_or_stall, bounded_send)
-
-
-def proxy_middlewares() -> list[Middleware]:
-    """What Serve's Python proxy wraps its app in (`RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH`)."""
-    return [Middleware(StalledStreamGuard)]

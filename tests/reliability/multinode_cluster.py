@@ -4,10 +4,11 @@ The cluster: a head with no CPUs (Serve's controller and its one proxy) and four
 to host either role: two model replicas, two ingress replicas placed by the app's defaults (which must put them
 on different nodes), spares for the replacements. Scenarios, in order:
 
-1. A node with a model replica is SIGKILLed while 20 streams run (one without an ingress replica when the
-   layout has one): each stream must complete or end with an error event and `[DONE]`, never be cut or get a
-   plain-text body, unless the node also ran an ingress replica the stream went through; a prober sending new
-   requests throughout must see every one succeed.
+1. A node with a model replica is SIGKILLed while 20 streams run, the one of them that also runs the most of
+   the other roles (an ingress replica, the batch manager): each stream must complete or end with an error event
+   and `[DONE]`, never be cut or get a plain-text body, even through an ingress replica on that node (Serve's
+   proxy on the head answers for it: deployments/http/lost_replicas.py); a prober sending new requests
+   throughout must see every one succeed, within Ray's verdict on the node and a retry.
 2. A worker node with an ingress replica is SIGKILLed: the prober's requests may fail only inside a short
    window.
 3. The batch manager's process is SIGKILLed mid-batch and nobody calls the API: the batch must complete on its
@@ -31,7 +32,7 @@ import requests
 
 from testing.helpers import free_port, wait_until
 from testing.model_factory import build_model_dir
-from tests.conftest import MODEL_ID, app_args
+from tests.conftest import MODEL_ID, PROXY_ENV, app_args
 
 STREAMS = 20
 BATCH_LINES = 300
@@ -118,14 +119,15 @@ def summary(results: list[tuple[float, float, bool, str]], since: float) -> dict
         "failure_window_s": round(max(r[0] + r[1] for r in new_failures) - since, 2) if new_failures else 0.0,
         "p50_s": round(statistics.median(latencies), 3) if latencies else None,
         "p99_s": round(latencies[int(0.99 * (len(latencies) - 1))], 3) if latencies else None,
+        "max_s": round(latencies[-1], 3) if latencies else None,
         "failures": [r[3] for r in failures[:5]],
     }
 
 
 def kill_under_load(cluster, base_url: str, actor_class: str) -> tuple[dict, Prober, float]:
-    """20 long streams and a prober running, then the node of an `actor_class` actor SIGKILLed (one without an
-    ingress replica if there is one). Returns the streams' outcomes, the prober (still probing) and the kill's
-    time."""
+    """20 long streams and a prober running, then the node of an `actor_class` actor SIGKILLed (the one that also
+    runs the most of an ingress replica and the batch manager). Returns the streams' outcomes, the roles the node
+    ran, the prober (still probing) and the kill's time."""
     outcomes = [None] * STREAMS
     started = threading.Event()
     threads = [threading.Thread(target=stream_outcome, args=(base_url, started, outcomes, i), daemon=True)
@@ -136,8 +138,8 @@ def kill_under_load(cluster, base_url: str, actor_class: str) -> tuple[dict, Pro
         t.start()
     started.wait(60)
     time.sleep(1.0)  # every stream is admitted and streaming (ignore_eos, 1500 tokens: tens of seconds)
-    ingress_nodes = set(node_of("OpenAIIngress"))
-    victim = min(node_of(actor_class), key=lambda node: node in ingress_nodes)
+    ingress_nodes, manager_nodes = set(node_of("OpenAIIngress")), set(node_of("BatchManager"))
+    victim = max(node_of(actor_class), key=lambda node: (node in ingress_nodes) + (node in manager_nodes))
     killed_at = kill_node(cluster, victim)
     for t in threads:
         t.join(150)
@@ -145,7 +147,8 @@ def kill_under_load(cluster, base_url: str, actor_class: str) -> tuple[dict, Pro
     for outcome in outcomes:
         counts[outcome[0] if outcome else "unfinished"] = counts.get(outcome[0] if outcome else "unfinished", 0) + 1
     return ({"streams": counts, "examples": sorted({str(o[2]) for o in outcomes if o})[:4],
-             "victim_ran_ingress": victim in ingress_nodes}, prober, killed_at)
+             "victim_ran_ingress": victim in ingress_nodes, "victim_ran_batch_manager": victim in manager_nodes},
+            prober, killed_at)
 
 
 def replica_loss(cluster, base_url: str) -> dict:
@@ -206,6 +209,7 @@ def start_cluster(nodes: int) -> tuple:
     from ray import serve
     from ray.cluster_utils import Cluster
 
+    os.environ.update(PROXY_ENV)  # before Ray starts: Serve's proxy inherits it
     tmp = Path(tempfile.mkdtemp())
     model_dir = build_model_dir(tmp / "model", "qwen2")
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": FAST_DETECTION})

@@ -18,14 +18,12 @@ def test_node_losses_cost_only_what_ran_on_them(tmp_path):
     figures = json.loads(out.read_text())
     print(json.dumps({"reliability": "multinode", **figures}))
 
-    replica_loss = figures["replica_node_killed"]
+    replica_loss = figures["replica_node_killed"]  # with an ingress replica and the batch manager, if it ran them
     streams, new_requests = replica_loss["streams"], replica_loss["new_requests"]
-    assert sum(streams.values()) == 20 and "plain" not in streams and "unfinished" not in streams
+    assert sum(streams.values()) == 20 and set(streams) <= {"completed", "error_event"}
     assert streams.get("error_event", 0) >= 1  # the killed node had streams: they ended in shape
-    if replica_loss["victim_ran_ingress"]:  # the layout had no model-only node: streams through it may be cut
-        assert new_requests["failure_window_s"] <= 2.0
-    else:
-        assert "cut" not in streams and new_requests["failed"] == 0
+    # every new request answered; the slowest waited for Ray's verdict on the node (2 s here) and a retry
+    assert new_requests["failed"] == 0 and new_requests["max_s"] <= 6.0
 
     ingress_loss = figures["ingress_node_killed"]
     assert ingress_loss["ingress_nodes_before"] == ingress_loss["distinct_ingress_nodes_before"] == 2
@@ -47,10 +45,9 @@ def test_a_replica_over_two_nodes_serves_and_loses_only_its_streams_with_a_stage
     assert figures["stage_nodes_per_replica"] == [2, 2] and figures["sdk_chat_tokens"] == 8
     loss = figures["stage_node_killed"]
     streams, new_requests = loss["streams"], loss["new_requests"]
-    assert sum(streams.values()) == 20 and "plain" not in streams and "unfinished" not in streams
+    assert sum(streams.values()) == 20 and set(streams) <= {"completed", "error_event"}
     assert streams.get("error_event", 0) >= 1 and streams.get("completed", 0) >= 1
-    if not loss["victim_ran_ingress"]:  # streams through an ingress replica on the killed node may be cut
-        assert "cut" not in streams and new_requests["failed"] == 0 and new_requests["p99_s"] <= 2.0
+    assert new_requests["failed"] == 0 and new_requests["max_s"] <= 6.0
     assert loss["replica_rebuilt_after_s"] is not None
 
 

@@ -1,0 +1,16 @@
+"""What Serve's Python proxy wraps its app in: set
+`RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=deployments.http.proxy:proxy_middlewares` in the environment Ray starts
+with (`serve run`'s, or the Ray nodes'). Behind HAProxy (`RAY_SERVE_THROUGHPUT_OPTIMIZED=1`, the KubeRay
+manifests' mode) the client's connection is the ingress replica's own, and the app's middleware
+(deployments/http/app.py) does what applies there.
+"""
+
+from starlette.middleware import Middleware
+
+from deployments.http.lost_replicas import LostReplicaGuard
+from deployments.http.stalled_streams import StalledStreamGuard
+
+
+def proxy_middlewares() -> list[Middleware]:
+    """Outermost first: a stalled client is let go; a lost replica costs a retry or an error in the API's shape."""
+    return [Middleware(StalledStreamGuard), Middleware(LostReplicaGuard)]
