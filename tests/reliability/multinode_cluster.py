@@ -1,8 +1,10 @@
 """Node losses on a real multi-node Ray cluster (`ray.cluster_utils.Cluster`: one raylet per node, one host).
 
-The cluster: a head with no CPUs (Serve's controller and its one proxy) and four 1-CPU worker nodes, each able
-to host either role: two model replicas, two ingress replicas placed by the app's defaults (which must put them
-on different nodes), spares for the replacements. Scenarios, in order:
+The cluster: a head with no CPUs (Serve's controller and its one proxy) and 1-CPU worker nodes whose custom
+resources lay the roles out: node 1 runs a model replica and an ingress replica (and the batch manager, if Ray
+places it there), node 2 the other ingress replica, node 3 the other model replica; the app's defaults must put
+the ingress replicas on different nodes. A fourth node, added once the app runs, can host either role, for the
+replacements. Scenarios, in order:
 
 1. A node with a model replica is SIGKILLed while 20 streams run, the one of them that also runs the most of
    the other roles (an ingress replica, the batch manager): each stream must complete or end with an error event
@@ -202,9 +204,10 @@ def manager_loss(base_url: str, storage: Path) -> dict:
             "all_present": sorted(set(ids)) == sorted(f"line-{i}" for i in range(BATCH_LINES))}
 
 
-def start_cluster(nodes: int) -> tuple:
-    """A head with no CPUs and `nodes` worker nodes of one CPU, this process connected and Serve's proxy on the
-    head; the app's args for a tiny model, on storage every node shares. Returns (cluster, port, args, tmp dir)."""
+def start_cluster(nodes: int, resources: list[dict] | None = None) -> tuple:
+    """A head with no CPUs and `nodes` worker nodes of one CPU (with `resources[i]`, custom resources, if given),
+    this process connected and Serve's proxy on the head; the app's args for a tiny model, on storage every node
+    shares. Returns (cluster, port, args, tmp dir)."""
     import ray
     from ray import serve
     from ray.cluster_utils import Cluster
@@ -213,8 +216,8 @@ def start_cluster(nodes: int) -> tuple:
     tmp = Path(tempfile.mkdtemp())
     model_dir = build_model_dir(tmp / "model", "qwen2")
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": FAST_DETECTION})
-    for _ in range(nodes):
-        cluster.add_node(num_cpus=1)
+    for i in range(nodes):
+        cluster.add_node(num_cpus=1, resources=resources[i] if resources else None)
     ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
@@ -240,12 +243,16 @@ def main(out: str) -> None:
 
     from deployments import build_openai_app
 
-    cluster, port, args, tmp = start_cluster(4)
+    both = {"model_slot": 1, "ingress_slot": 1}
+    cluster, port, args, tmp = start_cluster(3, [both, {"ingress_slot": 1}, {"model_slot": 1}])
     args["llm_configs"][0]["engine_kwargs"] = {"max_model_len": 2048, "kv_cache_bytes": 256 << 20}
     args["llm_configs"][0]["deployment_config"] = {
-        "num_replicas": 2, "health_check_period_s": 1, "ray_actor_options": {"num_cpus": 1}}
+        "num_replicas": 2, "health_check_period_s": 1,
+        "ray_actor_options": {"num_cpus": 1, "resources": {"model_slot": 1}}}
+    args["ingress_deployment_config"] = {"num_replicas": 2, "ray_actor_options": {"resources": {"ingress_slot": 1}}}
     started = time.monotonic()
     serve.run(build_openai_app(args), name="default", route_prefix="/")
+    cluster.add_node(num_cpus=1, resources=both)  # where what the node losses take is rebuilt
     base_url = f"http://127.0.0.1:{port}"
     figures = {"startup_s": round(time.monotonic() - started, 1)}
     figures["replica_node_killed"] = replica_loss(cluster, base_url)

@@ -18,7 +18,8 @@ def test_node_losses_cost_only_what_ran_on_them(tmp_path):
     figures = json.loads(out.read_text())
     print(json.dumps({"reliability": "multinode", **figures}))
 
-    replica_loss = figures["replica_node_killed"]  # with an ingress replica and the batch manager, if it ran them
+    replica_loss = figures["replica_node_killed"]  # with an ingress replica and the batch manager, if it ran it
+    assert replica_loss["victim_ran_ingress"]
     streams, new_requests = replica_loss["streams"], replica_loss["new_requests"]
     assert sum(streams.values()) == 20 and set(streams) <= {"completed", "error_event"}
     assert streams.get("error_event", 0) >= 1  # the killed node had streams: they ended in shape
