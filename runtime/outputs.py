@@ -75,6 +75,36 @@ class RequestDelta:
         self.prompt_logprobs = self.prompt_logprobs or later.prompt_logprobs
 
 
+# What a step gained for one completion, as the engine's thread records it: a plain tuple, the cheapest record
+# to make there; the text stage makes the deltas of them (`request_deltas`), off that thread. The request (read
+# there only for what never changes once it runs), the completion's index, its new token ids and their logprobs
+# (None when not asked), its finish reason and matched stop, its output tokens so far, and whether its request
+# finished.
+TokenRecord = tuple  # (Request, int, list[int], list[TokenLogprob] | None, str | None, int | str | None, int, bool)
+
+
+def request_deltas(step: list) -> list[RequestDelta]:
+    """A step's `TokenRecord`s and deltas as deltas: the records of one request's completions as one delta, where
+    its first record was."""
+    out: list[RequestDelta] = []
+    made: dict[str, RequestDelta] = {}
+    for item in step:
+        if isinstance(item, RequestDelta):
+            out.append(item)
+            continue
+        request, index, token_ids, logprobs, finish_reason, matched_stop, num_output_tokens, finished = item
+        seq = SequenceDelta(index, token_ids, "", logprobs, finish_reason, matched_stop, num_output_tokens)
+        delta = made.get(request.request_id)
+        if delta is None:
+            delta = made[request.request_id] = RequestDelta(request.request_id, request.num_prompt_tokens,
+                                                            request.num_cached_tokens or 0, [seq], finished)
+            out.append(delta)
+        else:
+            delta.seqs.append(seq)
+            delta.finished = delta.finished or finished
+    return out
+
+
 @dataclass
 class CompletionOutput:
     index: int

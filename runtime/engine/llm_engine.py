@@ -171,12 +171,12 @@ class LLMEngine(EngineLifecycle):
     # --- stepping -----------------------------------------------------------
 
     def step(self) -> list[RequestDelta]:
-        """`step_tokens()`, its deltas with their text (runtime.text.text_stage)."""
+        """`step_tokens()`, as deltas with their text (runtime.text.text_stage)."""
         return self.text.apply(self.step_tokens())
 
-    def step_tokens(self) -> list[RequestDelta]:
-        """Retire the sequences the text stage ended, schedule and run one batch; the token deltas (no text) of the
-        batch whose tokens came back.
+    def step_tokens(self) -> list:
+        """Retire the sequences the text stage ended, schedule and run one batch; what the batch whose tokens came
+        back gained, without text: `TokenRecord`s and deltas (runtime.outputs), which the text stage takes.
 
         With `async_scheduling`, the batch is launched before the previous one's tokens are read (on a GPU, the
         host schedules, prepares and post-processes while the device computes): its sequences' newest tokens
@@ -243,13 +243,16 @@ class LLMEngine(EngineLifecycle):
             self.shared_tier.publish(seq.request.prompt_token_ids, partial(self.block_manager.prefix_hashes, seq),
                                      partial(read_blocks, self.runner.kv_cache), seq.block_table)
 
-    def _complete(self, launched: LaunchedStep) -> list[RequestDelta]:
-        """Read a launched batch's tokens and turn them into deltas. Its sequences that finished meanwhile (the
-        batch before ended them, or an abort) are passed over."""
+    def _complete(self, launched: LaunchedStep) -> list:
+        """Read a launched batch's tokens and record what each sequence gained: a `TokenRecord` each (a request
+        that asked for prompt logprobs, whose delta carries them: a delta), the deltas of requests that ended
+        otherwise. Its sequences that finished meanwhile (the batch before ended them, or an abort) are passed
+        over."""
         result = self.runner.collect(launched)
         failed = result.failed
         for request, logprobs in result.prompt_logprobs.items():
             request.prompt_logprobs.extend(logprobs)
+        records: list = []
         deltas: dict[str, RequestDelta] = {}
         finished = SequenceStatus.FINISHED
         for seq, token_ids, logprobs in zip(launched.sampled, result.token_ids, result.logprobs):
@@ -260,17 +263,19 @@ class LLMEngine(EngineLifecycle):
             if seq.status is finished or (failed and request in failed):
                 continue
             try:
-                seq_delta = self._advance(seq, token_ids, logprobs)
+                record = self._advance(seq, token_ids, logprobs)
             except Exception as e:  # this request's tokens or grammar: it alone fails
                 failed[request] = describe(e)
                 continue
-            delta = deltas.get(request.request_id)
-            if delta is None:
-                delta = deltas[request.request_id] = self._request_delta(request, [seq_delta])
+            if request.params.prompt_logprobs is None:
+                records.append(record)
             else:
-                delta.seqs.append(seq_delta)
-            if seq_delta.finish_reason is not None:
-                delta.finished = request.finished
+                delta = deltas.get(request.request_id) or self._request_delta(request)
+                deltas[request.request_id] = delta
+                delta.seqs.append(SequenceDelta(record[1], record[2], "", *record[3:7]))
+                delta.finished = record[7]
+            if record[7]:
+                del self.requests[request.request_id]
         for seq in result.pooled:
             if seq.num_computed_tokens == seq.num_tokens and not seq.is_finished:
                 deltas[seq.request.request_id] = self._embedded(seq)
@@ -281,15 +286,17 @@ class LLMEngine(EngineLifecycle):
                 self._finish(seq, "length", None)
                 delta.seqs.append(SequenceDelta(seq.index, [], "", None, "length", num_output_tokens=0))
                 delta.finished = seq.request.finished
-        for request, error in failed.items():
-            if not request.finished:
-                deltas[request.request_id] = self._fail(request, error)
+        if failed:
+            records = [record for record in records if record[0] not in failed]
+            for request, error in failed.items():
+                if not request.finished:
+                    deltas[request.request_id] = self._fail(request, error)
         if self.speculator is not None:
             self.speculator.observe(launched)
         for request_id, delta in deltas.items():
             if delta.finished:
-                del self.requests[request_id]
-        return list(deltas.values())
+                self.requests.pop(request_id, None)
+        return records + list(deltas.values()) if deltas else records
 
     def _verified(self, seq: Sequence, accepted: int, failed: bool) -> None:
         """`seq`'s first `accepted` draft tokens hold; the slots of the rest are released."""
@@ -299,13 +306,10 @@ class LLMEngine(EngineLifecycle):
             self.block_manager.shrink(seq, seq.num_computed_tokens)
         seq.draft_token_ids = []
 
-    def _advance(self, seq: Sequence, token_ids: list[int], logprobs: list) -> SequenceDelta:
-        """Append sampled tokens to `seq` (ends by id, length and grammar) until it finishes; say what it gained."""
+    def _advance(self, seq: Sequence, token_ids: list[int], logprobs: list) -> tuple:
+        """Append sampled tokens to `seq` (ends by id, length and grammar) until it finishes; its `TokenRecord`."""
         if len(token_ids) == 1:  # the rule: one token a step
             self._append_token(seq, token_ids[0])
-            if logprobs[0] is None:
-                return SequenceDelta(seq.index, token_ids, "", None, seq.finish_reason, seq.matched_stop,
-                                     len(seq.token_ids) - seq.num_prompt_tokens)
             appended = token_ids
         else:
             appended = []
@@ -314,11 +318,14 @@ class LLMEngine(EngineLifecycle):
                 appended.append(token_id)
                 if seq.is_finished:
                     break
-        logprobs = logprobs[: len(appended)]
-        if logprobs[0] is not None:
+        if logprobs[0] is None:
+            logprobs = None
+        else:
+            logprobs = logprobs[: len(appended)]
             seq.logprobs.extend(logprobs)
-        return SequenceDelta(seq.index, appended, "", None if logprobs[0] is None else logprobs, seq.finish_reason,
-                             seq.matched_stop, seq.num_output_tokens)
+        reason = seq.finish_reason
+        return (seq.request, seq.index, appended, logprobs, reason, seq.matched_stop,
+                len(seq.token_ids) - seq.num_prompt_tokens, reason is not None and seq.request.finished)
 
     def _embedded(self, seq: Sequence) -> RequestDelta:
         """Finish an embedding request whose whole prompt is computed; the delta carrying its embedding."""
@@ -347,12 +354,12 @@ class LLMEngine(EngineLifecycle):
                                                 num_output_tokens=seq.num_output_tokens))
         return delta
 
-    def _request_delta(self, request: Request, seqs: list[SequenceDelta] | None = None) -> RequestDelta:
+    def _request_delta(self, request: Request) -> RequestDelta:
         prompt_logprobs = None
         if request.params.prompt_logprobs is not None and all(s.num_output_tokens <= 1 for s in request.seqs):
             prompt_logprobs = [None, *request.prompt_logprobs]
         return RequestDelta(request.request_id, request.num_prompt_tokens, request.num_cached_tokens or 0,
-                            [] if seqs is None else seqs, False, prompt_logprobs)
+                            [], False, prompt_logprobs)
 
     def _append_token(self, seq: Sequence, token_id: int) -> None:
         seq.token_ids.append(token_id)

@@ -1,23 +1,24 @@
-"""The text of the engine's token deltas: detokenization, stop strings and the stream's hold-back, as a stage of
-its own after the step.
+"""The text of what the engine's steps gained: the deltas made of their records, detokenization, stop strings and
+the stream's hold-back, as a stage of its own after the step.
 
 The engine's step ends a sequence only by token (EOS, a stop token id, a grammar's end) or by length, and hands
-on deltas of token ids; this stage gives each its text (runtime.text.detokenizer) and ends a sequence whose text
-reaches a stop string: the delta it hands on ends there (its tokens, logprobs and count cut at the stop, as if
-the engine had stopped it). The engine learns of it from `take_verdicts` at the start of its next step and
-retires the sequence then, so a sequence runs at most one step past its stop; the tokens of that step never
-reach the caller. A request whose text raises fails alone, the same way.
+on records of token ids (runtime.outputs); this stage makes the deltas of them, gives each its text
+(runtime.text.detokenizer) and ends a sequence whose text reaches a stop string: the delta it hands on ends
+there (its tokens, logprobs and count cut at the stop, as if the engine had stopped it). The engine learns of it
+from `take_verdicts` at the start of its next step and retires the sequence then, so a sequence runs at most
+one step past its stop; the tokens of that step never reach the caller. A request whose text raises fails
+alone, the same way.
 
 So the stage can run on a thread other than the engine's (AsyncLLMEngine runs it on one: the step's critical
-path is then appending tokens and deciding ends by id and length), every method holds one lock; the deltas of a
-request must be applied in the order the engine made them.
+path is then appending tokens and deciding ends by id and length), every method holds one lock; a request's
+steps must be applied in the order the engine made them.
 """
 
 import threading
 from dataclasses import dataclass
 
 from runtime.errors import describe
-from runtime.outputs import RequestDelta, SequenceDelta
+from runtime.outputs import RequestDelta, SequenceDelta, request_deltas
 from runtime.sampling_params import SamplingParams
 from runtime.text.detokenizer import IncrementalDetokenizer
 
@@ -62,11 +63,12 @@ class TextStage:
             verdicts, self._verdicts = self._verdicts, []
         return verdicts
 
-    def apply(self, deltas: list[RequestDelta]) -> list[RequestDelta]:
-        """The deltas with their text, ended at stop strings; those of completions that ended here are dropped."""
+    def apply(self, step: list) -> list[RequestDelta]:
+        """A step's records and deltas (`LLMEngine.step_tokens`) as deltas with their text, ended at stop strings;
+        those of completions that ended here are dropped."""
         out = []
         with self._lock:
-            for delta in deltas:
+            for delta in request_deltas(step):
                 request = self._requests.get(delta.request_id)
                 if request is None:  # aborted
                     continue

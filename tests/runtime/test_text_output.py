@@ -7,6 +7,7 @@ import time
 import pytest
 
 from runtime import LLM, AsyncLLMEngine, InvalidInputError, SamplingParams
+from runtime.outputs import request_deltas
 from runtime.sampling_params import MAX_STOP_CHARS
 from runtime.text.detokenizer import IncrementalDetokenizer
 
@@ -152,9 +153,9 @@ def test_a_stop_string_retires_its_sequence_within_a_step_and_no_token_after_it_
         computed, step_tokens = [], engine.step_tokens
 
         def step():
-            deltas = step_tokens()
-            computed.extend(t for d in deltas for s in d.seqs for t in s.token_ids)
-            return deltas
+            step = step_tokens()
+            computed.extend(t for d in request_deltas(step) for s in d.seqs for t in s.token_ids)
+            return step
         engine.step_tokens = step
         return computed
 
