@@ -39,7 +39,7 @@ def sampler_ms(rows: int, vocab: int, device: torch.device) -> dict:
     sampler = Sampler({0}, device)
     figures = {}
     for name, fields in CASES.items():
-        seqs = [Request(f"r{i}", [1, 2, 3], SamplingParams(**fields), 0, lambda: None).seqs[0] for i in range(rows)]
+        seqs = [Request(f"r{i}", [1, 2, 3], SamplingParams(**fields), 0).seqs[0] for i in range(rows)]
         sampler.sample(logits, seqs)
         times = []
         for _ in range(REPEATS):
