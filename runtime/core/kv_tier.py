@@ -37,6 +37,11 @@ class TierIndex:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def stats(self, block_bytes: int) -> dict:
+        """What /metrics shows of the tier, its blocks being `block_bytes` each."""
+        return {"kv_offload_bytes": len(self) * block_bytes, "kv_offload_capacity_bytes": self.num_slots * block_bytes,
+                "kv_offload_hit_tokens": self.hit_tokens, "kv_offload_stored_blocks": self.stored_blocks}
+
     def holds(self, block_hash: int, token_ids: tuple[int, ...]) -> bool:
         entry = self._entries.get(block_hash)
         return entry is not None and entry[1] == token_ids

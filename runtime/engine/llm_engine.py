@@ -244,10 +244,8 @@ class LLMEngine(EngineLifecycle):
                                      partial(read_blocks, self.runner.kv_cache), seq.block_table)
 
     def _complete(self, launched: LaunchedStep) -> list:
-        """Read a launched batch's tokens and record what each sequence gained: a `TokenRecord` each (a request
-        that asked for prompt logprobs, whose delta carries them: a delta), the deltas of requests that ended
-        otherwise. Its sequences that finished meanwhile (the batch before ended them, or an abort) are passed
-        over."""
+        """Read a launched batch's tokens: a `TokenRecord` per sequence that gained (a delta, for prompt logprobs),
+        a delta per request that ended otherwise. Sequences finished meanwhile (an abort, say) are passed over."""
         result = self.runner.collect(launched)
         failed = result.failed
         for request, logprobs in result.prompt_logprobs.items():
@@ -380,11 +378,6 @@ class LLMEngine(EngineLifecycle):
 
     # --- introspection ------------------------------------------------------
 
-    def _tier_stats(self) -> dict:
-        tier, block_bytes = self.block_manager.tier, self.runner.kv_tier.block_bytes
-        return {"kv_offload_bytes": len(tier) * block_bytes, "kv_offload_capacity_bytes": tier.num_slots * block_bytes,
-                "kv_offload_hit_tokens": tier.hit_tokens, "kv_offload_stored_blocks": tier.stored_blocks}
-
     def stats(self) -> dict:
         bm = self.block_manager
         return {
@@ -400,8 +393,7 @@ class LLMEngine(EngineLifecycle):
             "paused": self.paused,
             "asleep": self.asleep,
             "kv_cache_bytes": self.runner.kv_cache_bytes,
-            **(self._tier_stats() if bm.tier is not None else {}),
-            **({"kv_shared_published_blocks": self.shared_tier.published_blocks,
-                "kv_shared_fetched_blocks": self.shared_tier.fetched_blocks} if self.shared_tier else {}),
+            **(bm.tier.stats(self.runner.kv_tier.block_bytes) if bm.tier is not None else {}),
+            **(self.shared_tier.stats() if self.shared_tier else {}),
             **(self.speculator.stats() if self.speculator is not None else {}),
         }

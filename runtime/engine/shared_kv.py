@@ -93,6 +93,9 @@ class SharedTier:
         self._publisher = ThreadPoolExecutor(1, thread_name_prefix="kv-publish")
         self.published_blocks = self.fetched_blocks = 0
 
+    def stats(self) -> dict:
+        return {"kv_shared_published_blocks": self.published_blocks, "kv_shared_fetched_blocks": self.fetched_blocks}
+
     def _blocks_of(self, prompt: list[int]) -> list[tuple[int, ...]]:
         """The tokens of `prompt`'s full blocks but its last token's (which is always computed)."""
         size = self.blocks.block_size

@@ -250,6 +250,7 @@ def main(out: str) -> None:
         "num_replicas": 2, "health_check_period_s": 1,
         "ray_actor_options": {"num_cpus": 1, "resources": {"model_slot": 1}}}
     args["ingress_deployment_config"] = {"num_replicas": 2, "ray_actor_options": {"resources": {"ingress_slot": 1}}}
+    args["start_batch_manager"] = True  # it runs from the start, on an ingress replica's node if Ray places it so
     started = time.monotonic()
     serve.run(build_openai_app(args), name="default", route_prefix="/")
     cluster.add_node(num_cpus=1, resources=both)  # where what the node losses take is rebuilt
