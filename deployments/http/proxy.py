@@ -12,5 +12,7 @@ from deployments.http.stalled_streams import StalledStreamGuard
 
 
 def proxy_middlewares() -> list[Middleware]:
-    """Outermost first: a stalled client is let go; a lost replica costs a retry or an error in the API's shape."""
-    return [Middleware(StalledStreamGuard), Middleware(LostReplicaGuard)]
+    """Serve wraps its app in these in order, so the last is outermost: a stalled client is let go first, whatever
+    the guard of a lost replica would still write to it; a lost replica costs a retry or an error in the API's
+    shape."""
+    return [Middleware(LostReplicaGuard), Middleware(StalledStreamGuard)]

@@ -69,7 +69,14 @@ def main(out: str) -> None:
 
     cluster.remove_node(nodes[2], allow_graceful=False)  # the directory's node
     figures["b_while_directory_restarts"] = ray.get(b.run.remote(second))
-    wait_until(lambda: ray.get(directory.stats.remote(), timeout=5)["blocks"] >= 0, 60)
+
+    def directory_answers() -> bool:
+        try:
+            return ray.get(directory.stats.remote(), timeout=5)["blocks"] >= 0
+        except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+            return False  # still restarting on another node
+
+    wait_until(directory_answers, 60)
     figures["a_publishes_again"] = ray.get(a.run.remote(third))
     figures["b_from_restarted_tier"] = ray.get(b.run.remote(third))
 

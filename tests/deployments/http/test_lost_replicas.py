@@ -148,3 +148,39 @@ def test_a_client_that_left_gets_nothing_more():
 
     asyncio.run(main())
     assert sent == []
+
+
+def test_in_serves_proxy_a_stalled_client_is_let_go_before_the_guard_would_write_to_it():
+    """Serve wraps its proxy in `proxy_middlewares()` in order, the last outermost: the stall guard must be outside
+    the lost-replica guard, whose error event to a client that reads nothing would otherwise wait forever."""
+    from deployments.http.proxy import proxy_middlewares
+    from deployments.http.stalled_streams import StalledStreamGuard
+
+    async def proxy(scope, receive, send):  # a stream until its client is gone, then no end: as Serve's proxy
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        await send({"type": "http.response.body", "body": b"data: 0\n\n", "more_body": True})
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    app = proxy
+    for middleware in proxy_middlewares():  # as Serve applies them
+        app = middleware.cls(app, **({"stall_s": 0.2} if middleware.cls is StalledStreamGuard else {}))
+    written = []
+
+    async def main():
+        body = [{"type": "http.request", "body": b"{}", "more_body": False}]
+
+        async def receive():
+            if body:
+                return body.pop(0)
+            await asyncio.Event().wait()  # the client never closes
+
+        async def send(message):  # the client reads the status line, then nothing
+            if written:
+                await asyncio.Event().wait()
+            written.append(message)
+
+        await asyncio.wait_for(app({"type": "http", "path": "/v1/chat/completions", "headers": []}, receive, send), 5)
+
+    asyncio.run(main())
+    assert [m["type"] for m in written] == ["http.response.start"]
