@@ -141,7 +141,7 @@ def kill_under_load(cluster, base_url: str, actor_class: str) -> tuple[dict, Pro
     started.wait(60)
     time.sleep(1.0)  # every stream is admitted and streaming (ignore_eos, 1500 tokens: tens of seconds)
     ingress_nodes, manager_nodes = set(node_of("OpenAIIngress")), set(node_of("BatchManager"))
-    victim = max(node_of(actor_class), key=lambda node: (node in ingress_nodes) + (node in manager_nodes))
+    victim = max(node_of(actor_class), key=lambda node: (node in ingress_nodes, node in manager_nodes))
     killed_at = kill_node(cluster, victim)
     for t in threads:
         t.join(150)
@@ -160,6 +160,7 @@ def replica_loss(cluster, base_url: str) -> dict:
 
 
 def ingress_loss(cluster, base_url: str) -> dict:
+    wait_until(lambda: len(set(node_of("OpenAIIngress"))) == 2, 90)  # the one the last loss took is back
     prober = Prober(base_url)
     prober.start()
     time.sleep(2)

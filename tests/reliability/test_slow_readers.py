@@ -20,15 +20,17 @@ from tests.conftest import MODEL_ID, PROXY_ENV, another_app, app_args
 
 pytestmark = pytest.mark.reliability
 STALL_S = float(PROXY_ENV["RAYLLM_STREAM_STALL_S"])
-READERS, MAX_TOKENS = 4, 6000
+# long enough that the engine is still generating when the stall bound lets a reader go (a 2-core machine
+# generates thousands of tokens a second for the four)
+READERS, MAX_TOKENS = 4, 30000
 
 
 @pytest.fixture(scope="module")
 def long_app(server, tmp_path_factory):
-    """An app whose model streams for minutes: 6,000 tokens a request."""
-    model_dir = build_model_dir(tmp_path_factory.mktemp("long"), "qwen2", max_positions=8192)
+    """An app whose model streams for minutes: 30,000 tokens a request."""
+    model_dir = build_model_dir(tmp_path_factory.mktemp("long"), "qwen2", max_positions=32768)
     args = app_args(model_dir, f"file://{tmp_path_factory.mktemp('long-storage')}")
-    args["llm_configs"][0]["engine_kwargs"] = {"max_model_len": 8192, "kv_cache_bytes": 256 << 20}
+    args["llm_configs"][0]["engine_kwargs"] = {"max_model_len": 32768, "kv_cache_bytes": 512 << 20}
     with another_app(server, "long", args) as url:
         yield url
 
@@ -87,6 +89,7 @@ def test_readers_that_never_read_are_let_go_and_memory_comes_back(server, long_a
     proxy_peak = _proxy_rss()
     wait_until(lambda: replica_stats()["num_requests"] == 0, STALL_S + 120, every=0.5)
     ended_s = time.monotonic() - opened
+    assert ended_s >= STALL_S, "the requests ended on their own, before the stall bound: make them longer"
     drained = [_drain(sock) for sock in readers]  # what the socket buffers held for them, then the close
     after = {}
 
