@@ -83,6 +83,12 @@ class RequestDelta:
 TokenRecord = tuple  # (Request, int, list[int], list[TokenLogprob] | None, str | None, int | str | None, int, bool)
 
 
+def sequence_delta(record: TokenRecord) -> SequenceDelta:
+    """The completion's delta a `TokenRecord` says (no text yet)."""
+    _, index, token_ids, logprobs, finish_reason, matched_stop, num_output_tokens, _ = record
+    return SequenceDelta(index, token_ids, "", logprobs, finish_reason, matched_stop, num_output_tokens)
+
+
 def request_deltas(step: list) -> list[RequestDelta]:
     """A step's `TokenRecord`s and deltas as deltas: the records of one request's completions as one delta, where
     its first record was."""
@@ -92,8 +98,7 @@ def request_deltas(step: list) -> list[RequestDelta]:
         if isinstance(item, RequestDelta):
             out.append(item)
             continue
-        request, index, token_ids, logprobs, finish_reason, matched_stop, num_output_tokens, finished = item
-        seq = SequenceDelta(index, token_ids, "", logprobs, finish_reason, matched_stop, num_output_tokens)
+        request, finished, seq = item[0], item[7], sequence_delta(item)
         delta = made.get(request.request_id)
         if delta is None:
             delta = made[request.request_id] = RequestDelta(request.request_id, request.num_prompt_tokens,

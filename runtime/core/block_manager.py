@@ -130,7 +130,7 @@ class BlockManager:
 
     def try_grow(self, seq: Sequence, num_tokens: int) -> bool:
         """`grow`, when the free blocks suffice; False (and nothing changed) when they do not."""
-        new_blocks = -(-num_tokens // self.block_size) - len(seq.block_table)
+        new_blocks = self.blocks_for(num_tokens) - len(seq.block_table)
         if new_blocks > len(self._free):
             return False
         if new_blocks > 0 or min(num_tokens, len(seq.token_ids)) // self.block_size > seq.num_committed_blocks \

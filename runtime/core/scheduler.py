@@ -167,7 +167,7 @@ class Scheduler:
                 continue
             seqs.append(seq)
             num_new_tokens.append(1)
-            if len(seq.token_ids) + seq.num_in_flight - seq.num_computed_tokens == 1 and seq.request.samples:
+            if seq.num_pending_tokens == 1 and seq.request.samples:
                 sampled.append(seq)  # (a one-token chunk verifies no draft)
         batch.num_decodes = len(seqs)
         for seq, n in longer:

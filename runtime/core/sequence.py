@@ -148,5 +148,4 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
 
-
 BY_ORDER = attrgetter("order")  # the key that sorts sequences in their scheduling order

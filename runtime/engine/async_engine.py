@@ -91,9 +91,9 @@ class AsyncLLMEngine:
         self._stopped = False
         self.error: BaseException | None = None
         self.died = threading.Event()  # set once a step has failed and the engine stopped serving (`error` says why)
-        # token deltas to give text to, and aborted request ids to forget, in order; None ends the text thread
-        self._texts: queue.Queue[list[RequestDelta] | str | None] = queue.Queue()
-        self._text_slot = threading.Semaphore(1)  # one step's deltas waiting for (or getting) their text at most
+        # steps' records to give text to, and aborted request ids to forget, in order; None ends the text thread
+        self._texts: queue.Queue[list | str | None] = queue.Queue()
+        self._text_slot = threading.Semaphore(1)  # one step's records waiting for (or getting) their text at most
         built: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread = threading.Thread(target=self._run, args=(build_engine, built), name="engine-loop",
                                         daemon=True)

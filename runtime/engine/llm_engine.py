@@ -27,7 +27,7 @@ from runtime.errors import InvalidInputError, describe
 from runtime.lora import AdapterSlots, LoRARequest
 from runtime.models.rotary import LengthScaledRope
 from runtime.models.sliding_window import kv_window
-from runtime.outputs import RequestDelta, SequenceDelta
+from runtime.outputs import RequestDelta, SequenceDelta, sequence_delta
 from runtime.sampling_params import SamplingParams
 from runtime.speculative.build import build_speculator
 from runtime.text.text_stage import TextStage
@@ -270,7 +270,7 @@ class LLMEngine(EngineLifecycle):
             else:
                 delta = deltas.get(request.request_id) or self._request_delta(request)
                 deltas[request.request_id] = delta
-                delta.seqs.append(SequenceDelta(record[1], record[2], "", *record[3:7]))
+                delta.seqs.append(sequence_delta(record))
                 delta.finished = record[7]
             if record[7]:
                 del self.requests[request.request_id]
