@@ -8,7 +8,7 @@ token:
 
 q and k come l2-normalised and q scaled by Dk ** -0.5 (the layer does both); several value heads may share one
 key head (`num_v_heads // num_k_heads` consecutive ones each). Sequences are the step's segments of the flattened
-token stream (`cu_seqlens`); a fresh sequence's slot must be zeroed first (`zero_slots`).
+token stream (`cu_seqlens`); a fresh sequence's slot must be zeroed first (`StateCache.fresh_states` does it).
 """
 
 import torch
@@ -49,12 +49,6 @@ def gated_delta_rule_reference(q, k, v, g, beta, states, slots, cu_seqlens) -> t
         state[active] = s
     states[slots] = state
     return out
-
-
-def zero_slots(states: torch.Tensor, slots: torch.Tensor) -> None:
-    """Reset the states at `slots` (sequences starting from their first token)."""
-    if len(slots):
-        states.index_fill_(0, slots, 0)
 
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor, slots: torch.Tensor,

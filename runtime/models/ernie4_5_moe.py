@@ -9,10 +9,10 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
-from runtime.distributed import all_reduce
 from runtime.errors import InvalidInputError
 from runtime.models.decoder import MLP, Attention, CausalLM
-from runtime.models.moe import FusedExperts, MoeCausalLM
+from runtime.models.moe import MoeCausalLM
+from runtime.models.sigmoid_moe import SigmoidMoE
 
 
 class ErnieRouter(nn.Module):
@@ -29,23 +29,6 @@ class ErnieRouter(nn.Module):
         ids = (scores + self.e_score_correction_bias).topk(self.top_k, dim=-1).indices
         weights = scores.gather(1, ids)
         return weights / weights.sum(dim=-1, keepdim=True).clamp(min=self.norm_min), ids
-
-
-class ErnieMoE(nn.Module):
-    def __init__(self, config: PretrainedConfig):
-        super().__init__()
-        self.gate = ErnieRouter(config)
-        self.experts = FusedExperts(config.num_experts, config.hidden_size, config.moe_intermediate_size)
-        self.shared_experts = None
-        if config.moe_num_shared_experts:
-            self.shared_experts = MLP(config.hidden_size, config.moe_intermediate_size * config.moe_num_shared_experts,
-                                      config.use_bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.experts(x, *self.gate(x))
-        if self.shared_experts is not None:
-            out = out + self.shared_experts(x, reduce=False)
-        return all_reduce(out)
 
 
 class Ernie4_5ForCausalLM(CausalLM):
@@ -71,7 +54,8 @@ class Ernie4_5_MoeForCausalLM(MoeCausalLM, Ernie4_5ForCausalLM):
     def make_mlp(self, config: PretrainedConfig, layer: int) -> nn.Module:
         if ((layer + 1) % config.moe_layer_interval == 0
                 and config.moe_layer_start_index <= layer <= config.moe_layer_end_index):
-            return ErnieMoE(config)
+            return SigmoidMoE(config, config.moe_intermediate_size, ErnieRouter(config),
+                              config.moe_num_shared_experts, bool(config.use_bias))
         return super().make_mlp(config, layer)
 
     def param_for(self, name: str) -> tuple[str, tuple]:

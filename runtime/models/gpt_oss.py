@@ -16,13 +16,8 @@ from transformers import PretrainedConfig
 from kernels import clamped_swiglu
 from runtime.models.decoder import Attention
 from runtime.models.moe import FusedExperts, MoeCausalLM, SparseMoeBlock
-from runtime.models.quantization.mxfp4_experts import Mxfp4Experts
+from runtime.models.quantization.mxfp4_experts import Mxfp4Experts, gate_then_up
 from runtime.models.quantization.scheme import is_mxfp4
-
-
-def _gate_then_up(interleaved: torch.Tensor) -> torch.Tensor:
-    """[..., 2 I] holding gate and up interleaved (gate at even columns) as [..., 2 I] gate then up."""
-    return torch.cat([interleaved[..., 0::2], interleaved[..., 1::2]], dim=-1)
 
 
 def _activation(config: PretrainedConfig):
@@ -40,9 +35,9 @@ class GptOssExperts(FusedExperts):
         if shard:
             pass
         elif param is self.gate_up_proj:
-            loaded = _gate_then_up(loaded).transpose(1, 2)
+            loaded = gate_then_up(loaded, -1).transpose(1, 2)
         elif param is self.gate_up_proj_bias:
-            loaded = _gate_then_up(loaded)
+            loaded = gate_then_up(loaded, -1)
         elif param is self.down_proj:
             loaded = loaded.transpose(1, 2)
         super().weight_loader(param, loaded, *shard)

@@ -14,7 +14,7 @@ from runtime.models.moe import FusedExperts
 
 
 def num_experts(config: PretrainedConfig) -> int:
-    return getattr(config, "n_routed_experts", None) or config.num_local_experts
+    return getattr(config, "n_routed_experts", None) or getattr(config, "num_local_experts", None) or config.num_experts
 
 
 class GroupedTopkRouter(nn.Module):
@@ -46,15 +46,19 @@ class GroupedTopkRouter(nn.Module):
 
 
 class SigmoidMoE(nn.Module):
-    """The block, with `router` in place of the sigmoid one where a family's is another (DeepSeek-V2's softmax)."""
+    """The block, with `router` in place of the sigmoid one where a family's is another (DeepSeek-V2's and ERNIE
+    4.5's softmax), and `num_shared` shared experts (biased where `shared_bias`) where a family's config does not
+    name them `n_shared_experts`."""
 
-    def __init__(self, config: PretrainedConfig, expert_size: int, router: nn.Module | None = None):
+    def __init__(self, config: PretrainedConfig, expert_size: int, router: nn.Module | None = None,
+                 num_shared: int | None = None, shared_bias: bool = False):
         super().__init__()
         self.gate = router or GroupedTopkRouter(config)
         self.experts = FusedExperts(num_experts(config), config.hidden_size, expert_size)
         self.shared_experts = None
-        if getattr(config, "n_shared_experts", None):
-            self.shared_experts = MLP(config.hidden_size, expert_size * config.n_shared_experts)
+        num_shared = getattr(config, "n_shared_experts", None) if num_shared is None else num_shared
+        if num_shared:
+            self.shared_experts = MLP(config.hidden_size, expert_size * num_shared, shared_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.experts(x, *self.gate(x))

@@ -20,9 +20,10 @@ from runtime.models.quantization.experts import ExpertLoop
 BLOCK = 32  # inputs per scale (MX's block)
 
 
-def _gate_then_up(interleaved: torch.Tensor) -> torch.Tensor:
-    """Rows (dim 1) holding gate and up interleaved (gate at even rows) as gate rows then up rows."""
-    return torch.cat([interleaved[:, 0::2], interleaved[:, 1::2]], dim=1)
+def gate_then_up(interleaved: torch.Tensor, dim: int) -> torch.Tensor:
+    """gpt-oss's gate and up features, interleaved along `dim` (gate at even indices), as all gate then all up."""
+    dim %= interleaved.dim()
+    return torch.cat(interleaved.unflatten(dim, (-1, 2)).unbind(dim + 1), dim=dim)
 
 
 class Mxfp4Experts(ExpertLoop):
@@ -56,7 +57,7 @@ class Mxfp4Experts(ExpertLoop):
         elif param is self.down_proj_blocks or param is self.down_proj_scales:
             loaded = loaded[:, :, start // BLOCK : (start + self.shard) // BLOCK]
         else:  # gate_up blocks, scales or bias
-            gate, up = _gate_then_up(loaded).chunk(2, dim=1)
+            gate, up = gate_then_up(loaded, 1).chunk(2, dim=1)
             loaded = torch.cat([gate[:, start : start + self.shard], up[:, start : start + self.shard]], dim=1)
         param.data.copy_(loaded)
 
