@@ -1,5 +1,6 @@
 """Shared pieces of the benchmarks: the benchmark model, the workload, the machine's matmul roofline."""
 
+import asyncio
 import json
 import random
 import tempfile
@@ -68,6 +69,23 @@ def transformers_static_batches(model, prompts: list[list[int]], new_tokens: lis
                        min_new_tokens=new, pad_token_id=0)
         tokens += new * len(batch)
     return tokens
+
+
+async def generate_concurrently(engine, requests, concurrency: int) -> tuple[float, int]:
+    """Stream every (prompt, SamplingParams) of `requests` through an AsyncLLMEngine, `concurrency` at a time: the
+    seconds it took and the output tokens. A generator's items are made inside the timing (a template rendered,
+    say), as a server makes them."""
+    limit, tokens = asyncio.Semaphore(concurrency), 0
+
+    async def one(prompt, params) -> None:
+        nonlocal tokens
+        async with limit:
+            async for delta in engine.generate(engine.validate(prompt, params)):
+                tokens += len(delta.seqs[0].token_ids)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(prompt, params) for prompt, params in requests))
+    return time.perf_counter() - start, tokens
 
 
 def report(name: str, **figures) -> None:

@@ -6,9 +6,8 @@ Run: python -m benchmarks.structured_output
 
 import asyncio
 import json
-import time
 
-from benchmarks.common import build_cpu_model, report, shared_prefix_prompts
+from benchmarks.common import build_cpu_model, generate_concurrently, report, shared_prefix_prompts
 from runtime import AsyncLLMEngine, SamplingParams
 from runtime.text.grammar import Constraint
 
@@ -21,21 +20,6 @@ SCHEMA = {  # long enough that every request is still inside the JSON after OUTP
 }
 
 
-async def run(engine: AsyncLLMEngine, prompts, params_for) -> tuple[float, int]:
-    limit = asyncio.Semaphore(CONCURRENCY)
-    tokens = 0
-
-    async def one(i, prompt):
-        nonlocal tokens
-        async with limit:
-            async for delta in engine.generate(engine.validate(prompt, params_for(i))):
-                tokens += len(delta.seqs[0].token_ids)
-
-    start = time.perf_counter()
-    await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
-    return time.perf_counter() - start, tokens
-
-
 def main() -> None:
     path = build_cpu_model()
     engine = AsyncLLMEngine.from_options(str(path), max_model_len=1024)
@@ -44,9 +28,14 @@ def main() -> None:
     plain = lambda i: SamplingParams(temperature=1.0, seed=i, max_tokens=OUTPUT, ignore_eos=True)  # noqa: E731
     constrained = lambda i: SamplingParams(temperature=1.0, seed=i, max_tokens=OUTPUT,  # noqa: E731
                                            structured_output=constraint)
-    asyncio.run(run(engine, prompts[:4], constrained))  # warm-up, and the grammar is compiled once
-    free_s, free_tokens = asyncio.run(run(engine, prompts, plain))
-    json_s, json_tokens = asyncio.run(run(engine, prompts, constrained))
+
+    def run(count: int, params_for) -> tuple[float, int]:
+        requests = [(prompt, params_for(i)) for i, prompt in enumerate(prompts[:count])]
+        return asyncio.run(generate_concurrently(engine, requests, CONCURRENCY))
+
+    run(4, constrained)  # warm-up, and the grammar is compiled once
+    free_s, free_tokens = run(REQUESTS, plain)
+    json_s, json_tokens = run(REQUESTS, constrained)
     engine.shutdown()
     report("structured_output", concurrency=CONCURRENCY, requests=REQUESTS,
            unconstrained_tok_s=round(free_tokens / free_s, 1), json_schema_tok_s=round(json_tokens / json_s, 1),

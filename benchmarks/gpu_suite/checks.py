@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import transformers_static_batches
+from benchmarks.common import generate_concurrently, transformers_static_batches
 from benchmarks.decode_profile import profile_decode
 from benchmarks.gpu_suite.sizes import Sizes
 from benchmarks.gpu_throughput import workload
@@ -194,24 +194,18 @@ def structured(sizes: Sizes, work: Path) -> Result:
     prompts = [[rng.randrange(3, 500) for _ in range(100)] for _ in range(sizes.feature_requests)]
     constraint = Constraint("json_schema", json.dumps(SCHEMA))
 
-    async def run(constrained: bool, count: int) -> float:
-        limit, tokens = asyncio.Semaphore(sizes.structured_concurrency), 0
+    def run(constrained: bool, count: int) -> float:
+        def params(i: int) -> SamplingParams:
+            return SamplingParams(temperature=1.0, seed=i, max_tokens=sizes.feature_output, ignore_eos=not constrained,
+                                  structured_output=constraint if constrained else None)
 
-        async def one(i: int) -> None:
-            nonlocal tokens
-            params = SamplingParams(temperature=1.0, seed=i, max_tokens=sizes.feature_output,
-                                    ignore_eos=not constrained, structured_output=constraint if constrained else None)
-            async with limit:
-                async for delta in engine.generate(engine.validate(prompts[i], params)):
-                    tokens += len(delta.seqs[0].token_ids)
+        requests = [(prompts[i], params(i)) for i in range(count)]
+        seconds, tokens = asyncio.run(generate_concurrently(engine, requests, sizes.structured_concurrency))
+        return tokens / seconds
 
-        start = time.perf_counter()
-        await asyncio.gather(*(one(i) for i in range(count)))
-        return tokens / (time.perf_counter() - start)
-
-    asyncio.run(run(True, 4))  # warm-up; the grammar compiles once
-    free = asyncio.run(run(False, len(prompts)))
-    constrained = asyncio.run(run(True, len(prompts)))
+    run(True, 4)  # warm-up; the grammar compiles once
+    free = run(False, len(prompts))
+    constrained = run(True, len(prompts))
     engine.shutdown()
     ratio = round(constrained / free, 3)
     return (dict(concurrency=sizes.structured_concurrency, requests=len(prompts), unconstrained_tok_s=round(free),

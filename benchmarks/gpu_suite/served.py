@@ -9,7 +9,6 @@ concurrency, on the same token ids."""
 import asyncio
 import json
 import random
-import time
 from pathlib import Path
 
 import openai
@@ -17,6 +16,7 @@ import requests
 import uvloop
 import yaml
 
+from benchmarks.common import generate_concurrently
 from benchmarks.gpu_suite.checks import Result, model_dir
 from benchmarks.gpu_suite.sizes import Sizes
 from benchmarks.online_serving import WORDS, drive
@@ -138,26 +138,18 @@ def offline(sizes: Sizes, work: Path) -> tuple[str, dict]:
         params = SamplingParams(temperature=0, max_tokens=32)
         return "".join([s.text async for d in engine.generate(engine.validate(ids(messages), params)) for s in d.seqs])
 
-    async def rate(convs, concurrency: int) -> float:
-        limit, tokens = asyncio.Semaphore(concurrency), 0
+    def rate(convs, concurrency: int) -> float:
         params = SamplingParams(temperature=0, max_tokens=sizes.served_output, ignore_eos=True)
-
-        async def one(messages) -> None:
-            nonlocal tokens
-            async with limit:
-                async for delta in engine.generate(engine.validate(ids(messages), params)):
-                    tokens += len(delta.seqs[0].token_ids)
-
-        start = time.perf_counter()
-        await asyncio.gather(*(one(m) for m in convs))
-        return tokens / (time.perf_counter() - start)
+        requests = ((ids(messages), params) for messages in convs)  # rendered and tokenized in the timing
+        seconds, tokens = asyncio.run(generate_concurrently(engine, requests, concurrency))
+        return tokens / seconds
 
     try:
         text = asyncio.run(text_of(CAPITALS))
         rates = {}
         for c in sizes.concurrencies:
-            asyncio.run(rate(conversations(c, 0), c))
-            rates[c] = round(asyncio.run(rate(conversations(2 * c, c), c)), 1)
+            rate(conversations(c, 0), c)
+            rates[c] = round(rate(conversations(2 * c, c), c), 1)
         return text, rates
     finally:
         engine.shutdown()

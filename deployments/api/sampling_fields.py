@@ -196,6 +196,12 @@ class SamplingFields(RequestModel):
         return self.include_usage and self.stream_options.continuous_usage_stats
 
 
+def bound_sequences(sequences: int) -> None:
+    """A completions or /generate call's prompts x n within MAX_SEQUENCES."""
+    if sequences > MAX_SEQUENCES:
+        raise ValueError(f"prompts x n is {sequences}, over the limit of {MAX_SEQUENCES} sequences per request")
+
+
 def bound_logprobs(entries: int, product: str, stream: bool) -> None:
     """A reply's logprob entries within bounds: a streamed one's, and a lower bound for one sent whole."""
     if entries > MAX_LOGPROB_ENTRIES:

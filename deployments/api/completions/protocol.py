@@ -3,7 +3,7 @@ fields."""
 
 from pydantic import Field, field_validator, model_validator
 
-from deployments.api.sampling_fields import MAX_SEQUENCES, SamplingFields, bound_logprobs
+from deployments.api.sampling_fields import SamplingFields, bound_logprobs, bound_sequences
 from runtime import SamplingParams
 
 
@@ -39,8 +39,7 @@ class CompletionRequest(SamplingFields):
     @model_validator(mode="after")
     def _bounded_work(self):
         sequences = len(self.prompts()) * self.n
-        if sequences > MAX_SEQUENCES:
-            raise ValueError(f"prompts x n is {sequences}, over the limit of {MAX_SEQUENCES} sequences per request")
+        bound_sequences(sequences)
         if self.logprobs is not None and self.max_tokens:
             bound_logprobs(sequences * self.max_tokens * (1 + self.logprobs),
                             "prompts x n x max_tokens x (1 + logprobs)", self.stream)

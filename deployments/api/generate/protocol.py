@@ -3,7 +3,7 @@
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from deployments.api.request_model import RequestModel
-from deployments.api.sampling_fields import MAX_SEQUENCES, MAX_STOP_TOKEN_IDS, StopRegex
+from deployments.api.sampling_fields import MAX_STOP_TOKEN_IDS, StopRegex, bound_sequences
 from runtime import InvalidInputError, SamplingParams
 from runtime.text.grammar import Constraint
 
@@ -83,9 +83,7 @@ class GenerateRequest(RequestModel):
 
     @model_validator(mode="after")
     def _bounded_work(self):
-        sequences = len(self.prompts()[0]) * self.sampling_params.n
-        if sequences > MAX_SEQUENCES:
-            raise ValueError(f"prompts x n is {sequences}, over the limit of {MAX_SEQUENCES} sequences per request")
+        bound_sequences(len(self.prompts()[0]) * self.sampling_params.n)
         return self
 
     def prompts(self) -> tuple[list[str | list[int]], bool]:
