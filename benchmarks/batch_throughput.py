@@ -145,8 +145,8 @@ def run_batch(client: openai.Client, count: int, probe_online: bool = False) -> 
         b = client.batches.retrieve(batch.id)
         return b.status in ("completed", "failed", "cancelled", "expired") and b
 
-    # polled every 50 ms: a batch of 2,000 lines takes a second or two, and a 0.25 s poll added 0.125 s to it on
-    # average (more than 10%), enough to hide whether two replicas are 1.3x or 1.8x one
+    # polled every 50 ms: a batch of 2,000 lines takes a second or two, and a coarse poll adds half its period
+    # to that on average, enough to blur the comparison of one replica with two
     batch = wait_until(done, timeout=3600, every=0.05)
     elapsed = time.perf_counter() - start
     assert batch.status == "completed" and batch.request_counts.completed == count, batch

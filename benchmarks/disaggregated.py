@@ -8,7 +8,7 @@ Reported: the streams' TPOT p50/p99 (the gaps between their chunks after the fir
 p50. On two cores "the same total cores" is the fair comparison: disaggregation takes one engine away from
 decoding, so what it buys is the decode replica's steps never carrying a long prefill chunk.
 
-DESIGN.md's CPU benchmark model. Run: python -m benchmarks.disaggregated
+the CPU benchmark model. Run: python -m benchmarks.disaggregated
 """
 
 import asyncio

@@ -2,7 +2,7 @@
 other prompts, comes back from the tier, against recomputing it (the same engine settings without the tier, in
 the same run); then a churn of distinct prompts, reporting the tier's largest size against its bound.
 
-DESIGN.md's CPU benchmark model; a pool of 4,096 tokens, so that a handful of other prompts evict the prefix.
+the CPU benchmark model; a pool of 4,096 tokens, so that a handful of other prompts evict the prefix.
 
 Run: python -m benchmarks.kv_offload [--prefix 2000] [--churn-seconds 60]
 """

@@ -3,7 +3,7 @@
 prompt's blocks from the shared tier, against a third engine without the tier that recomputes them (the same
 run, one engine at a time on the machine's cores).
 
-DESIGN.md's CPU benchmark model. Run: python -m benchmarks.kv_shared_tier [--prompt 4000]
+the CPU benchmark model. Run: python -m benchmarks.kv_shared_tier [--prompt 4000]
 """
 
 import argparse

@@ -1,5 +1,5 @@
 """Multi-LoRA throughput: 64 requests spread over 8 adapters against the same requests on the base model alone,
-same run, DESIGN.md's CPU benchmark model, with transformers + PEFT as the peer.
+same run, the CPU benchmark model, with transformers + PEFT as the peer.
 
 Each adapter is a random PEFT adapter of rank 16 on all seven projections. Workload: 64 requests (a unique
 ~100-token prompt each), 64 greedy output tokens with ignore_eos. Ours: one engine with 8 adapter slots

@@ -1,5 +1,5 @@
 """Offline throughput: our LLM.generate vs transformers generate (static batches of 32) and
-generate_batch (its continuous batching), on DESIGN.md's CPU benchmark model.
+generate_batch (its continuous batching), on the CPU benchmark model.
 
 Workload: 64 requests, a shared ~250-token system prompt plus a unique ~30-token
 question each, 64 greedy output tokens with ignore_eos. Also reported: the

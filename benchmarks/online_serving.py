@@ -7,12 +7,12 @@ token after the first (TPOT) p50 for each server, and our online throughput
 against our offline engine on the same prompts, both with all 128 requests at
 once and at the server's concurrency (max_num_seqs=32), which isolates what Ray
 Serve costs. The offline figures are measured before and after the servers
-and the ratios use their mean, since a 2-core machine's speed drifts by 10% or
-more within one run.
+and the ratios use their mean, since a small machine's speed drifts within
+one run.
 
 Every figure is the median of PASSES passes, each with fresh questions after
 one warm-up (so the shared system prompt is cached, as in a live server): on
-two cores one pass varies by ±15%.
+a small machine one pass varies widely.
 
 Our server runs configs/local.yaml's application (its stream batching
 interval included) in four modes: the ingress hop and direct streaming (the

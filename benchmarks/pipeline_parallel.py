@@ -1,4 +1,4 @@
-"""Pipeline parallelism: PP=2 against PP=1 offline throughput at 256 sequences on DESIGN.md's CPU benchmark model
+"""Pipeline parallelism: PP=2 against PP=1 offline throughput at 256 sequences on the CPU benchmark model
 (or, with --device cuda and two GPUs, on them), and the pipeline's bubble: the share of rank 0's pipeline passes
 that its stage spends waiting for the other stage rather than running its own layers.
 

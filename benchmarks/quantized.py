@@ -1,7 +1,7 @@
 """Quantized checkpoints against the unquantized model, in one run: each scheme's offline output tok/s (greedy,
 concurrency 1 and 32) and the resident bytes of the projections' weights.
 
-The checkpoints are DESIGN.md's CPU benchmark model, quantized by compressed-tensors as llm-compressor writes
+The checkpoints are the CPU benchmark model, quantized by compressed-tensors as llm-compressor writes
 them (testing.quantized_checkpoints), or by AutoRound in GPTQ's and AWQ's layouts (`gptq`, `awq`: INT4 groups of
 128 with zero points, testing.auto_round_checkpoints); the rest of the model (embeddings, LM head, norms) is
 unquantized in all.

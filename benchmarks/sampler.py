@@ -1,7 +1,7 @@
 """What sampling costs. The sampler alone: ms per call on [rows x vocab] float32 logits (a real model's
 vocabulary: Qwen's 151,936) at greedy, temperature 1 (unseeded and seeded) and temperature 0.7 with top_p 0.9;
 the median of REPEATS calls after a warm-up. Then the offline engine's output tokens/s on the tiny test model
-and on DESIGN.md's CPU benchmark model, 256 prompts of 32 tokens, 32 output tokens each with ignore_eos, at the
+and on the CPU benchmark model, 256 prompts of 32 tokens, 32 output tokens each with ignore_eos, at the
 same three settings against greedy in the same process (passes alternate; each setting's best of PASSES).
 
 Run: python -m benchmarks.sampler [--rows 256] [--vocab 151936]

@@ -1,5 +1,5 @@
 """Speculative decoding (prompt lookup) vs plain decoding: output tokens/s and per-request latency at
-concurrency 1, 8 and 64, with acceptance figures, on DESIGN.md's CPU benchmark model.
+concurrency 1, 8 and 64, with acceptance figures, on the CPU benchmark model.
 
 Workload (outputs that repeat spans of their prompt): each prompt is a random 8-token start, the model's own
 greedy continuation of it (TEXT tokens, written by plain decoding beforehand), then the start again; each

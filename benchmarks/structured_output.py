@@ -1,5 +1,5 @@
 """Cost of structured outputs: output tokens/s at 32 concurrent requests with a JSON-schema
-constraint vs unconstrained, same engine, same prompts, on DESIGN.md's CPU benchmark model.
+constraint vs unconstrained, same engine, same prompts, on the CPU benchmark model.
 
 Run: python -m benchmarks.structured_output
 """

@@ -1,4 +1,4 @@
-"""Tensor parallelism on CPU: TP=2 vs TP=1 throughput and latency on DESIGN.md's CPU benchmark model,
+"""Tensor parallelism on CPU: TP=2 vs TP=1 throughput and latency on the CPU benchmark model,
 and the per-step coordination overhead of TP (the step broadcast from rank 0) in microseconds.
 
 On this 2-core machine TP=2 cannot add compute: the figures show what coordination costs.

@@ -104,9 +104,9 @@ def _replica(config: LLMConfig, server_class: type, prefix_routing: bool = True,
 
 # Spin waits of torch's OpenMP workers between ops, in libgomp's busy-loop iterations (its default is 300,000, a
 # millisecond or so). The replica shares its cores with its own asyncio and tokenizing threads, Serve's proxy and
-# the batch manager; on a small machine its idle workers' spinning took about as much CPU as the engine thread
-# itself during a batch. 10,000 keeps single-stream decode as fast and halves the replica's CPU for the same
-# batch (docs/architecture.md's performance notes).
+# the batch manager; on a small machine its idle workers' spinning took as much CPU as the engine thread
+# itself during a batch. 10,000 keeps single-stream decode as fast and cuts the replica's CPU for the same
+# batch (figures: docs/architecture.md's performance notes).
 _REPLICA_ENV = {"GOMP_SPINCOUNT": "10000"}
 
 

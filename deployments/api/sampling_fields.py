@@ -18,7 +18,7 @@ from runtime.text.grammar import Constraint
 MAX_STOP_TOKEN_IDS = 1024
 MAX_SEQUENCES = 1024  # prompts x n in one completions or /generate call
 MAX_LOGPROB_ENTRIES = 1_000_000  # n x max tokens x (1 + top logprobs): bounds the size of a streamed reply
-# ... and of one reply body, built whole in memory and sent at once (about 72 bytes an entry: 7 MB)
+# ... and of one reply body, built whole in memory and sent at once
 MAX_REPLY_LOGPROB_ENTRIES = 100_000
 
 

@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 # -fno-trapping-math: without it GCC keeps the clamp in exp_nonpositive (vector_math.h) as a branch, since
 # running both sides could raise FP exceptions nobody reads, and the loops calling it (SiLU, softmax) stayed
-# scalar, about 5x slower. It changes no result.
+# scalar, several times slower. It changes no result.
 FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 _COMPILE_TIMEOUT_S = 300
 

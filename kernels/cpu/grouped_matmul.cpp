@@ -8,8 +8,7 @@
 // columns of the expert's matrix (in * kTile floats: 16 KB for 256 inputs at AVX2's 16-column tiles) stay in
 // cache while the segment's rows go past them kRows at a time, each block's kRows x kTile sums held in
 // registers over the whole input dimension. The weights are packed once so that each tile is contiguous,
-// [E, out / kTile, in, kTile] (reading the tile's columns out of [in, out] rows a page apart ran about 20%
-// slower). Rows may be gathered through an index, so the tokens need not be copied into expert order first,
+// [E, out / kTile, in, kTile] (reading the tile's columns out of [in, out] rows a page apart was slower). Rows may be gathered through an index, so the tokens need not be copied into expert order first,
 // and each result row may get its expert's bias, be scaled (the router's weight) and go to a row of its own
 // (back in token order). Written with GCC vector extensions at the CPU's own vector width.
 

@@ -1,5 +1,5 @@
 """The grammar-compile attack leaves the replica's memory where it was: two distinct JSON schemas of 4,676
-one-character optional properties (32,764 characters, under the 32 KiB cap; minutes of compiling each) sent at
+one-character optional properties (32,764 characters, under the 32 KiB cap; far over the compile bound each) sent at
 once are refused at the compile bound, their compile processes killed, and the replica's RSS after is within 10%
 of its RSS after warm-up. Figures are printed as one JSON line."""
 

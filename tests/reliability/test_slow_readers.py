@@ -20,8 +20,7 @@ from tests.conftest import MODEL_ID, PROXY_ENV, another_app, app_args
 
 pytestmark = pytest.mark.reliability
 STALL_S = float(PROXY_ENV["RAYLLM_STREAM_STALL_S"])
-# long enough that the engine is still generating when the stall bound lets a reader go (a 2-core machine
-# generates thousands of tokens a second for the four)
+# long enough that the engine is still generating when the stall bound lets a reader go (the test asserts it)
 READERS, MAX_TOKENS = 4, 30000
 
 
