@@ -74,8 +74,8 @@ def test_deepseek_r1_starts_inside_reasoning_and_truncation_is_all_reasoning():
 
 def test_reasoning_is_separated(client):
     messages = [{"role": "user", "content": "2 + 2?"}]
-    r = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=200,
-                                       extra_body=forced(THOUGHT))
+    r = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=200, extra_body={
+        **forced(THOUGHT), "chat_template_kwargs": {"enable_thinking": True}, "separate_reasoning": True})  # the seed's
     message = r.choices[0].message
     assert message.reasoning_content == "The user wants a number.\n" and message.content == "It is 4."
     assert r.usage.completion_tokens_details.reasoning_tokens > 0

@@ -84,6 +84,18 @@ def test_chat_streaming_cell(client):
     assert len({c.id for c in chunks}) == 1
 
 
+def test_chat_streaming_cell_as_written(client):
+    """The cell itself: no max_tokens (the rest of the context) and no temperature; it reads `choices[0]` of every
+    chunk."""
+    chunks = list(client.chat.completions.create(
+        model=MODEL_ID, messages=[{"role": "user", "content": "Say this is a test"}], stream=True))
+    assert all(len(c.choices) == 1 for c in chunks)
+    assert [c for c in chunks if c.choices[0].finish_reason] == [chunks[-1]]
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    if chunks[-1].choices[0].finish_reason == "length":  # the rest of the context, hundreds of tokens
+        assert "".join(c.choices[0].delta.content or "" for c in chunks)
+
+
 def test_stream_usage_chunk(client):
     chunks = list(client.chat.completions.create(
         model=MODEL_ID, messages=[{"role": "user", "content": "hi"}], max_tokens=7, stream=True,
