@@ -61,7 +61,7 @@ CHATML_TEMPLATE = (
     "<|im_start|>{{ message['role'] }}\n{{ message['content'] or '' }}"
     "{% for call in message.get('tool_calls') or [] %}"
     "\n<tool_call>\n{\"name\": \"{{ call['function']['name'] }}\", "
-    "\"arguments\": {{ call['function']['arguments'] }}}\n</tool_call>"
+    "\"arguments\": {{ call['function']['arguments'] | tojson }}}\n</tool_call>"
     "{% endfor %}<|im_end|>\n"
     "{% endif %}"
     "{% endfor %}"

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from deployments.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, ToolCall
+from deployments.parsers import REASONING_PARSERS, ToolCall, ToolCallFormat, ToolCallParser
 from deployments.parsers.harmony import HarmonyParser
 from deployments.parsers.reasoning import END
 
@@ -20,9 +20,9 @@ class ChoiceDelta:
 class ChoiceParser:
     """Feed each delta's text; the parsers hold back partial tags until they resolve."""
 
-    def __init__(self, reasoning_parser: str | None, tool_call_parser: str | None, tokenizer):
+    def __init__(self, reasoning_parser: str | None, tool_format: ToolCallFormat | None, tokenizer):
         self.reasoning = REASONING_PARSERS[reasoning_parser]() if reasoning_parser else None
-        self.tools = TOOL_CALL_PARSERS[tool_call_parser]() if tool_call_parser else None
+        self.tools = ToolCallParser(tool_format) if tool_format else None
         self.tokenizer = tokenizer
         self.token_ids: list[int] = []
         self.reasoning_tokens = 0  # known after the final feed

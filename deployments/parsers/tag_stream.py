@@ -9,11 +9,19 @@ def split_at(buffer: str, tag: str) -> tuple[str, str | None, str]:
     held back rather than released, so a tag arriving across chunks is never
     half-emitted.
     """
-    pos = buffer.find(tag)
-    if pos != -1:
-        return buffer[:pos], buffer[pos + len(tag) :], ""
-    k = partial_tag_len(buffer, tag)
-    return buffer[: len(buffer) - k], None, buffer[len(buffer) - k :]
+    before, found, after, held = split_at_first(buffer, (tag,))
+    return before, after if found else None, held
+
+
+def split_at_first(buffer: str, tags: tuple[str, ...]) -> tuple[str, str | None, str, str]:
+    """Split `buffer` at the earliest of `tags`: (text before, the tag or None, text after, held back). With no tag
+    in it, the longest tail that could start one of them is held back (and nothing is after)."""
+    found = min(((buffer.find(tag), tag) for tag in tags if tag in buffer), default=None)
+    if found is not None:
+        pos, tag = found
+        return buffer[:pos], tag, buffer[pos + len(tag) :], ""
+    k = max(partial_tag_len(buffer, tag) for tag in tags)
+    return buffer[: len(buffer) - k], None, "", buffer[len(buffer) - k :]
 
 
 def partial_tag_len(text: str, tag: str) -> int:

@@ -1,20 +1,19 @@
-"""Qwen's tool calls: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks in the output.
+"""Tool calls in generated text, in whichever format the model's family writes them (`tool_formats.py`).
 
-Text outside the blocks is content. While streaming, content is released as
-it comes (minus a tail that could open a block), and each call is released
+Text outside the calls is content. While streaming, content is released as
+it comes (minus a tail that could open a call), and each call is released
 whole once its closing tag arrives, so a partial tag never leaks. An output
-that ends inside a block (cut by max_tokens) ends with the call as far as it
-got, never with the block's raw JSON as content.
+that ends inside a call (cut by max_tokens) ends with the call as far as it
+got, never with its raw markup as content. Formats that wrap their calls in a
+section (DeepSeek's, Kimi's, MiniMax's) have only markup between the calls
+inside it: dropped.
 """
 
-import json
-import re
 import uuid
 from dataclasses import dataclass, field
+from enum import Enum
 
-from deployments.parsers.tag_stream import split_at
-
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
+from deployments.parsers.tag_stream import split_at_first
 
 
 @dataclass
@@ -24,70 +23,77 @@ class ToolCall:
     id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
 
 
+class ToolCallFormat:
+    """How one family writes its calls: the tags around each call (and around all of them, where it has a
+    section), and how a call's body reads. `schemas` are the request's tools' parameter schemas by name (formats
+    that write arguments as text read each value by its type)."""
+
+    section: tuple[str, str] | None = None
+    call: tuple[str, str] = ("<tool_call>", "</tool_call>")
+    special_tokens = False  # its tags are special tokens: decoded only with skip_special_tokens off
+
+    def __init__(self, schemas: dict[str, dict | None]):
+        self.schemas = schemas
+
+    def parse(self, body: str) -> ToolCall:
+        """A whole call's body; a malformed one is surfaced (no name, its text as the arguments), not dropped."""
+        raise NotImplementedError
+
+    def parse_partial(self, body: str) -> ToolCall | None:
+        """The call an unclosed body began: its name and arguments as far as they got; None before its name is
+        whole."""
+        raise NotImplementedError
+
+
+class _Where(Enum):
+    OUTSIDE = 0  # content
+    SECTION = 1  # between calls, inside a section
+    CALL = 2  # inside a call
+
+
 class ToolCallParser:
-    def __init__(self):
+    def __init__(self, tool_format: ToolCallFormat):
+        self.format = tool_format
         self._pending = ""
-        self._in_call = False
+        self._where = _Where.OUTSIDE
         self.calls: list[ToolCall] = []
+
+    def _tags(self) -> tuple[str, ...]:
+        section, call = self.format.section, self.format.call
+        if self._where is _Where.CALL:
+            return (call[1],)
+        if self._where is _Where.SECTION:
+            return call[0], section[1]
+        return (section or call)[:1]
 
     def feed(self, text: str) -> tuple[str, list[ToolCall]]:
         """Consume a chunk; returns (content delta, tool calls completed in it)."""
         self._pending += text
         content, calls = "", []
         while self._pending:
-            tag = CLOSE if self._in_call else OPEN
-            before, after, held = split_at(self._pending, tag)
-            if after is None:
-                if not self._in_call:
-                    content += before
+            before, tag, after, held = split_at_first(self._pending, self._tags())
+            if self._where is _Where.OUTSIDE:
+                content += before
+            if tag is None:
+                if self._where is not _Where.CALL:  # a call's body waits whole for its end
                     self._pending = held
                 break
-            if self._in_call:
-                calls.append(_parse_call(before))
-            else:
-                content += before
-            self._pending, self._in_call = after, not self._in_call
+            if self._where is _Where.CALL:
+                calls.append(self.format.parse(before))
+                self._where = _Where.SECTION if self.format.section else _Where.OUTSIDE
+            elif tag == self.format.call[0]:
+                self._where = _Where.CALL
+            else:  # a section opens or closes
+                self._where = _Where.SECTION if self._where is _Where.OUTSIDE else _Where.OUTSIDE
+            self._pending = after
         self.calls += calls
         return content, calls
 
     def finish(self) -> tuple[str, list[ToolCall]]:
-        """What is left at the end: held text as content; an unclosed block as the call it began, its arguments
-        as far as they got (none when the output ended before the call's name did)."""
+        """What is left at the end: held text as content; an unclosed call as the call it began."""
         pending, self._pending = self._pending, ""
-        if not self._in_call:
-            return pending, []
-        call = _parse_partial_call(pending)
+        if self._where is not _Where.CALL:
+            return (pending if self._where is _Where.OUTSIDE else ""), []
+        call = self.format.parse_partial(pending)
         self.calls += [call] if call else []
         return "", [call] if call else []
-
-
-def _parse_call(body: str) -> ToolCall:
-    try:
-        call = json.loads(body)
-        name = call["name"]
-        arguments = call.get("arguments", call.get("parameters", {}))
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return ToolCall(name="", arguments=body.strip())  # malformed: surfaced, not dropped
-    return ToolCall(name=name, arguments=arguments if isinstance(arguments, str) else json.dumps(arguments))
-
-
-_PARTIAL_CALL = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*(?:,\s*"(?:arguments|parameters)"\s*:\s*(.*))?',
-                           re.DOTALL)
-
-
-def _parse_partial_call(body: str) -> ToolCall | None:
-    """The call an unclosed block began: whole if its JSON is, else its name and the arguments' text so far."""
-    try:
-        json.loads(body)
-        return _parse_call(body)
-    except json.JSONDecodeError:
-        pass
-    match = _PARTIAL_CALL.match(body)
-    try:
-        name = json.loads(f'"{match.group(1)}"') if match else None
-    except json.JSONDecodeError:  # an escape the model never finished
-        name = None
-    return None if name is None else ToolCall(name=name, arguments=(match.group(2) or "").rstrip())
-
-
-TOOL_CALL_PARSERS = {"qwen25": ToolCallParser, "hermes": ToolCallParser}

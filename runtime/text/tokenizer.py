@@ -1,5 +1,6 @@
 """The model's tokenizer, its stop tokens and chat template, all from transformers."""
 
+import json
 from pathlib import Path
 
 from tokenizers import pre_tokenizers
@@ -26,14 +27,45 @@ def render_chat(
     chat_template_kwargs: dict | None = None,
     add_generation_prompt: bool = True,
 ) -> str:
-    """The prompt text for a conversation, by the model's own chat template."""
-    return tokenizer.apply_chat_template(
-        messages,
-        tools=tools,
-        tokenize=False,
-        add_generation_prompt=add_generation_prompt,
-        **(chat_template_kwargs or {}),
-    )
+    """The prompt text for a conversation, by the model's own chat template.
+
+    Earlier tool calls' arguments (JSON text, as OpenAI's API sends them) reach the template as mappings, as
+    transformers documents and most families' templates read them (GLM's and MiniMax's iterate them, Llama's and
+    Qwen 2.5's write them with tojson); a template that fails on a mapping (DeepSeek's joins them to strings)
+    gets them as sent."""
+    def render(conversation: list[dict]) -> str:
+        return tokenizer.apply_chat_template(conversation, tools=tools, tokenize=False,
+                                             add_generation_prompt=add_generation_prompt,
+                                             **(chat_template_kwargs or {}))
+
+    with_mappings = [_with_argument_mappings(m) for m in messages]
+    if all(a is b for a, b in zip(with_mappings, messages)):
+        return render(messages)
+    try:
+        return render(with_mappings)
+    except TypeError:
+        return render(messages)
+
+
+def _with_argument_mappings(message: dict) -> dict:
+    """`message` with its tool calls' arguments that are JSON objects parsed (a copy; `message` when it has none)."""
+    calls = message.get("tool_calls")
+    parsed = [_parsed_arguments(c) for c in calls or []]
+    if all(p is c for p, c in zip(parsed, calls or [])):
+        return message
+    return {**message, "tool_calls": parsed}
+
+
+def _parsed_arguments(call):
+    function = call.get("function") if isinstance(call, dict) else None
+    text = function.get("arguments") if isinstance(function, dict) else None
+    try:
+        arguments = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        arguments = None
+    if not isinstance(arguments, dict):
+        return call
+    return {**call, "function": {**function, "arguments": arguments}}
 
 
 def encode(tokenizer: PreTrainedTokenizerBase, text: str, add_special_tokens: bool = True) -> list[int]:

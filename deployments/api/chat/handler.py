@@ -2,7 +2,8 @@
 
 When the model has a reasoning parser (and the request keeps `separate_reasoning`),
 `<think>…</think>` goes to `reasoning_content`; when the request offers tools
-and the model has a tool-call parser, tool-call blocks become `tool_calls`.
+and the model has a tool-call parser, the calls it writes (in its family's format:
+deployments/parsers/tool_formats.py) become `tool_calls`.
 gpt-oss chats in harmony instead: the prompt is rendered and the output parsed
 by openai-harmony, its analysis channel being the reasoning.
 """
@@ -15,6 +16,7 @@ from deployments.api.choice_parser import ChoiceParser, HarmonyChoiceParser, too
 from deployments.api.format import TokenTexts, chat_logprobs, chunk_builder, now, prompt_logprobs_json, usage
 from deployments.api.request_model import engine_priority
 from deployments.errors import OpenAIError
+from deployments.parsers import FORCED_CALL_FORMAT, TOOL_CALL_FORMATS, ToolCallFormat
 from deployments.replica.adapters import ModelAdapters
 from deployments.work_pool import off_loop
 from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput, ValidRequest
@@ -43,6 +45,9 @@ class ChatHandler:
             if req.uses_tools and self.tool_call_parser is None:
                 raise OpenAIError(400, f"tools: model {self.model_id} has no tool_call_parser configured", "tools")
             params = req.to_sampling_params()
+            tool_format = self._tool_format(req)
+            if tool_format is not None and tool_format.special_tokens:
+                params.skip_special_tokens = False  # the calls' tags must reach the parser
             prompt = self.engine.encode(self.prompt.render(req), add_special_tokens=False)
         return self.engine.validate(prompt, params, self.adapters.request_for(req.model))
 
@@ -59,8 +64,15 @@ class ChatHandler:
     def _parser(self, req: ChatCompletionRequest) -> ChoiceParser | HarmonyChoiceParser:
         if self.harmony:
             return HarmonyChoiceParser(req.separate_reasoning)
-        return ChoiceParser(self.reasoning_parser if req.separate_reasoning else None,
-                            self.tool_call_parser if req.uses_tools else None, self.engine.tokenizer)
+        return ChoiceParser(self.reasoning_parser if req.separate_reasoning else None, self._tool_format(req),
+                            self.engine.tokenizer)
+
+    def _tool_format(self, req: ChatCompletionRequest) -> ToolCallFormat | None:
+        """The format of the output's calls: the forcing grammar's for a forced tool choice, else the model's."""
+        if not req.uses_tools:
+            return None
+        name = self.tool_call_parser if req.tool_choice == "auto" else FORCED_CALL_FORMAT
+        return TOOL_CALL_FORMATS[name]({t.function.name: t.function.parameters for t in req.tools})
 
     async def complete(self, req: ChatCompletionRequest, request_id: str, priority: int = 0,
                        owner: str | None = None) -> dict:

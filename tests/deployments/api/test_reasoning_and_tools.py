@@ -6,7 +6,7 @@ import json
 import openai
 import pytest
 
-from deployments.parsers import ReasoningParser, ToolCallParser
+from deployments.parsers import ReasoningParser
 from tests.conftest import MODEL_ID
 
 THOUGHT = "<think>\nThe user wants a number.\n</think>\n\nIt is 4."
@@ -36,34 +36,6 @@ def test_reasoning_parser_at_every_split(cut):
     assert "".join(r for r, _ in parts) == "The user wants a number.\n"
     assert "".join(c for _, c in parts) == "It is 4."
     assert not any("<" in r or "<" in c for r, c in parts)  # no partial tag leaks
-
-
-@pytest.mark.parametrize("cut", range(0, len(CALL) + 6))
-def test_tool_call_parser_at_every_split(cut):
-    text = "Checking." + CALL
-    parser = ToolCallParser()
-    pieces = [parser.feed(c) for c in _chunks(text, cut)]
-    rest, unclosed = parser.finish()
-    assert "".join(c for c, _ in pieces) + rest == "Checking." and unclosed == []
-    calls = [call for _, cs in pieces for call in cs]
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
-    assert calls[0].id.startswith("call_")
-
-
-@pytest.mark.parametrize("end", range(len("<tool_call>"), len(CALL) - len("\n</tool_call>")))
-def test_an_output_cut_inside_a_call_ends_with_the_call_so_far(end):
-    """Cut by max_tokens inside a block: the call as far as it got once its name is whole, else nothing; never
-    the block's raw JSON as content."""
-    parser = ToolCallParser()
-    content, calls = parser.feed("Checking." + CALL[:end])
-    rest, unclosed = parser.finish()
-    assert content + rest == "Checking." and calls == []
-    name_ends = CALL.index('"get_weather"') + len('"get_weather"')
-    if end < name_ends:
-        assert unclosed == []
-    else:
-        assert [c.name for c in unclosed] == ["get_weather"] and parser.calls == unclosed
-        assert '{"city": "Paris"}'.startswith(unclosed[0].arguments)
 
 
 def test_deepseek_r1_starts_inside_reasoning_and_truncation_is_all_reasoning():

@@ -1,0 +1,148 @@
+"""Each family's tool-call format read back into OpenAI's calls, at every split of a stream and every cut of an
+output, and one served app whose model writes GLM-4.5's format."""
+
+import json
+
+import pytest
+
+from deployments.parsers import TOOL_CALL_FORMATS, ToolCallParser
+from tests.conftest import MODEL_ID, another_app, app_args
+from tests.deployments.api.test_reasoning_and_tools import forced
+
+SCHEMAS = {
+    "get_weather": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                                                     "code": {"type": "string"}}},
+    "get_time": {"type": "object", "properties": {"zone": {"type": "string"}}},
+}
+TOOLS = [{"type": "function", "function": {"name": name, "parameters": schema}} for name, schema in SCHEMAS.items()]
+CALLS = [("get_weather", {"city": "Paris", "days": 3, "code": "075"}), ("get_time", {"zone": "CET"})]
+CONTENT = "Checking."
+
+# the two calls as each format writes them
+WRITTEN = {
+    "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3, "code": "075"}}\n'
+              '</tool_call><tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>',
+    "glm45": "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n"
+             "<arg_value>3</arg_value>\n<arg_key>code</arg_key>\n<arg_value>075</arg_value>\n</tool_call>"
+             "<tool_call>get_time\n<arg_key>zone</arg_key>\n<arg_value>CET</arg_value>\n</tool_call>",
+    "minimax_m2": '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n'
+                  '<parameter name="days">3</parameter>\n<parameter name="code">075</parameter>\n</invoke>\n'
+                  '<invoke name="get_time">\n<parameter name="zone">CET</parameter>\n</invoke>\n</minimax:tool_call>',
+    "deepseek_v3": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+                   '{"city": "Paris", "days": 3, "code": "075"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function'
+                   '<｜tool▁sep｜>get_time\n```json\n{"zone": "CET"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    "deepseek_v31": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris", "days": 3, '
+                    '"code": "075"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"zone": "CET"}'
+                    "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+    "kimi_k2": "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+               '{"city": "Paris", "days": 3, "code": "075"}<|tool_call_end|><|tool_call_begin|>functions.get_time:1'
+               '<|tool_call_argument_begin|>{"zone": "CET"}<|tool_call_end|><|tool_calls_section_end|>',
+}
+
+
+def parser(name: str) -> ToolCallParser:
+    return ToolCallParser(TOOL_CALL_FORMATS[name](SCHEMAS))
+
+
+def test_every_format_has_its_example():
+    assert set(WRITTEN) == set(TOOL_CALL_FORMATS) - {"qwen25"}  # Qwen 2.5's is Hermes'
+
+
+@pytest.mark.parametrize("name", list(WRITTEN))
+def test_calls_read_the_same_at_every_split_of_the_stream(name):
+    text = CONTENT + WRITTEN[name] + " Done."
+    for cut in range(len(text) + 1):
+        p = parser(name)
+        pieces = [p.feed(text[:cut]), p.feed(text[cut:]), p.finish()]
+        assert "".join(c for c, _ in pieces) == CONTENT + " Done.", cut
+        calls = [call for _, cs in pieces for call in cs]
+        assert [(c.name, json.loads(c.arguments)) for c in calls] == CALLS, cut
+        assert p.calls == calls
+    if name == "kimi_k2":  # its own ids, which its chat template writes back
+        assert [c.id for c in calls] == ["functions.get_weather:0", "functions.get_time:1"]
+    else:
+        assert all(c.id.startswith("call_") for c in calls) and calls[0].id != calls[1].id
+
+
+@pytest.mark.parametrize("name", list(WRITTEN))
+def test_an_output_cut_inside_a_call_ends_with_the_call_so_far_and_no_markup(name):
+    """Cut by max_tokens anywhere after the calls' markup opened, up to the first call's end: none of it is
+    content, and the call, once its name is whole, is named and has arguments as far as they got."""
+    form = TOOL_CALL_FORMATS[name]
+    opened, first_closed = len((form.section or form.call)[0]), WRITTEN[name].index(form.call[1])
+    for end in range(len(CONTENT) + opened, len(CONTENT) + first_closed):
+        p = parser(name)
+        content, calls = p.feed((CONTENT + WRITTEN[name])[:end])
+        rest, unclosed = p.finish()
+        assert content + rest == CONTENT and calls == [] and p.calls == unclosed, end
+        assert len(unclosed) <= 1 and all(c.name == "get_weather" for c in unclosed), (end, unclosed)
+        for call in unclosed:
+            whole = json.dumps(CALLS[0][1])
+            if call.arguments.startswith("{") and call.arguments.endswith("}") and _is_json(call.arguments):
+                assert json.loads(call.arguments).items() <= CALLS[0][1].items(), (end, call)
+            else:
+                assert whole.startswith(call.arguments), (end, call)
+    assert unclosed, "the longest cut has the call's name"
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+        return True
+    except ValueError:
+        return False
+
+
+@pytest.mark.parametrize("name", ["glm45", "minimax_m2"])
+def test_text_values_are_read_by_the_schemas_types(name):
+    """A value the schema types a string stays text ("075"); others are JSON where they parse, text where not,
+    and a tool or parameter the schemas lack is read as JSON where it can be."""
+    call = parser(name).format.parse(
+        "ask\n<arg_key>n</arg_key><arg_value>[1, 2]</arg_value><arg_key>s</arg_key><arg_value>not json</arg_value>"
+        if name == "glm45" else
+        '"ask">\n<parameter name="n">[1, 2]</parameter><parameter name="s">not json</parameter>')
+    assert (call.name, json.loads(call.arguments)) == ("ask", {"n": [1, 2], "s": "not json"})
+
+
+def test_a_malformed_call_is_surfaced_not_dropped():
+    p = parser("glm45")
+    content, calls = p.feed("<tool_call><arg_key>city</arg_key></tool_call>")
+    assert content == "" and [(c.name, c.arguments) for c in calls] == [("", "<arg_key>city</arg_key>")]
+
+
+@pytest.fixture(scope="module")
+def glm_client(server, tmp_path_factory):
+    """The shared model served as one that writes GLM-4.5's calls."""
+    import openai
+
+    args = app_args(server.model_dir, f"file://{tmp_path_factory.mktemp('glm-storage')}")
+    args["llm_configs"][0].update(tool_call_parser="glm45", engine_kwargs={**server.engine_kwargs, "warm_up": False})
+    with another_app(server, "glm", args) as url:
+        yield openai.Client(base_url=f"{url}/v1", api_key="None")
+
+
+def test_a_served_model_writing_glm_calls_answers_with_openai_tool_calls(glm_client):
+    """Whole and streamed, the same typed call; a forced tool choice is decoded in the forcing grammar's format
+    and read in it, whatever the model's. (One short call: the tiny model's context is 512 tokens.)"""
+    messages = [{"role": "user", "content": "Weather?"}]
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"days": {"type": "integer"}, "code": {"type": "string"}}}}}, TOOLS[1]]
+    written = ("<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n<arg_key>code</arg_key>\n"
+               "<arg_value>075</arg_value>\n</tool_call>")
+    expected = [("get_weather", {"days": 3, "code": "075"})]
+    body = forced(CONTENT + written)
+    reply = glm_client.chat.completions.create(model=MODEL_ID, messages=messages, tools=tools, max_tokens=150,
+                                               extra_body=body)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == CONTENT
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls] == expected
+    chunks = list(glm_client.chat.completions.create(model=MODEL_ID, messages=messages, tools=tools, max_tokens=150,
+                                                     stream=True, extra_body=body))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    streamed = [(t.function.name, json.loads(t.function.arguments)) for d in deltas for t in d.tool_calls or []]
+    assert streamed == expected and "".join(d.content or "" for d in deltas) == CONTENT
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    required = glm_client.chat.completions.create(model=MODEL_ID, messages=messages, tools=tools[1:], max_tokens=60,
+                                                  tool_choice="required", temperature=0)
+    [call] = required.choices[0].message.tool_calls
+    assert call.function.name == "get_time" and set(json.loads(call.function.arguments)) <= {"zone"}
