@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from deployments.parsers import REASONING_PARSERS, ToolCall, ToolCallFormat, ToolCallParser
+from deployments.parsers import REASONING_PARSERS, ToolCall, ToolCallFormat, tool_call_parser
 from deployments.parsers.harmony import HarmonyParser
 from deployments.parsers.reasoning import END
 
@@ -22,7 +22,7 @@ class ChoiceParser:
 
     def __init__(self, reasoning_parser: str | None, tool_format: ToolCallFormat | None, tokenizer):
         self.reasoning = REASONING_PARSERS[reasoning_parser]() if reasoning_parser else None
-        self.tools = ToolCallParser(tool_format) if tool_format else None
+        self.tools = tool_call_parser(tool_format) if tool_format else None
         self.tokenizer = tokenizer
         self.token_ids: list[int] = []
         self.reasoning_tokens = 0  # known after the final feed

@@ -24,16 +24,21 @@ class ToolCall:
 
 
 class ToolCallFormat:
-    """How one family writes its calls: the tags around each call (and around all of them, where it has a
-    section), and how a call's body reads. `schemas` are the request's tools' parameter schemas by name (formats
-    that write arguments as text read each value by its type)."""
+    """How one family writes its calls. `schemas` are the request's tools' parameter schemas by name (formats that
+    write arguments as text read each value by its type)."""
 
-    section: tuple[str, str] | None = None
-    call: tuple[str, str] = ("<tool_call>", "</tool_call>")
     special_tokens = False  # its tags are special tokens: decoded only with skip_special_tokens off
 
     def __init__(self, schemas: dict[str, dict | None]):
         self.schemas = schemas
+
+
+class TaggedFormat(ToolCallFormat):
+    """Calls between tags (and all of them in a section, where the family has one): the tags, and how a call's
+    body reads."""
+
+    section: tuple[str, str] | None = None
+    call: tuple[str, str] = ("<tool_call>", "</tool_call>")
 
     def parse(self, body: str) -> ToolCall:
         """A whole call's body; a malformed one is surfaced (no name, its text as the arguments), not dropped."""
@@ -52,7 +57,7 @@ class _Where(Enum):
 
 
 class ToolCallParser:
-    def __init__(self, tool_format: ToolCallFormat):
+    def __init__(self, tool_format: TaggedFormat):
         self.format = tool_format
         self._pending = ""
         self._where = _Where.OUTSIDE

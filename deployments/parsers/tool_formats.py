@@ -7,29 +7,42 @@
   `function<｜tool▁sep｜>NAME` then the arguments in a json code fence (V3, R1), or `NAME<｜tool▁sep｜>ARGS` (V3.1)
 - kimi_k2: `<|tool_calls_section_begin|>` around `<|tool_call_begin|>functions.NAME:I<|tool_call_argument_begin|>
   ARGS<|tool_call_end|>`s; `functions.NAME:I` is the call's id, which Kimi's chat template writes back
+- llama3_json, llama4_json: the output is `{"name": ..., "parameters": {...}}` (several joined by `;`), maybe
+  after `<|python_tag|>`
+- pythonic, llama4_pythonic: the output is `[get_weather(city="Paris"), ...]`, maybe in `<|python_start|>...`
+- mistral: the output is `[TOOL_CALLS]` and a JSON list of calls, or `[TOOL_CALLS]NAME[ARGS]{...}` per call
 
 Formats whose values are text (GLM's, MiniMax's) read each value by the type the tool's schema gives it.
 """
 
+import ast
 import json
 import re
+import uuid
 
-from deployments.parsers.tool_calls import ToolCall, ToolCallFormat
+from deployments.parsers.leading_calls import LeadingCallsFormat, LeadingCallsParser
+from deployments.parsers.tool_calls import TaggedFormat, ToolCall, ToolCallFormat, ToolCallParser
 
 
 def _malformed(body: str) -> ToolCall:
     return ToolCall(name="", arguments=body.strip())
 
 
-class HermesFormat(ToolCallFormat):
+def _named_call(call) -> ToolCall | None:
+    """`{"name": ..., "arguments" (or "parameters"): {...}}` as a call; None when it is not one."""
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return None
+    arguments = call.get("arguments", call.get("parameters", {}))
+    return ToolCall(name=call["name"], arguments=arguments if isinstance(arguments, str) else json.dumps(arguments))
+
+
+class HermesFormat(TaggedFormat):
     def parse(self, body: str) -> ToolCall:
         try:
-            call = json.loads(body)
-            name = call["name"]
-            arguments = call.get("arguments", call.get("parameters", {}))
-        except (json.JSONDecodeError, KeyError, TypeError):
-            return _malformed(body)
-        return ToolCall(name=name, arguments=arguments if isinstance(arguments, str) else json.dumps(arguments))
+            call = _named_call(json.loads(body))
+        except json.JSONDecodeError:
+            call = None
+        return call or _malformed(body)
 
     _PARTIAL = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*(?:,\s*"(?:arguments|parameters)"\s*:\s*(.*))?',
                           re.DOTALL)
@@ -66,7 +79,7 @@ def _typed_arguments(schema: dict | None, pairs: list[tuple[str, str]]) -> str:
     return json.dumps(arguments, ensure_ascii=False)
 
 
-class Glm45Format(ToolCallFormat):
+class Glm45Format(TaggedFormat):
     special_tokens = True
     _PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 
@@ -88,7 +101,7 @@ class Glm45Format(ToolCallFormat):
         return ToolCall(name=name, arguments=_typed_arguments(self.schemas.get(name), self._PAIR.findall(body)))
 
 
-class MinimaxM2Format(ToolCallFormat):
+class MinimaxM2Format(TaggedFormat):
     section = ("<minimax:tool_call>", "</minimax:tool_call>")
     call = ("<invoke name=", "</invoke>")
     special_tokens = True
@@ -107,7 +120,7 @@ class MinimaxM2Format(ToolCallFormat):
         return ToolCall(name=name, arguments=_typed_arguments(self.schemas.get(name), pairs))
 
 
-class DeepSeekFormat(ToolCallFormat):
+class DeepSeekFormat(TaggedFormat):
     section = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")
     call = ("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>")
     special_tokens = True
@@ -135,7 +148,7 @@ class DeepSeekFormat(ToolCallFormat):
         return ToolCall(name=name.strip(), arguments=arguments.strip() or ("{}" if whole else ""))
 
 
-class KimiK2Format(ToolCallFormat):
+class KimiK2Format(TaggedFormat):
     section = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")
     call = ("<|tool_call_begin|>", "<|tool_call_end|>")
     special_tokens = True
@@ -157,10 +170,89 @@ class KimiK2Format(ToolCallFormat):
         return ToolCall(name=name, arguments=arguments.strip(), id=ident)
 
 
+class LlamaJsonFormat(LeadingCallsFormat):
+    leading = ("<|python_tag|>", "{")
+    special_tokens = True
+
+    def parse_all(self, text: str) -> list[ToolCall] | None:
+        text, decoder, calls, at = text.removeprefix("<|python_tag|>").strip(), json.JSONDecoder(), [], 0
+        while at < len(text):
+            try:
+                call, at = decoder.raw_decode(text, at)
+            except json.JSONDecodeError:
+                return None
+            calls.append(_named_call(call))
+            while at < len(text) and text[at] in " \t\n;":
+                at += 1
+        return calls if calls and None not in calls else None
+
+
+class PythonicFormat(LeadingCallsFormat):
+    leading = ("[", "<|python_start|>")
+    special_tokens = True
+
+    def parse_all(self, text: str) -> list[ToolCall] | None:
+        """Read as Python's syntax tree, never run: each call a name with keyword arguments of literal values."""
+        text = text.removeprefix("<|python_start|>").removesuffix("<|python_end|>").strip()
+        try:
+            tree = ast.parse(text, mode="eval").body
+            if not isinstance(tree, ast.List) or not tree.elts:
+                return None
+            calls = []
+            for node in tree.elts:
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args
+                        and all(k.arg for k in node.keywords)):
+                    return None
+                arguments = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+                calls.append(ToolCall(name=node.func.id, arguments=json.dumps(arguments)))
+            return calls
+        except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
+            return None
+
+
+class MistralFormat(LeadingCallsFormat):
+    leading = ("[TOOL_CALLS]",)
+    special_tokens = True
+
+    def parse_all(self, text: str) -> list[ToolCall] | None:
+        """A JSON list of calls after `[TOOL_CALLS]` (Mistral's v3 tokenizers), or `NAME[ARGS]{...}` after each
+        (v11 and later). Ids are 9 letters and digits: Mistral's chat templates take no other back."""
+        parts = [part.strip() for part in text.split("[TOOL_CALLS]") if part.strip()]
+        if len(parts) == 1 and parts[0].startswith("["):
+            try:
+                listed = json.loads(parts[0])
+            except json.JSONDecodeError:
+                return None
+            calls = [_named_call(c) for c in listed] if isinstance(listed, list) else []
+        else:
+            calls = [self._name_and_arguments(part) for part in parts]
+        if not calls or None in calls:
+            return None
+        for call in calls:
+            call.id = uuid.uuid4().hex[:9]
+        return calls
+
+    @staticmethod
+    def _name_and_arguments(part: str) -> ToolCall | None:
+        name, sep, arguments = part.partition("[ARGS]")
+        try:
+            json.loads(arguments)
+        except json.JSONDecodeError:
+            return None
+        name = name.partition("[CALL_ID]")[0].strip()
+        return ToolCall(name=name, arguments=arguments.strip()) if sep and name else None
+
+
 TOOL_CALL_FORMATS: dict[str, type[ToolCallFormat]] = {
     "hermes": HermesFormat, "qwen25": HermesFormat, "glm45": Glm45Format, "minimax_m2": MinimaxM2Format,
     "deepseek_v3": DeepSeekFormat, "deepseek_v31": DeepSeekFormat, "kimi_k2": KimiK2Format,
+    "llama3_json": LlamaJsonFormat, "llama4_json": LlamaJsonFormat, "pythonic": PythonicFormat,
+    "llama4_pythonic": PythonicFormat, "mistral": MistralFormat,
 }
 # the format of a forced call (tool_choice "required" or a named function), whatever the model's: the grammar
 # that forces it writes this one (runtime/text/grammar_process.py)
 FORCED_CALL_FORMAT = "hermes"
+
+
+def tool_call_parser(tool_format: ToolCallFormat) -> ToolCallParser | LeadingCallsParser:
+    return (LeadingCallsParser if isinstance(tool_format, LeadingCallsFormat) else ToolCallParser)(tool_format)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from deployments.parsers import TOOL_CALL_FORMATS, ToolCallParser
+from deployments.parsers import TOOL_CALL_FORMATS, tool_call_parser
 from tests.conftest import MODEL_ID, another_app, app_args
 from tests.deployments.api.test_reasoning_and_tools import forced
 
@@ -40,12 +40,30 @@ WRITTEN = {
 }
 
 
-def parser(name: str) -> ToolCallParser:
-    return ToolCallParser(TOOL_CALL_FORMATS[name](SCHEMAS))
+# ... and as the formats whose calls are the whole output write them
+WHOLE = [
+    ("llama3_json", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "days": 3, "code": "075"}}'
+                    '; {"name": "get_time", "parameters": {"zone": "CET"}}'),
+    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Paris", "days": 3, "code": "075"}}\n'
+                    '{"name": "get_time", "parameters": {"zone": "CET"}}'),
+    ("pythonic", '[get_weather(city="Paris", days=3, code="075"), get_time(zone="CET")]'),
+    ("pythonic", '<|python_start|>[get_weather(city="Paris", days=3, code="075"), get_time(zone="CET")]'
+                 "<|python_end|>"),
+    ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "days": 3, "code": "075"}}, '
+                '{"name": "get_time", "arguments": {"zone": "CET"}}]'),
+    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 3, "code": "075"}[TOOL_CALLS]get_time[ARGS]'
+                '{"zone": "CET"}'),
+]
+ALIASES = {"qwen25": "hermes", "llama4_json": "llama3_json", "llama4_pythonic": "pythonic"}
+
+
+def parser(name: str):
+    return tool_call_parser(TOOL_CALL_FORMATS[name](SCHEMAS))
 
 
 def test_every_format_has_its_example():
-    assert set(WRITTEN) == set(TOOL_CALL_FORMATS) - {"qwen25"}  # Qwen 2.5's is Hermes'
+    assert set(WRITTEN) | {name for name, _ in WHOLE} == set(TOOL_CALL_FORMATS) - set(ALIASES)
+    assert all(TOOL_CALL_FORMATS[alias] is TOOL_CALL_FORMATS[name] for alias, name in ALIASES.items())
 
 
 @pytest.mark.parametrize("name", list(WRITTEN))
@@ -91,6 +109,38 @@ def _is_json(text: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+@pytest.mark.parametrize("name, text", WHOLE)
+def test_whole_output_calls_read_the_same_at_every_split(name, text):
+    for cut in range(len(text) + 1):
+        p = parser(name)
+        pieces = [p.feed(" " + text[:cut]), p.feed(text[cut:]), p.finish()]
+        assert all(content == "" for content, _ in pieces), cut
+        calls = [call for _, cs in pieces for call in cs]
+        assert [(c.name, json.loads(c.arguments)) for c in calls] == CALLS and p.calls == calls, cut
+    if name == "mistral":  # the only ids its chat templates take back
+        assert all(len(c.id) == 9 and c.id.isalnum() for c in calls)
+
+
+@pytest.mark.parametrize("name, answer", [
+    ("llama3_json", '{"answer": 42}'), ("llama3_json", '{"name": "get_time", "parameters": {"zone": "C'),
+    ("pythonic", "[1, 2]"), ("pythonic", '[get_weather(city="Par'), ("pythonic", '[get_weather(city=open("x"))]'),
+    ("pythonic", "[get_weather(**kwargs)]"), ("mistral", "[TOOL_CALLS]get_weather[ARGS]{\"city\""),
+])
+def test_a_whole_output_that_is_not_calls_is_content(name, answer):
+    """A JSON answer, a list, a cut call, a call whose arguments are not literals (never run): content, as
+    written."""
+    p = parser(name)
+    assert p.feed(answer) == ("", []) and p.finish() == (answer, []) and p.calls == []
+
+
+@pytest.mark.parametrize("name", sorted({name for name, _ in WHOLE}))
+def test_an_answer_that_opens_no_call_streams_as_it_comes(name):
+    p = parser(name)
+    assert p.feed(" ") == ("", [])  # too short to tell
+    assert p.feed("It is sunny. [1]") == (" It is sunny. [1]", [])
+    assert p.feed(" {x}") == (" {x}", []) and p.finish() == ("", [])
 
 
 @pytest.mark.parametrize("name", ["glm45", "minimax_m2"])
