@@ -41,13 +41,22 @@ class TaggedFormat(ToolCallFormat):
     call: tuple[str, str] = ("<tool_call>", "</tool_call>")
 
     def parse(self, body: str) -> ToolCall:
-        """A whole call's body; a malformed one is surfaced (no name, its text as the arguments), not dropped."""
-        raise NotImplementedError
+        """A whole call's body (by default, read as a partial one that got to its end); a malformed one is
+        surfaced (no name, its text as the arguments), not dropped."""
+        call = self.parse_partial(body)
+        if call is None or not call.name:
+            return self.malformed(body)
+        call.arguments = call.arguments or "{}"
+        return call
 
     def parse_partial(self, body: str) -> ToolCall | None:
         """The call an unclosed body began: its name and arguments as far as they got; None before its name is
         whole."""
         raise NotImplementedError
+
+    @staticmethod
+    def malformed(body: str) -> ToolCall:
+        return ToolCall(name="", arguments=body.strip())
 
 
 class _Where(Enum):

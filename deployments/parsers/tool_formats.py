@@ -24,10 +24,6 @@ from deployments.parsers.leading_calls import LeadingCallsFormat, LeadingCallsPa
 from deployments.parsers.tool_calls import TaggedFormat, ToolCall, ToolCallFormat, ToolCallParser
 
 
-def _malformed(body: str) -> ToolCall:
-    return ToolCall(name="", arguments=body.strip())
-
-
 def _named_call(call) -> ToolCall | None:
     """`{"name": ..., "arguments" (or "parameters"): {...}}` as a call; None when it is not one."""
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
@@ -42,7 +38,7 @@ class HermesFormat(TaggedFormat):
             call = _named_call(json.loads(body))
         except json.JSONDecodeError:
             call = None
-        return call or _malformed(body)
+        return call or self.malformed(body)
 
     _PARTIAL = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*(?:,\s*"(?:arguments|parameters)"\s*:\s*(.*))?',
                           re.DOTALL)
@@ -84,7 +80,7 @@ class Glm45Format(TaggedFormat):
     _PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 
     def parse(self, body: str) -> ToolCall:
-        return self._read(body, whole=True) or _malformed(body)
+        return self._read(body, whole=True) or self.malformed(body)
 
     def parse_partial(self, body: str) -> ToolCall | None:
         return self._read(body, whole=False)
@@ -108,9 +104,6 @@ class MinimaxM2Format(TaggedFormat):
     _NAME = re.compile(r'\s*"?([^"<>\n]+)"?\s*>')
     _PARAMETER = re.compile(r'<parameter name="?([^"<>]*)"?>(.*?)</parameter>', re.DOTALL)
 
-    def parse(self, body: str) -> ToolCall:
-        return self.parse_partial(body) or _malformed(body)
-
     def parse_partial(self, body: str) -> ToolCall | None:
         match = self._NAME.match(body)
         if match is None:
@@ -126,26 +119,18 @@ class DeepSeekFormat(TaggedFormat):
     special_tokens = True
     SEP = "<｜tool▁sep｜>"
 
-    def parse(self, body: str) -> ToolCall:
-        call = self._read(body, whole=True)
-        return call if call and call.name else _malformed(body)
-
     def parse_partial(self, body: str) -> ToolCall | None:
-        return self._read(body, whole=False)
-
-    def _read(self, body: str, whole: bool) -> ToolCall | None:
         head, sep, rest = body.partition(self.SEP)
         if not sep:
             return None
-        if head.strip() == "function" and ("```" in rest or not whole):  # V3's: the name, then a fenced block
-            name, newline, arguments = rest.partition("\n")
-            if not newline:
-                return None
-            fenced = arguments.strip()
-            arguments = "" if "```json".startswith(fenced) else fenced.removeprefix("```json").rstrip("`")
-        else:
-            name, arguments = head, rest
-        return ToolCall(name=name.strip(), arguments=arguments.strip() or ("{}" if whole else ""))
+        if head.strip() != "function":  # V3.1's: the name, then the arguments
+            return ToolCall(name=head.strip(), arguments=rest.strip())
+        name, newline, fenced = rest.partition("\n")  # V3's: the name, then the arguments in a json code fence
+        if not newline:
+            return None
+        fenced = fenced.strip()
+        arguments = "" if "```json".startswith(fenced) else fenced.removeprefix("```json").rstrip("`")
+        return ToolCall(name=name.strip(), arguments=arguments.strip())
 
 
 class KimiK2Format(TaggedFormat):
@@ -153,13 +138,6 @@ class KimiK2Format(TaggedFormat):
     call = ("<|tool_call_begin|>", "<|tool_call_end|>")
     special_tokens = True
     ARGUMENTS = "<|tool_call_argument_begin|>"
-
-    def parse(self, body: str) -> ToolCall:
-        call = self.parse_partial(body)
-        if not call or not call.name:
-            return _malformed(body)
-        call.arguments = call.arguments or "{}"
-        return call
 
     def parse_partial(self, body: str) -> ToolCall | None:
         ident, sep, arguments = body.partition(self.ARGUMENTS)
