@@ -26,8 +26,10 @@ def render_chat(
     tools: list[dict] | None = None,
     chat_template_kwargs: dict | None = None,
     add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
 ) -> str:
-    """The prompt text for a conversation, by the model's own chat template.
+    """The prompt text for a conversation, by the model's own chat template; `continue_final_message` leaves the
+    last message open (its end-of-turn cut off), for the model to go on writing it.
 
     Earlier tool calls' arguments (JSON text, as OpenAI's API sends them) reach the template as mappings, as
     transformers documents and most families' templates read them (GLM's and MiniMax's iterate them, Llama's and
@@ -35,7 +37,8 @@ def render_chat(
     gets them as sent."""
     def render(conversation: list[dict]) -> str:
         return tokenizer.apply_chat_template(conversation, tools=tools, tokenize=False,
-                                             add_generation_prompt=add_generation_prompt,
+                                             add_generation_prompt=add_generation_prompt and not continue_final_message,
+                                             continue_final_message=continue_final_message,
                                              **(chat_template_kwargs or {}))
 
     with_mappings = [_with_argument_mappings(m) for m in messages]

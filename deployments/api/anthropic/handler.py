@@ -108,7 +108,8 @@ class AnthropicMessages:
     async def count_tokens(self, req: CountTokensRequest, model: ModelClient) -> dict:
         chat = chat_request(req)
         counted = await model.tokenize(TokenizeRequest(model=req.model, messages=chat.messages, tools=chat.tools,
-                                                       chat_template_kwargs=chat.chat_template_kwargs))
+                                                       chat_template_kwargs=chat.chat_template_kwargs,
+                                                       continue_final_message=chat.continue_final_message))
         return {"input_tokens": counted["count"]}
 
 

@@ -4,7 +4,8 @@ Content blocks map onto chat messages: `text` blocks join into the turn's text, 
 blocks become its `tool_calls`, a user's `tool_result` blocks become `tool` messages (before the user's own
 text, as they answer the calls of the turn before), echoed `thinking` blocks are dropped (chat templates drop
 past reasoning). `thinking` switches the template's `enable_thinking`; `tool_choice` any/tool/none become
-required/named/none.
+required/named/none. A last assistant turn of text is where the reply starts (Anthropic's prefill): the model
+goes on writing it, and the reply holds only what it adds.
 """
 
 import json
@@ -144,8 +145,10 @@ class CountTokensRequest(RequestModel):
             [m for message in self.messages for m in message.chat_messages()]
 
     def to_chat(self) -> ChatCompletionRequest:
-        chat: dict[str, Any] = {"model": self.model, "messages": self.chat_messages(), "max_tokens": self.max_tokens,
-                                "stream": self.stream}
+        messages = self.chat_messages()
+        prefill = messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls")
+        chat: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": self.max_tokens,
+                                "stream": self.stream, "continue_final_message": prefill}
         if self.stream:  # usage on every chunk: message_start carries the input tokens
             chat["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
         for name in ("temperature", "top_p", "top_k", "seed", "ignore_eos", "regex", "ebnf"):

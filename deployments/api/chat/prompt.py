@@ -36,6 +36,6 @@ class ChatPrompt:
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         try:
             return render_chat(self.engine.tokenizer, messages, tools, req.chat_template_kwargs,
-                               add_generation_prompt=req.add_generation_prompt and not req.continue_final_message)
+                               req.add_generation_prompt, req.continue_final_message)
         except Exception as e:  # the template rejected the conversation (jinja raise_exception, bad kwargs)
             raise OpenAIError(400, f"messages: the chat template could not render them: {e}", "messages") from e

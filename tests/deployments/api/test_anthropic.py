@@ -137,3 +137,18 @@ def test_context_overflow_is_worded_as_anthropics_so_claude_code_recovers(server
     message = too_long.value.body["error"]["message"]
     assert re.fullmatch(r"prompt is too long: (\d+) tokens > 512 maximum", message)
     assert int(re.fullmatch(r"prompt is too long: (\d+) tokens > 512 maximum", message).group(1)) >= 512
+
+
+def test_a_last_assistant_turn_is_continued_as_a_prefill(claude, client):
+    """Anthropic's prefill and chat's continue_final_message: the model goes on writing the last assistant turn
+    (the prompt is the conversation with that turn left open), and the reply holds only what it adds."""
+    turns = [{"role": "user", "content": "The capital of France?"}, {"role": "assistant", "content": "The capital is"}]
+    prompt = "<|im_start|>user\nThe capital of France?<|im_end|>\n<|im_start|>assistant\nThe capital is"
+    raw = client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=6, temperature=0)
+    chat = client.chat.completions.create(model=MODEL_ID, max_tokens=6, temperature=0, messages=turns, extra_body={
+        "continue_final_message": True, "add_generation_prompt": False})
+    assert chat.choices[0].message.content == raw.choices[0].text
+    assert chat.usage.prompt_tokens == raw.usage.prompt_tokens
+    message = claude.messages.create(model=MODEL_ID, max_tokens=6, messages=turns, extra_body={"temperature": 0})
+    assert "".join(b.text for b in message.content) == raw.choices[0].text
+    assert claude.messages.count_tokens(model=MODEL_ID, messages=turns).input_tokens == raw.usage.prompt_tokens
