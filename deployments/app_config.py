@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from deployments.errors import field_path
-from deployments.parsers import TOOL_CALL_FORMATS
+from deployments.parsers import REASONING_PARSERS, TOOL_CALL_FORMATS
 from runtime import EngineConfig
 
 
@@ -91,7 +91,7 @@ class LLMConfig(StrictModel):
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
     deployment_config: dict[str, Any] = Field(default_factory=dict)
     accelerator_type: str | None = None
-    reasoning_parser: Literal["qwen3", "deepseek-r1"] | None = None
+    reasoning_parser: Literal[tuple(REASONING_PARSERS)] | None = None  # how the model writes its reasoning
     tool_call_parser: Literal[tuple(TOOL_CALL_FORMATS)] | None = None  # the format the model writes calls in
 
     @field_validator("engine_kwargs")

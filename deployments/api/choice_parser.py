@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from deployments.parsers import REASONING_PARSERS, ToolCall, ToolCallFormat, tool_call_parser
+from deployments.parsers import ReasoningParser, ToolCall, ToolCallFormat, tool_call_parser
 from deployments.parsers.harmony import HarmonyParser
 from deployments.parsers.reasoning import END
 
@@ -20,8 +20,8 @@ class ChoiceDelta:
 class ChoiceParser:
     """Feed each delta's text; the parsers hold back partial tags until they resolve."""
 
-    def __init__(self, reasoning_parser: str | None, tool_format: ToolCallFormat | None, tokenizer):
-        self.reasoning = REASONING_PARSERS[reasoning_parser]() if reasoning_parser else None
+    def __init__(self, reasoning: ReasoningParser | None, tool_format: ToolCallFormat | None, tokenizer):
+        self.reasoning = reasoning
         self.tools = tool_call_parser(tool_format) if tool_format else None
         self.tokenizer = tokenizer
         self.token_ids: list[int] = []

@@ -1,9 +1,12 @@
 """Reasoning parsers: `<think>…</think>` goes to `reasoning_content`, the rest to `content`.
 
-`qwen3` expects the model to open the block itself (or the template to have
-closed it when thinking is off); `deepseek-r1` starts inside the block, as its
-template opens it in the prompt. A response cut short inside the block is all
-reasoning.
+`qwen3` (and the families that write their blocks the same way) expects the
+model to open the block itself, unless the prompt already opened it (a
+thinking-only template's generation prompt ends in `<think>`); `deepseek-r1`
+starts inside the block, as its template opens it in the prompt, unless the
+prompt closed it (thinking switched off). Either way a block the template
+closed in the prompt means the output is all content. A response cut short
+inside the block is all reasoning.
 """
 
 from deployments.parsers.tag_stream import split_at
@@ -62,7 +65,17 @@ class ReasoningParser:
         return "", pending
 
 
+def model_opens_the_block(prompt_tail: str) -> ReasoningParser:
+    return ReasoningParser(starts_in_reasoning=prompt_tail.rstrip().endswith(START))
+
+
+def prompt_opens_the_block(prompt_tail: str) -> ReasoningParser:
+    return ReasoningParser(starts_in_reasoning=not prompt_tail.rstrip().endswith(END))
+
+
+# by the names `reasoning_parser` takes (vLLM's), each given the end of the prompt's text
 REASONING_PARSERS = {
-    "qwen3": lambda: ReasoningParser(starts_in_reasoning=False),
-    "deepseek-r1": lambda: ReasoningParser(starts_in_reasoning=True),
+    "qwen3": model_opens_the_block, "glm45": model_opens_the_block, "kimi_k2": model_opens_the_block,
+    "minimax_m2": model_opens_the_block, "deepseek_v3": model_opens_the_block,
+    "deepseek-r1": prompt_opens_the_block, "deepseek_r1": prompt_opens_the_block,
 }

@@ -16,11 +16,13 @@ from deployments.api.choice_parser import ChoiceParser, HarmonyChoiceParser, too
 from deployments.api.format import TokenTexts, chat_logprobs, chunk_builder, now, prompt_logprobs_json, usage
 from deployments.api.request_model import engine_priority
 from deployments.errors import OpenAIError
-from deployments.parsers import FORCED_CALL_FORMAT, TOOL_CALL_FORMATS, ToolCallFormat
+from deployments.parsers import FORCED_CALL_FORMAT, REASONING_PARSERS, TOOL_CALL_FORMATS, ToolCallFormat
 from deployments.replica.adapters import ModelAdapters
 from deployments.work_pool import off_loop
 from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput, ValidRequest
 from runtime.text.harmony_chat import stop_token_ids
+
+PROMPT_TAIL_TOKENS = 16  # enough to hold a reasoning tag the template wrote at the prompt's end
 
 
 class ChatHandler:
@@ -61,11 +63,14 @@ class ChatHandler:
         tools = req.tools if req.uses_tools else None
         return self.prompt.harmony(req, tools, req.reasoning_effort)
 
-    def _parser(self, req: ChatCompletionRequest) -> ChoiceParser | HarmonyChoiceParser:
+    def _parser(self, req: ChatCompletionRequest, prompt: list[int]) -> ChoiceParser | HarmonyChoiceParser:
         if self.harmony:
             return HarmonyChoiceParser(req.separate_reasoning)
-        return ChoiceParser(self.reasoning_parser if req.separate_reasoning else None, self._tool_format(req),
-                            self.engine.tokenizer)
+        reasoning = None
+        if self.reasoning_parser and req.separate_reasoning:  # whether the prompt opened or closed the block
+            tail = self.engine.tokenizer.decode(prompt[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
+            reasoning = REASONING_PARSERS[self.reasoning_parser](tail)
+        return ChoiceParser(reasoning, self._tool_format(req), self.engine.tokenizer)
 
     def _tool_format(self, req: ChatCompletionRequest) -> ToolCallFormat | None:
         """The format of the output's calls: the forcing grammar's for a forced tool choice, else the model's."""
@@ -82,7 +87,7 @@ class ChatHandler:
         async for delta in self.engine.generate(valid, request_id, engine_priority(priority, req.priority), owner,
                                                 stream=False):
             result.add(delta)
-        parsers = [self._parser(req) for _ in result.outputs]
+        parsers = [self._parser(req, prompt) for _ in result.outputs]
         choices = [self._choice(c, parser, req) for c, parser in zip(result.outputs, parsers)]
         completion_tokens = sum(len(c.token_ids) for c in result.outputs)
         reasoning_tokens = sum(p.reasoning_tokens for p in parsers)
@@ -133,7 +138,7 @@ class ChatHandler:
 
     async def _chunks(self, req, request_id, prompt, n, generator) -> AsyncIterator[dict]:
         chunk = chunk_builder(request_id, "chat.completion.chunk", self.adapters.model_name(req.model))
-        parsers = [self._parser(req) for _ in range(n)]
+        parsers = [self._parser(req, prompt) for _ in range(n)]
         calls_sent = [0] * n
         generated, cached = 0, 0  # tokens so far, for usage on every chunk (continuous_usage_stats)
 

@@ -6,7 +6,7 @@ import json
 import openai
 import pytest
 
-from deployments.parsers import ReasoningParser
+from deployments.parsers import REASONING_PARSERS, ReasoningParser
 from tests.conftest import MODEL_ID
 
 THOUGHT = "<think>\nThe user wants a number.\n</think>\n\nIt is 4."
@@ -44,6 +44,24 @@ def test_deepseek_r1_starts_inside_reasoning_and_truncation_is_all_reasoning():
     assert parser.finish() == ("", "")
 
 
+@pytest.mark.parametrize("name, prompt_tail, output, parsed", [
+    ("qwen3", "<|im_start|>assistant\n", "<think>\nHm.\n</think>\n\nIt is 4.", ("Hm.\n", "It is 4.")),
+    ("qwen3", "<|im_start|>assistant\n", "It is 4.", ("", "It is 4.")),
+    # a thinking-only template opens the block in its generation prompt
+    ("qwen3", "<|im_start|>assistant\n<think>\n", "Hm.\n</think>\n\nIt is 4.", ("Hm.\n", "It is 4.")),
+    ("deepseek-r1", "<｜Assistant｜><think>\n", "Hm.\n</think>\n\nIt is 4.", ("Hm.\n", "It is 4.")),
+    ("deepseek-r1", "<｜Assistant｜>", "Hm.\n</think>\n\nIt is 4.", ("Hm.\n", "It is 4.")),
+    # thinking switched off: the template closed the block in the prompt
+    ("deepseek-r1", "<｜Assistant｜></think>", "It is 4.", ("", "It is 4.")),
+    ("glm45", "<|assistant|>\n<think></think>\n", "It is 4.", ("", "It is 4.")),
+])
+def test_the_prompts_end_says_whether_the_output_starts_in_reasoning(name, prompt_tail, output, parsed):
+    parser = REASONING_PARSERS[name](prompt_tail)
+    reasoning, content = parser.feed(output)
+    rest = parser.finish()
+    assert (reasoning + rest[0], content + rest[1]) == parsed
+
+
 def test_reasoning_is_separated(client):
     messages = [{"role": "user", "content": "2 + 2?"}]
     r = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=200, extra_body={
@@ -63,6 +81,16 @@ def test_reasoning_is_separated(client):
     raw = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=200,
                                          extra_body={**forced(THOUGHT), "separate_reasoning": False})
     assert raw.choices[0].message.content == THOUGHT and raw.choices[0].message.reasoning_content is None
+
+
+def test_a_prompt_that_opened_the_reasoning_block_gets_its_reasoning_separated(client):
+    """As a thinking-only template's generation prompt does (here the last assistant turn, left open)."""
+    messages = [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "<think>\n"}]
+    r = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=200, extra_body={
+        **forced(THOUGHT.removeprefix("<think>\n")), "continue_final_message": True, "add_generation_prompt": False})
+    message = r.choices[0].message
+    assert message.reasoning_content == "The user wants a number.\n" and message.content == "It is 4."
+    assert 0 < r.usage.completion_tokens_details.reasoning_tokens < r.usage.completion_tokens
 
 
 def test_truncated_reasoning_and_thinking_switch(client):
