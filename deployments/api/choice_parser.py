@@ -20,9 +20,12 @@ class ChoiceDelta:
 class ChoiceParser:
     """Feed each delta's text; the parsers hold back partial tags until they resolve."""
 
-    def __init__(self, reasoning: ReasoningParser | None, tool_format: ToolCallFormat | None, tokenizer):
+    def __init__(self, reasoning: ReasoningParser | None, tool_format: ToolCallFormat | None, tokenizer,
+                 parallel_tool_calls: bool = True):
         self.reasoning = reasoning
         self.tools = tool_call_parser(tool_format) if tool_format else None
+        self.max_calls = None if parallel_tool_calls else 1  # OpenAI's parallel_tool_calls false: the first call
+        self.calls_given = 0
         self.tokenizer = tokenizer
         self.token_ids: list[int] = []
         self.reasoning_tokens = 0  # known after the final feed
@@ -46,6 +49,9 @@ class ChoiceParser:
                 rest, partial = self.tools.finish()
                 delta.content += rest
                 delta.tool_calls += partial
+            if self.max_calls is not None:
+                delta.tool_calls = delta.tool_calls[: max(0, self.max_calls - self.calls_given)]
+            self.calls_given += len(delta.tool_calls)
         return delta
 
     def _count_reasoning_tokens(self) -> int:

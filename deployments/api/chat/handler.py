@@ -70,7 +70,7 @@ class ChatHandler:
         if self.reasoning_parser and req.separate_reasoning:  # whether the prompt opened or closed the block
             tail = self.engine.tokenizer.decode(prompt[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
             reasoning = REASONING_PARSERS[self.reasoning_parser](tail)
-        return ChoiceParser(reasoning, self._tool_format(req), self.engine.tokenizer)
+        return ChoiceParser(reasoning, self._tool_format(req), self.engine.tokenizer, req.parallel_tool_calls)
 
     def _tool_format(self, req: ChatCompletionRequest) -> ToolCallFormat | None:
         """The format of the output's calls: the forcing grammar's for a forced tool choice, else the model's."""

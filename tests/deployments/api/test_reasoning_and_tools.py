@@ -129,6 +129,15 @@ def test_auto_tool_call_is_parsed(client):
     none = client.chat.completions.create(**{**kwargs, "tool_choice": "none"})
     assert none.choices[0].message.tool_calls is None and "<tool_call>" in none.choices[0].message.content
 
+    twice = {**kwargs, "extra_body": forced("Let me check." + CALL + CALL.replace("Paris", "Lyon"))}
+    both = client.chat.completions.create(**twice)
+    assert [json.loads(c.function.arguments)["city"] for c in both.choices[0].message.tool_calls] == ["Paris", "Lyon"]
+    first = client.chat.completions.create(**twice, parallel_tool_calls=False)
+    assert [json.loads(c.function.arguments)["city"] for c in first.choices[0].message.tool_calls] == ["Paris"]
+    chunks = list(client.chat.completions.create(**twice, parallel_tool_calls=False, stream=True))
+    streamed = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert [json.loads(tc.function.arguments)["city"] for tc in streamed] == ["Paris"]
+
 
 def test_required_and_named_tool_choice_are_enforced(client):
     messages = [{"role": "user", "content": "anything"}]
