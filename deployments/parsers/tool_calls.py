@@ -6,7 +6,8 @@ whole once its closing tag arrives, so a partial tag never leaks. An output
 that ends inside a call (cut by max_tokens) ends with the call as far as it
 got, never with its raw markup as content. Formats that wrap their calls in a
 section (DeepSeek's, Kimi's, MiniMax's) have only markup between the calls
-inside it: dropped.
+inside it: dropped; so is whitespace between calls (or after the last) where
+there is no section.
 """
 
 import uuid
@@ -34,10 +35,10 @@ class ToolCallFormat:
 
 
 class TaggedFormat(ToolCallFormat):
-    """Calls between tags (and all of them in a section, where the family has one): the tags, and how a call's
-    body reads."""
+    """Calls between tags (and all of them in a section, where the family has one: `sections` are the (open,
+    close) pairs it may write), and how a call's body reads."""
 
-    section: tuple[str, str] | None = None
+    sections: tuple[tuple[str, str], ...] = ()
     call: tuple[str, str] = ("<tool_call>", "</tool_call>")
 
     def parse(self, body: str) -> ToolCall:
@@ -70,15 +71,16 @@ class ToolCallParser:
         self.format = tool_format
         self._pending = ""
         self._where = _Where.OUTSIDE
+        self._after_call = False  # the last thing written was a call: whitespace after it waits to see what follows
         self.calls: list[ToolCall] = []
 
     def _tags(self) -> tuple[str, ...]:
-        section, call = self.format.section, self.format.call
+        sections, call = self.format.sections, self.format.call
         if self._where is _Where.CALL:
             return (call[1],)
         if self._where is _Where.SECTION:
-            return call[0], section[1]
-        return (section or call)[:1]
+            return call[0], *(close for _, close in sections)
+        return tuple(open_ for open_, _ in sections) or (call[0],)
 
     def feed(self, text: str) -> tuple[str, list[ToolCall]]:
         """Consume a chunk; returns (content delta, tool calls completed in it)."""
@@ -87,14 +89,19 @@ class ToolCallParser:
         while self._pending:
             before, tag, after, held = split_at_first(self._pending, self._tags())
             if self._where is _Where.OUTSIDE:
-                content += before
+                if not self._after_call or before.strip():
+                    content += before
+                    self._after_call = False
+                elif tag is None:
+                    break  # whitespace after a call, held: dropped if a call or the end follows, kept before text
             if tag is None:
                 if self._where is not _Where.CALL:  # a call's body waits whole for its end
                     self._pending = held
                 break
             if self._where is _Where.CALL:
                 calls.append(self.format.parse(before))
-                self._where = _Where.SECTION if self.format.section else _Where.OUTSIDE
+                self._where = _Where.SECTION if self.format.sections else _Where.OUTSIDE
+                self._after_call = True
             elif tag == self.format.call[0]:
                 self._where = _Where.CALL
             else:  # a section opens or closes
@@ -104,10 +111,12 @@ class ToolCallParser:
         return content, calls
 
     def finish(self) -> tuple[str, list[ToolCall]]:
-        """What is left at the end: held text as content; an unclosed call as the call it began."""
+        """What is left at the end: held text as content (whitespace after the last call dropped); an unclosed call
+        as the call it began."""
         pending, self._pending = self._pending, ""
         if self._where is not _Where.CALL:
-            return (pending if self._where is _Where.OUTSIDE else ""), []
+            kept = self._where is _Where.OUTSIDE and not (self._after_call and not pending.strip())
+            return (pending if kept else ""), []
         call = self.format.parse_partial(pending)
         self.calls += [call] if call else []
         return "", [call] if call else []

@@ -10,7 +10,9 @@
 - llama3_json, llama4_json: the output is `{"name": ..., "parameters": {...}}` (several joined by `;`), maybe
   after `<|python_tag|>`
 - pythonic, llama4_pythonic: the output is `[get_weather(city="Paris"), ...]`, maybe in `<|python_start|>...`
-- mistral: the output is `[TOOL_CALLS]` and a JSON list of calls, or `[TOOL_CALLS]NAME[ARGS]{...}` per call
+  or after `<|python_tag|>`
+- mistral: after the turn's text, `[TOOL_CALLS]` and a JSON list of calls, or `[TOOL_CALLS]NAME[ARGS]{...}` per
+  call
 
 Formats whose values are text (GLM's, MiniMax's) read each value by the type the tool's schema gives it.
 """
@@ -29,10 +31,12 @@ def _named_call(call) -> ToolCall | None:
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return None
     arguments = call.get("arguments", call.get("parameters", {}))
-    return ToolCall(name=call["name"], arguments=arguments if isinstance(arguments, str) else json.dumps(arguments))
+    return ToolCall(name=call["name"],
+                    arguments=arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False))
 
 
 class HermesFormat(TaggedFormat):
+    special_tokens = True  # some checkpoints mark <tool_call> special
     def parse(self, body: str) -> ToolCall:
         try:
             call = _named_call(json.loads(body))
@@ -58,21 +62,35 @@ class HermesFormat(TaggedFormat):
 
 
 def _typed_arguments(schema: dict | None, pairs: list[tuple[str, str]]) -> str:
-    """Values written as text, as a call's JSON arguments: text where the tool's schema types the parameter a
-    string, else read as JSON where they are (numbers, booleans, arrays, objects), else text."""
+    """Values written as text, as a call's JSON arguments: verbatim where the tool's schema takes text for the
+    parameter, else read as JSON (or a Python literal: True, None) where they are one, else text."""
     properties = (schema or {}).get("properties") or {}
-    arguments = {}
-    for key, value in pairs:
-        key, value = key.strip(), value.strip("\n")
-        kind = properties.get(key, {}).get("type") if isinstance(properties.get(key), dict) else None
-        if kind == "string" or isinstance(kind, list) and "string" in kind:
-            arguments[key] = value
-            continue
+    return json.dumps({key.strip(): value if _takes_text(properties.get(key.strip())) else _value(value.strip())
+                       for key, value in pairs}, ensure_ascii=False)
+
+
+def _takes_text(schema) -> bool:
+    """A string type (alone, among others, or in one of anyOf/oneOf), or an enum or const of strings only."""
+    if not isinstance(schema, dict):
+        return False
+    kind = schema.get("type")
+    if kind == "string" or isinstance(kind, list) and "string" in kind:
+        return True
+    if any(_takes_text(option) for key in ("anyOf", "oneOf") for option in schema.get(key) or []):
+        return True
+    values = schema.get("enum") or ([schema["const"]] if "const" in schema else [])
+    return bool(values) and all(isinstance(v, str) for v in values)
+
+
+def _value(text: str):
+    for read in (json.loads, ast.literal_eval):
         try:
-            arguments[key] = json.loads(value)
-        except ValueError:
-            arguments[key] = value
-    return json.dumps(arguments, ensure_ascii=False)
+            value = read(text)
+            json.dumps(value)  # a set or bytes is not an argument
+            return value
+        except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+            pass
+    return text
 
 
 class Glm45Format(TaggedFormat):
@@ -98,7 +116,7 @@ class Glm45Format(TaggedFormat):
 
 
 class MinimaxM2Format(TaggedFormat):
-    section = ("<minimax:tool_call>", "</minimax:tool_call>")
+    sections = (("<minimax:tool_call>", "</minimax:tool_call>"),)
     call = ("<invoke name=", "</invoke>")
     special_tokens = True
     _NAME = re.compile(r'\s*"?([^"<>\n]+)"?\s*>')
@@ -114,7 +132,7 @@ class MinimaxM2Format(TaggedFormat):
 
 
 class DeepSeekFormat(TaggedFormat):
-    section = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")
+    sections = (("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),)
     call = ("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>")
     special_tokens = True
     SEP = "<｜tool▁sep｜>"
@@ -134,7 +152,9 @@ class DeepSeekFormat(TaggedFormat):
 
 
 class KimiK2Format(TaggedFormat):
-    section = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")
+    # some checkpoints write the singular
+    sections = (("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
+                ("<|tool_call_section_begin|>", "<|tool_call_section_end|>"))
     call = ("<|tool_call_begin|>", "<|tool_call_end|>")
     special_tokens = True
     ARGUMENTS = "<|tool_call_argument_begin|>"
@@ -162,16 +182,19 @@ class LlamaJsonFormat(LeadingCallsFormat):
             calls.append(_named_call(call))
             while at < len(text) and text[at] in " \t\n;":
                 at += 1
-        return calls if calls and None not in calls else None
+        if not calls or None in calls or any(c.name not in self.schemas for c in calls):
+            return None  # an answer in JSON, not a call of one of the request's tools
+        return calls
 
 
 class PythonicFormat(LeadingCallsFormat):
-    leading = ("[", "<|python_start|>")
+    leading = ("[", "<|python_start|>", "<|python_tag|>")
     special_tokens = True
 
     def parse_all(self, text: str) -> list[ToolCall] | None:
         """Read as Python's syntax tree, never run: each call a name with keyword arguments of literal values."""
-        text = text.removeprefix("<|python_start|>").removesuffix("<|python_end|>").strip()
+        text = text.removeprefix("<|python_tag|>").removeprefix("<|python_start|>").removesuffix("<|python_end|>")
+        text = text.strip()
         try:
             tree = ast.parse(text, mode="eval").body
             if not isinstance(tree, ast.List) or not tree.elts:
@@ -182,7 +205,7 @@ class PythonicFormat(LeadingCallsFormat):
                         and all(k.arg for k in node.keywords)):
                     return None
                 arguments = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
-                calls.append(ToolCall(name=node.func.id, arguments=json.dumps(arguments)))
+                calls.append(ToolCall(name=node.func.id, arguments=json.dumps(arguments, ensure_ascii=False)))
             return calls
         except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
             return None
@@ -190,11 +213,13 @@ class PythonicFormat(LeadingCallsFormat):
 
 class MistralFormat(LeadingCallsFormat):
     leading = ("[TOOL_CALLS]",)
+    anywhere = True  # its templates write a turn's text, then its calls
     special_tokens = True
 
     def parse_all(self, text: str) -> list[ToolCall] | None:
         """A JSON list of calls after `[TOOL_CALLS]` (Mistral's v3 tokenizers), or `NAME[ARGS]{...}` after each
-        (v11 and later). Ids are 9 letters and digits: Mistral's chat templates take no other back."""
+        (v11 and later; `NAME[CALL_ID]ID[ARGS]{...}` with the id). Ids are 9 letters and digits: Mistral's chat
+        templates take no other back."""
         parts = [part.strip() for part in text.split("[TOOL_CALLS]") if part.strip()]
         if len(parts) == 1 and parts[0].startswith("["):
             try:
@@ -207,7 +232,7 @@ class MistralFormat(LeadingCallsFormat):
         if not calls or None in calls:
             return None
         for call in calls:
-            call.id = uuid.uuid4().hex[:9]
+            call.id = call.id if len(call.id) == 9 and call.id.isalnum() else uuid.uuid4().hex[:9]
         return calls
 
     @staticmethod
@@ -217,8 +242,10 @@ class MistralFormat(LeadingCallsFormat):
             json.loads(arguments)
         except json.JSONDecodeError:
             return None
-        name = name.partition("[CALL_ID]")[0].strip()
-        return ToolCall(name=name, arguments=arguments.strip()) if sep and name else None
+        name, _, call_id = name.partition("[CALL_ID]")
+        if not sep or not name.strip():
+            return None
+        return ToolCall(name=name.strip(), arguments=arguments.strip(), id=call_id.strip())
 
 
 TOOL_CALL_FORMATS: dict[str, type[ToolCallFormat]] = {

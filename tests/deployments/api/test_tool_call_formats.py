@@ -21,10 +21,10 @@ CONTENT = "Checking."
 # the two calls as each format writes them
 WRITTEN = {
     "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3, "code": "075"}}\n'
-              '</tool_call><tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>',
+              '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>',
     "glm45": "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n"
              "<arg_value>3</arg_value>\n<arg_key>code</arg_key>\n<arg_value>075</arg_value>\n</tool_call>"
-             "<tool_call>get_time\n<arg_key>zone</arg_key>\n<arg_value>CET</arg_value>\n</tool_call>",
+             "\n<tool_call>get_time\n<arg_key>zone</arg_key>\n<arg_value>CET</arg_value>\n</tool_call>",
     "minimax_m2": '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n'
                   '<parameter name="days">3</parameter>\n<parameter name="code">075</parameter>\n</invoke>\n'
                   '<invoke name="get_time">\n<parameter name="zone">CET</parameter>\n</invoke>\n</minimax:tool_call>',
@@ -53,6 +53,7 @@ WHOLE = [
                 '{"name": "get_time", "arguments": {"zone": "CET"}}]'),
     ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 3, "code": "075"}[TOOL_CALLS]get_time[ARGS]'
                 '{"zone": "CET"}'),
+    ("pythonic", '<|python_tag|>[get_weather(city="Paris", days=3, code="075"), get_time(zone="CET")]'),
 ]
 ALIASES = {"qwen25": "hermes", "llama4_json": "llama3_json", "llama4_pythonic": "pythonic"}
 
@@ -87,7 +88,7 @@ def test_an_output_cut_inside_a_call_ends_with_the_call_so_far_and_no_markup(nam
     """Cut by max_tokens anywhere after the calls' markup opened, up to the first call's end: none of it is
     content, and the call, once its name is whole, is named and has arguments as far as they got."""
     form = TOOL_CALL_FORMATS[name]
-    opened, first_closed = len((form.section or form.call)[0]), WRITTEN[name].index(form.call[1])
+    opened, first_closed = len((form.sections[0] if form.sections else form.call)[0]), WRITTEN[name].index(form.call[1])
     for end in range(len(CONTENT) + opened, len(CONTENT) + first_closed):
         p = parser(name)
         content, calls = p.feed((CONTENT + WRITTEN[name])[:end])
@@ -116,7 +117,7 @@ def test_whole_output_calls_read_the_same_at_every_split(name, text):
     for cut in range(len(text) + 1):
         p = parser(name)
         pieces = [p.feed(" " + text[:cut]), p.feed(text[cut:]), p.finish()]
-        assert all(content == "" for content, _ in pieces), cut
+        assert "".join(content for content, _ in pieces).strip() == "", cut
         calls = [call for _, cs in pieces for call in cs]
         assert [(c.name, json.loads(c.arguments)) for c in calls] == CALLS and p.calls == calls, cut
     if name == "mistral":  # the only ids its chat templates take back
@@ -138,8 +139,9 @@ def test_a_whole_output_that_is_not_calls_is_content(name, answer):
 @pytest.mark.parametrize("name", sorted({name for name, _ in WHOLE}))
 def test_an_answer_that_opens_no_call_streams_as_it_comes(name):
     p = parser(name)
-    assert p.feed(" ") == ("", [])  # too short to tell
-    assert p.feed("It is sunny. [1]") == (" It is sunny. [1]", [])
+    first = p.feed(" ")[0]  # too short to tell, but where calls may follow text
+    assert first == ("" if not p.format.anywhere else " ")
+    assert first + p.feed("It is sunny. [1]")[0] == " It is sunny. [1]"
     assert p.feed(" {x}") == (" {x}", []) and p.finish() == ("", [])
 
 
@@ -152,6 +154,49 @@ def test_text_values_are_read_by_the_schemas_types(name):
         if name == "glm45" else
         '"ask">\n<parameter name="n">[1, 2]</parameter><parameter name="s">not json</parameter>')
     assert (call.name, json.loads(call.arguments)) == ("ask", {"n": [1, 2], "s": "not json"})
+
+
+def test_whitespace_after_a_call_is_dropped_unless_text_follows():
+    p = parser("hermes")
+    call = WRITTEN["hermes"].split("\n<tool_call>")[0]
+    pieces = [p.feed(call + "\n"), p.feed("\n"), p.finish()]
+    assert [c for c, _ in pieces] == ["", "", ""] and len(p.calls) == 1
+    p = parser("hermes")
+    assert p.feed(call + "\n")[0] == "" and p.feed("Done.")[0] == "\nDone."
+
+
+def test_kimis_singular_section_tags_are_read_too():
+    singular = WRITTEN["kimi_k2"].replace("tool_calls_section", "tool_call_section")
+    p = parser("kimi_k2")
+    content, calls = p.feed(CONTENT + singular)
+    assert content + p.finish()[0] == CONTENT and [(c.name, json.loads(c.arguments)) for c in calls] == CALLS
+
+
+def test_mistrals_calls_after_the_turns_text():
+    p = parser("mistral")
+    text = "I'll check." + dict(WHOLE)["mistral"].replace("get_time[ARGS]", "get_time[CALL_ID]a1b2c3d4e[ARGS]")
+    pieces = [p.feed(text[:20]), p.feed(text[20:]), p.finish()]
+    assert "".join(c for c, _ in pieces) == "I'll check."
+    calls = [call for _, cs in pieces for call in cs]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == CALLS and calls[1].id == "a1b2c3d4e"
+
+
+def test_a_json_answer_naming_no_tool_is_content():
+    answer = '{"name": "Bob", "parameters": {"age": 3}}'
+    p = parser("llama3_json")
+    assert p.feed(answer) == ("", []) and p.finish() == (answer, [])
+
+
+def test_values_are_text_wherever_the_schema_takes_text_and_python_literals_are_read():
+    schemas = {"f": {"properties": {"maybe": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                                    "pick": {"enum": ["1", "2"]}, "body": {"type": "string"},
+                                    "flag": {"type": "boolean"}, "nothing": {}}}}
+    call = TOOL_CALL_FORMATS["glm45"](schemas).parse(
+        "f\n<arg_key>maybe</arg_key><arg_value>12345</arg_value><arg_key>pick</arg_key><arg_value>1</arg_value>"
+        "<arg_key>body</arg_key><arg_value>\n  line\n</arg_value><arg_key>flag</arg_key><arg_value>True</arg_value>"
+        "<arg_key>nothing</arg_key><arg_value>None</arg_value>")
+    assert json.loads(call.arguments) == {"maybe": "12345", "pick": "1", "body": "\n  line\n", "flag": True,
+                                          "nothing": None}
 
 
 def test_a_malformed_call_is_surfaced_not_dropped():
