@@ -1,7 +1,8 @@
 """The formats model families write tool calls in, by the names `tool_call_parser` takes (vLLM's names).
 
 - hermes, qwen25: Qwen 2.5/3, Hermes: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`
-- glm45: GLM-4.5 and later: `<tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>...</tool_call>`
+- qwen3_coder, qwen3_xml: Qwen3-Coder: `<tool_call>\\n<function=NAME>\\n<parameter=K>\\nV\\n</parameter>...`
+- glm45, glm47: GLM-4.5 and later: `<tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>...</tool_call>`
 - minimax_m2: `<minimax:tool_call>` around `<invoke name="NAME"><parameter name="K">V</parameter></invoke>`s
 - deepseek_v3, deepseek_v31: `<｜tool▁calls▁begin｜>` around `<｜tool▁call▁begin｜>...<｜tool▁call▁end｜>`s, each
   `function<｜tool▁sep｜>NAME` then the arguments in a json code fence (V3, R1), or `NAME<｜tool▁sep｜>ARGS` (V3.1)
@@ -14,7 +15,7 @@
 - mistral: after the turn's text, `[TOOL_CALLS]` and a JSON list of calls, or `[TOOL_CALLS]NAME[ARGS]{...}` per
   call
 
-Formats whose values are text (GLM's, MiniMax's) read each value by the type the tool's schema gives it.
+Formats whose values are text (Qwen3-Coder's, GLM's, MiniMax's) read each value by the type the tool's schema gives it.
 """
 
 import ast
@@ -113,6 +114,21 @@ class Glm45Format(TaggedFormat):
         if not name or "<" in name:
             return None
         return ToolCall(name=name, arguments=_typed_arguments(self.schemas.get(name), self._PAIR.findall(body)))
+
+
+class Qwen3CoderFormat(TaggedFormat):
+    special_tokens = True
+    _NAME = re.compile(r"\s*<function=([^>\n]+)>")
+    _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
+
+    def parse_partial(self, body: str) -> ToolCall | None:
+        match = self._NAME.match(body)
+        if match is None:
+            return None
+        name = match.group(1).strip()
+        pairs = [(key, value.removeprefix("\n").removesuffix("\n"))  # each value on lines of its own
+                 for key, value in self._PARAMETER.findall(body, match.end())]
+        return ToolCall(name=name, arguments=_typed_arguments(self.schemas.get(name), pairs))
 
 
 class MinimaxM2Format(TaggedFormat):
@@ -249,7 +265,8 @@ class MistralFormat(LeadingCallsFormat):
 
 
 TOOL_CALL_FORMATS: dict[str, type[ToolCallFormat]] = {
-    "hermes": HermesFormat, "qwen25": HermesFormat, "glm45": Glm45Format, "minimax_m2": MinimaxM2Format,
+    "hermes": HermesFormat, "qwen25": HermesFormat, "qwen3_coder": Qwen3CoderFormat, "qwen3_xml": Qwen3CoderFormat,
+    "glm45": Glm45Format, "glm47": Glm45Format, "minimax_m2": MinimaxM2Format,
     "deepseek_v3": DeepSeekFormat, "deepseek_v31": DeepSeekFormat, "kimi_k2": KimiK2Format,
     "llama3_json": LlamaJsonFormat, "llama4_json": LlamaJsonFormat, "pythonic": PythonicFormat,
     "llama4_pythonic": PythonicFormat, "mistral": MistralFormat,

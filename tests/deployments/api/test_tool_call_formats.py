@@ -22,6 +22,9 @@ CONTENT = "Checking."
 WRITTEN = {
     "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3, "code": "075"}}\n'
               '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>',
+    "qwen3_coder": "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n"
+                   "</parameter>\n<parameter=code>\n075\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n"
+                   "<function=get_time>\n<parameter=zone>\nCET\n</parameter>\n</function>\n</tool_call>",
     "glm45": "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n"
              "<arg_value>3</arg_value>\n<arg_key>code</arg_key>\n<arg_value>075</arg_value>\n</tool_call>"
              "\n<tool_call>get_time\n<arg_key>zone</arg_key>\n<arg_value>CET</arg_value>\n</tool_call>",
@@ -55,7 +58,8 @@ WHOLE = [
                 '{"zone": "CET"}'),
     ("pythonic", '<|python_tag|>[get_weather(city="Paris", days=3, code="075"), get_time(zone="CET")]'),
 ]
-ALIASES = {"qwen25": "hermes", "llama4_json": "llama3_json", "llama4_pythonic": "pythonic"}
+ALIASES = {"qwen25": "hermes", "qwen3_xml": "qwen3_coder", "glm47": "glm45", "llama4_json": "llama3_json",
+           "llama4_pythonic": "pythonic"}
 
 
 def parser(name: str):
