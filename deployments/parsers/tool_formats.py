@@ -26,14 +26,34 @@ import uuid
 from deployments.parsers.leading_calls import LeadingCallsFormat, LeadingCallsParser
 from deployments.parsers.tool_calls import TaggedFormat, ToolCall, ToolCallFormat, ToolCallParser
 
+# what reading a model's text as JSON may raise (a number over int's digit limit is a plain ValueError; nesting
+# past the recursion limit a RecursionError)
+NOT_JSON = (ValueError, RecursionError)
+
+
+def _json_text(arguments) -> str:
+    """Arguments as JSON text, its characters as they are unless one is a lone surrogate (read from a `\\ud800`
+    escape), which no reply could encode: then all escaped."""
+    text = json.dumps(arguments, ensure_ascii=False)
+    return text if _encodes(text) else json.dumps(arguments)
+
 
 def _named_call(call) -> ToolCall | None:
-    """`{"name": ..., "arguments" (or "parameters"): {...}}` as a call; None when it is not one."""
+    """`{"name": ..., "arguments" (or "parameters"): {...}}` as a call; None when it is not one (or holds a lone
+    surrogate, from a `\\ud800` escape, that no reply could encode)."""
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return None
     arguments = call.get("arguments", call.get("parameters", {}))
-    return ToolCall(name=call["name"],
-                    arguments=arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False))
+    arguments = arguments if isinstance(arguments, str) else _json_text(arguments)
+    return ToolCall(name=call["name"], arguments=arguments) if _encodes(call["name"] + arguments) else None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode()
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 class HermesFormat(TaggedFormat):
@@ -41,7 +61,7 @@ class HermesFormat(TaggedFormat):
     def parse(self, body: str) -> ToolCall:
         try:
             call = _named_call(json.loads(body))
-        except json.JSONDecodeError:
+        except NOT_JSON:
             call = None
         return call or self.malformed(body)
 
@@ -52,22 +72,24 @@ class HermesFormat(TaggedFormat):
         try:
             json.loads(body)
             return self.parse(body)
-        except json.JSONDecodeError:
+        except NOT_JSON:
             pass
         match = self._PARTIAL.match(body)
         try:
             name = json.loads(f'"{match.group(1)}"') if match else None
-        except json.JSONDecodeError:  # an escape the model never finished
+        except NOT_JSON:  # an escape the model never finished
             name = None
-        return None if name is None else ToolCall(name=name, arguments=(match.group(2) or "").rstrip())
+        if name is None or not _encodes(name):
+            return None
+        return ToolCall(name=name, arguments=(match.group(2) or "").rstrip())
 
 
 def _typed_arguments(schema: dict | None, pairs: list[tuple[str, str]]) -> str:
     """Values written as text, as a call's JSON arguments: verbatim where the tool's schema takes text for the
     parameter, else read as JSON (or a Python literal: True, None) where they are one, else text."""
     properties = (schema or {}).get("properties") or {}
-    return json.dumps({key.strip(): value if _takes_text(properties.get(key.strip())) else _value(value.strip())
-                       for key, value in pairs}, ensure_ascii=False)
+    return _json_text({key.strip(): value if _takes_text(properties.get(key.strip())) else _value(value.strip())
+                       for key, value in pairs})
 
 
 def _takes_text(schema) -> bool:
@@ -89,7 +111,7 @@ def _value(text: str):
             value = read(text)
             json.dumps(value)  # a set or bytes is not an argument
             return value
-        except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+        except (*NOT_JSON, TypeError, SyntaxError, MemoryError):
             pass
     return text
 
@@ -193,7 +215,7 @@ class LlamaJsonFormat(LeadingCallsFormat):
         while at < len(text):
             try:
                 call, at = decoder.raw_decode(text, at)
-            except json.JSONDecodeError:
+            except NOT_JSON:
                 return None
             calls.append(_named_call(call))
             while at < len(text) and text[at] in " \t\n;":
@@ -221,7 +243,7 @@ class PythonicFormat(LeadingCallsFormat):
                         and all(k.arg for k in node.keywords)):
                     return None
                 arguments = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
-                calls.append(ToolCall(name=node.func.id, arguments=json.dumps(arguments, ensure_ascii=False)))
+                calls.append(ToolCall(name=node.func.id, arguments=_json_text(arguments)))
             return calls
         except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
             return None
@@ -240,7 +262,7 @@ class MistralFormat(LeadingCallsFormat):
         if len(parts) == 1 and parts[0].startswith("["):
             try:
                 listed = json.loads(parts[0])
-            except json.JSONDecodeError:
+            except NOT_JSON:
                 return None
             calls = [_named_call(c) for c in listed] if isinstance(listed, list) else []
         else:
@@ -256,7 +278,7 @@ class MistralFormat(LeadingCallsFormat):
         name, sep, arguments = part.partition("[ARGS]")
         try:
             json.loads(arguments)
-        except json.JSONDecodeError:
+        except NOT_JSON:
             return None
         name, _, call_id = name.partition("[CALL_ID]")
         if not sep or not name.strip():

@@ -245,3 +245,25 @@ def test_a_served_model_writing_glm_calls_answers_with_openai_tool_calls(glm_cli
                                                   tool_choice="required", temperature=0)
     [call] = required.choices[0].message.tool_calls
     assert call.function.name == "get_time" and set(json.loads(call.function.arguments)) <= {"zone"}
+
+
+@pytest.mark.parametrize("name", sorted(TOOL_CALL_FORMATS))
+@pytest.mark.parametrize("value", ["1" * 5000, "[" * 100_000, '"\\ud800"'])
+def test_a_value_no_json_reader_takes_leaves_the_reply_whole(name, value):
+    """A number over int's digit limit, nesting past the recursion limit, a lone surrogate: the call is surfaced
+    (or its text is content), never an exception that would fail the request."""
+    text = {**WRITTEN, **dict(WHOLE)}[ALIASES.get(name, name)].replace("3", value, 1)  # the "days" value
+    p = parser(name)
+    content, calls = p.feed(CONTENT + text)
+    rest, more = p.finish()
+    assert (content + rest).startswith(CONTENT) and len(calls + more) <= 2
+    for call in calls + more:  # what the reply carries encodes
+        (call.name + call.arguments).encode()
+
+
+def test_a_name_no_reply_could_encode_is_not_a_call():
+    p = parser("hermes")
+    text = WRITTEN["hermes"].replace("get_weather", "\\ud800")
+    content, calls = p.feed(text)
+    calls += p.finish()[1]
+    assert [c.name for c in calls] == ["", "get_time"] and calls[0].arguments.startswith('{"name": "\\ud800"')
