@@ -2,10 +2,11 @@
 
 Content blocks map onto chat messages: `text` blocks join into the turn's text, an assistant's `tool_use`
 blocks become its `tool_calls`, a user's `tool_result` blocks become `tool` messages (before the user's own
-text, as they answer the calls of the turn before), echoed `thinking` blocks are dropped (chat templates drop
-past reasoning). `thinking` switches the template's `enable_thinking`; `tool_choice` any/tool/none become
-required/named/none. A last assistant turn of text is where the reply starts (Anthropic's prefill): the model
-goes on writing it, and the reply holds only what it adds.
+text, as they answer the calls of the turn before), echoed `thinking` blocks become the turn's
+`reasoning_content` (the chat template decides whether past reasoning is rendered). `thinking` switches the
+template's `enable_thinking`; `tool_choice` any/tool/none become required/named/none. A last assistant turn of
+text is where the reply starts (Anthropic's prefill): the model goes on writing it, and the reply holds only
+what it adds.
 """
 
 import json
@@ -42,6 +43,7 @@ class ToolResultBlock(RequestModel):
 
 class ThinkingBlock(RequestModel):
     type: Literal["thinking", "redacted_thinking"]
+    thinking: str = ""  # a redacted block has none
 
 
 def _block_kind(block: Any) -> str:
@@ -83,6 +85,9 @@ class Message(RequestModel):
         own = {"role": self.role, "content": text if text or not calls else None}
         if calls:
             own["tool_calls"] = calls
+        reasoning = "".join(b.thinking for b in self.content if isinstance(b, ThinkingBlock))
+        if reasoning and self.role == "assistant":
+            own["reasoning_content"] = reasoning
         return results + ([own] if text or calls or not results else [])
 
 

@@ -3,7 +3,7 @@ shared sampling fields."""
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from deployments.api.request_model import RequestModel
 from deployments.api.sampling_fields import SamplingFields, bound_logprobs
@@ -44,6 +44,9 @@ class ChatMessage(RequestModel):
     name: str | None = None
     tool_calls: list[dict] | None = None
     tool_call_id: str | None = None
+    # an earlier assistant turn's reasoning, echoed back (vLLM's newer name is `reasoning`): the chat template
+    # decides whether it is rendered (Qwen3's, Kimi's and MiniMax's keep it within a tool-calling turn)
+    reasoning_content: str | None = Field(None, validation_alias=AliasChoices("reasoning_content", "reasoning"))
 
     def template_dict(self) -> dict:
         """The message as the chat template expects it: plain-text content."""

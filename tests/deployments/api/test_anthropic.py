@@ -152,3 +152,16 @@ def test_a_last_assistant_turn_is_continued_as_a_prefill(claude, client):
     message = claude.messages.create(model=MODEL_ID, max_tokens=6, messages=turns, extra_body={"temperature": 0})
     assert "".join(b.text for b in message.content) == raw.choices[0].text
     assert claude.messages.count_tokens(model=MODEL_ID, messages=turns).input_tokens == raw.usage.prompt_tokens
+
+
+def test_an_echoed_thinking_block_is_the_turns_reasoning():
+    from deployments.api.anthropic.protocol import MessagesRequest
+
+    req = MessagesRequest.model_validate({"model": MODEL_ID, "max_tokens": 8, "messages": [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "Call the tool.", "signature": "s"},
+                                          {"type": "redacted_thinking", "data": "x"},
+                                          {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"}]}]})
+    assistant = req.to_chat().messages[1]
+    assert assistant.reasoning_content == "Call the tool." and assistant.tool_calls[0]["id"] == "t1"

@@ -185,3 +185,18 @@ def test_text_without_a_reasoning_block_is_content_untouched(cut):
     parser = ReasoningParser(starts_in_reasoning=False)
     parts = [parser.feed(c) for c in _chunks(text, cut)] + [parser.finish()]
     assert "".join(r for r, _ in parts) == "" and "".join(c for _, c in parts) == text
+
+
+def test_echoed_reasoning_reaches_the_chat_template_under_either_name():
+    """Templates that keep reasoning within a tool-calling turn (Qwen3's, Kimi's, MiniMax's) get it back."""
+    from deployments.api.chat.protocol import ChatCompletionRequest
+    from runtime.text.tokenizer import render_chat
+    from testing.model_factory import build_tokenizer
+
+    template = "{% for m in messages %}[{{ m.role }}|{{ m.reasoning_content or '' }}|{{ m.content }}]{% endfor %}"
+    for name in ("reasoning_content", "reasoning"):
+        req = ChatCompletionRequest.model_validate({"model": MODEL_ID, "messages": [
+            {"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4", name: "Adding."}]})
+        text = render_chat(build_tokenizer(), [m.template_dict() for m in req.messages], None,
+                           {"chat_template": template}, add_generation_prompt=False)
+        assert text == "[user||2 + 2?][assistant|Adding.|4]"
