@@ -138,35 +138,36 @@ class Glm45Format(TaggedFormat):
         return ToolCall(name=name, arguments=_typed_arguments(self.schemas.get(name), self._PAIR.findall(body)))
 
 
-class Qwen3CoderFormat(TaggedFormat):
+class ParameterTagsFormat(TaggedFormat):
+    """The name in the call's opening, then a tag per parameter holding its value as text (Qwen3-Coder's,
+    MiniMax's)."""
+
     special_tokens = True
-    _NAME = re.compile(r"\s*<function=([^>\n]+)>")
-    _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
+    NAME: re.Pattern
+    PARAMETER: re.Pattern  # key, value
+    framing = ""  # what the template writes on each side of a value
 
     def parse_partial(self, body: str) -> ToolCall | None:
-        match = self._NAME.match(body)
+        match = self.NAME.match(body)
         if match is None:
             return None
         name = match.group(1).strip()
-        pairs = [(key, value.removeprefix("\n").removesuffix("\n"))  # each value on lines of its own
-                 for key, value in self._PARAMETER.findall(body, match.end())]
+        pairs = [(key, value.removeprefix(self.framing).removesuffix(self.framing))
+                 for key, value in self.PARAMETER.findall(body, match.end())]
         return ToolCall(name=name, arguments=_typed_arguments(self.schemas.get(name), pairs))
 
 
-class MinimaxM2Format(TaggedFormat):
+class Qwen3CoderFormat(ParameterTagsFormat):
+    NAME = re.compile(r"\s*<function=([^>\n]+)>")
+    PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
+    framing = "\n"  # each value on lines of its own
+
+
+class MinimaxM2Format(ParameterTagsFormat):
     sections = (("<minimax:tool_call>", "</minimax:tool_call>"),)
     call = ("<invoke name=", "</invoke>")
-    special_tokens = True
-    _NAME = re.compile(r'\s*"?([^"<>\n]+)"?\s*>')
-    _PARAMETER = re.compile(r'<parameter name="?([^"<>]*)"?>(.*?)</parameter>', re.DOTALL)
-
-    def parse_partial(self, body: str) -> ToolCall | None:
-        match = self._NAME.match(body)
-        if match is None:
-            return None
-        name = match.group(1).strip()
-        pairs = self._PARAMETER.findall(body, match.end())
-        return ToolCall(name=name, arguments=_typed_arguments(self.schemas.get(name), pairs))
+    NAME = re.compile(r'\s*"?([^"<>\n]+)"?\s*>')
+    PARAMETER = re.compile(r'<parameter name="?([^"<>]*)"?>(.*?)</parameter>', re.DOTALL)
 
 
 class DeepSeekFormat(TaggedFormat):
