@@ -58,6 +58,7 @@ def _encodes(text: str) -> bool:
 
 class HermesFormat(TaggedFormat):
     special_tokens = True  # some checkpoints mark <tool_call> special
+
     def parse(self, body: str) -> ToolCall:
         try:
             call = _named_call(json.loads(body))
@@ -88,8 +89,9 @@ def _typed_arguments(schema: dict | None, pairs: list[tuple[str, str]]) -> str:
     """Values written as text, as a call's JSON arguments: verbatim where the tool's schema takes text for the
     parameter, else read as JSON (or a Python literal: True, None) where they are one, else text."""
     properties = (schema or {}).get("properties") or {}
-    return _json_text({key.strip(): value if _takes_text(properties.get(key.strip())) else _value(value.strip())
-                       for key, value in pairs})
+    named = [(key.strip(), value) for key, value in pairs]
+    return _json_text({key: value if _takes_text(properties.get(key)) else _value(value.strip())
+                       for key, value in named})
 
 
 def _takes_text(schema) -> bool:

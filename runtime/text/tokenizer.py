@@ -64,7 +64,7 @@ def _parsed_arguments(call):
     text = function.get("arguments") if isinstance(function, dict) else None
     try:
         arguments = json.loads(text) if isinstance(text, str) else None
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON: given to the template as sent
         arguments = None
     if not isinstance(arguments, dict):
         return call

@@ -41,3 +41,13 @@ def test_call_arguments_read_as_each_template_expects(family):
     assert render_chat(build_tokenizer(), MESSAGES, None, {"chat_template": template},
                        add_generation_prompt=False) == expected
     assert MESSAGES[1]["tool_calls"][0]["function"]["arguments"] == ARGUMENTS  # the caller's messages unchanged
+
+
+def test_arguments_no_json_reader_takes_go_to_the_template_as_sent():
+    """Nesting past the recursion limit, a number over int's digit limit: the text as the client sent it."""
+    for text in ("[" * 100_000, '{"n": ' + "1" * 5000 + "}"):
+        messages = [{"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": text}}]}]
+        template = CALL_LOOP.replace("[{}]", "{{ f.arguments }}")
+        assert render_chat(build_tokenizer(), messages, None, {"chat_template": template},
+                           add_generation_prompt=False) == text

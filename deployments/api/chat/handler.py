@@ -9,6 +9,7 @@ by openai-harmony, its analysis channel being the reasoning.
 """
 
 from collections.abc import AsyncIterator
+from functools import partial
 
 from deployments.api.chat.prompt import ChatPrompt
 from deployments.api.chat.protocol import ChatCompletionRequest
@@ -16,7 +17,7 @@ from deployments.api.choice_parser import ChoiceParser, HarmonyChoiceParser, too
 from deployments.api.format import TokenTexts, chat_logprobs, chunk_builder, now, prompt_logprobs_json, usage
 from deployments.api.request_model import engine_priority
 from deployments.errors import OpenAIError
-from deployments.parsers import FORCED_CALL_FORMAT, REASONING_PARSERS, TOOL_CALL_FORMATS, ToolCallFormat
+from deployments.parsers import FORCED_CALL_FORMAT, REASONING_PARSERS, TOOL_CALL_FORMATS
 from deployments.replica.adapters import ModelAdapters
 from deployments.work_pool import off_loop
 from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput, ValidRequest
@@ -47,8 +48,8 @@ class ChatHandler:
             if req.uses_tools and self.tool_call_parser is None:
                 raise OpenAIError(400, f"tools: model {self.model_id} has no tool_call_parser configured", "tools")
             params = req.to_sampling_params()
-            tool_format = self._tool_format(req)
-            if tool_format is not None and tool_format.special_tokens:
+            tool_format = self._tool_format_name(req)
+            if tool_format is not None and TOOL_CALL_FORMATS[tool_format].special_tokens:
                 params.skip_special_tokens = False  # the calls' tags must reach the parser
             prompt = self.engine.encode(self.prompt.render(req), add_special_tokens=False)
         return self.engine.validate(prompt, params, self.adapters.request_for(req.model))
@@ -63,21 +64,27 @@ class ChatHandler:
         tools = req.tools if req.uses_tools else None
         return self.prompt.harmony(req, tools, req.reasoning_effort)
 
-    def _parser(self, req: ChatCompletionRequest, prompt: list[int]) -> ChoiceParser | HarmonyChoiceParser:
+    def _parsers(self, req: ChatCompletionRequest, prompt: list[int],
+                 n: int) -> list[ChoiceParser | HarmonyChoiceParser]:
+        """A parser for each of the `n` choices; what they share is read once: whether the prompt opened or closed
+        a reasoning block, and the calls' format."""
         if self.harmony:
-            return HarmonyChoiceParser(req.separate_reasoning)
+            return [HarmonyChoiceParser(req.separate_reasoning) for _ in range(n)]
         reasoning = None
-        if self.reasoning_parser and req.separate_reasoning:  # whether the prompt opened or closed the block
+        if self.reasoning_parser and req.separate_reasoning:
             tail = self.engine.tokenizer.decode(prompt[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
-            reasoning = REASONING_PARSERS[self.reasoning_parser](tail)
-        return ChoiceParser(reasoning, self._tool_format(req), self.engine.tokenizer, req.parallel_tool_calls)
+            reasoning = partial(REASONING_PARSERS[self.reasoning_parser], tail)
+        name = self._tool_format_name(req)
+        schemas = {t.function.name: t.function.parameters for t in req.tools or []}
+        tool_format = TOOL_CALL_FORMATS[name](schemas) if name else None  # read-only: the choices share it
+        return [ChoiceParser(reasoning() if reasoning else None, tool_format, self.engine.tokenizer,
+                             req.parallel_tool_calls) for _ in range(n)]
 
-    def _tool_format(self, req: ChatCompletionRequest) -> ToolCallFormat | None:
+    def _tool_format_name(self, req: ChatCompletionRequest) -> str | None:
         """The format of the output's calls: the forcing grammar's for a forced tool choice, else the model's."""
         if not req.uses_tools:
             return None
-        name = self.tool_call_parser if req.tool_choice == "auto" else FORCED_CALL_FORMAT
-        return TOOL_CALL_FORMATS[name]({t.function.name: t.function.parameters for t in req.tools})
+        return self.tool_call_parser if req.tool_choice == "auto" else FORCED_CALL_FORMAT
 
     async def complete(self, req: ChatCompletionRequest, request_id: str, priority: int = 0,
                        owner: str | None = None) -> dict:
@@ -87,7 +94,7 @@ class ChatHandler:
         async for delta in self.engine.generate(valid, request_id, engine_priority(priority, req.priority), owner,
                                                 stream=False):
             result.add(delta)
-        parsers = [self._parser(req, prompt) for _ in result.outputs]
+        parsers = self._parsers(req, prompt, len(result.outputs))
         choices = [self._choice(c, parser, req) for c, parser in zip(result.outputs, parsers)]
         completion_tokens = sum(len(c.token_ids) for c in result.outputs)
         reasoning_tokens = sum(p.reasoning_tokens for p in parsers)
@@ -138,7 +145,7 @@ class ChatHandler:
 
     async def _chunks(self, req, request_id, prompt, n, generator) -> AsyncIterator[dict]:
         chunk = chunk_builder(request_id, "chat.completion.chunk", self.adapters.model_name(req.model))
-        parsers = [self._parser(req, prompt) for _ in range(n)]
+        parsers = self._parsers(req, prompt, n)
         calls_sent = [0] * n
         generated, cached = 0, 0  # tokens so far, for usage on every chunk (continuous_usage_stats)
 
