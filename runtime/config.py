@@ -41,6 +41,8 @@ class SharedTierConfig:
         return value
 
 
+DEFAULT_IMAGES_PER_PROMPT = 8
+
 # the KV cache's element type, where it is not the model's ("auto")
 KV_CACHE_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
 
@@ -123,6 +125,9 @@ class EngineConfig:
     # run a prefill at the largest chunk and a decode at the full batch before serving (runtime.engine.warm_up);
     # servers turn it on (deployments/replica/server.py)
     warm_up: bool = False
+    # a vision-language model's pictures per prompt, at most (vLLM's name and shape: {"image": 4}); 0 serves it
+    # text-only
+    limit_mm_per_prompt: dict[str, int] | None = None
 
     def __post_init__(self) -> None:
         if self.device == "auto":
@@ -168,6 +173,10 @@ class EngineConfig:
                 "process (not engine_process)")
         require(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype",
                 f"{self.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
+        self.limit_mm_per_prompt = {"image": DEFAULT_IMAGES_PER_PROMPT, **(self.limit_mm_per_prompt or {})}
+        require(set(self.limit_mm_per_prompt) == {"image"} and all(
+            isinstance(n, int) and n >= 0 for n in self.limit_mm_per_prompt.values()), "limit_mm_per_prompt",
+            f"takes {{\"image\": N}} with N >= 0; got {self.limit_mm_per_prompt}")
         require(self.max_loras >= 1, "max_loras", "must be at least 1")
         require(self.max_lora_rank >= 1, "max_lora_rank", "must be at least 1")
 

@@ -23,6 +23,7 @@ from hashlib import blake2b
 
 from runtime.core.kv_tier import KVMove, TierHit, TierIndex
 from runtime.core.sequence import Sequence
+from runtime.multimodal.inputs import image_hashes_in
 
 FREED = -1  # a block-table entry whose block was freed: no attention reads it again
 
@@ -268,13 +269,18 @@ class BlockManager:
             adapter = seq.request.adapter
             start = self.chain_start(adapter.name if adapter is not None else None, seq.rope_scale) \
                 if self.enable_prefix_caching else f"request {seq.request.request_id}"
-            hashes.append(block_hash(hashes[i - 1] if i else start, self._tokens(seq, i)))
+            images = seq.request.images
+            pictures = image_hashes_in(images, i * self.block_size, (i + 1) * self.block_size) if images else ()
+            hashes.append(block_hash(hashes[i - 1] if i else start, self._tokens(seq, i), pictures))
         return hashes[index]
 
 
-def block_hash(parent: int | str, token_ids: tuple[int, ...]) -> int:
-    """A block's hash from its parent's (or the chain's start) and its tokens: the same in every process (a
-    replica sharing blocks with another computes the same keys), unlike Python's `hash` of a string."""
+def block_hash(parent: int | str, token_ids: tuple[int, ...], pictures: tuple[int, ...] = ()) -> int:
+    """A block's hash from its parent's (or the chain's start), its tokens and the content hashes of the pictures
+    whose tokens it holds (their placeholder tokens are the same whatever the picture): the same in every process
+    (a replica sharing blocks with another computes the same keys), unlike Python's `hash` of a string."""
     digest = blake2b(str(parent).encode(), digest_size=8)
     digest.update(array("q", token_ids).tobytes())
+    if pictures:
+        digest.update(array("Q", pictures).tobytes())
     return int.from_bytes(digest.digest(), "little")

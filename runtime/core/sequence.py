@@ -11,6 +11,7 @@ from operator import attrgetter
 import torch
 
 from runtime.lora.adapter import LoRAAdapter
+from runtime.multimodal.inputs import ImageInput
 from runtime.outputs import TokenLogprob
 from runtime.pooling import PoolerConfig
 from runtime.sampling_params import SamplingParams
@@ -37,6 +38,7 @@ class Request:
         owner: str | None = None,
         pooling: PoolerConfig | None = None,
         stream: bool = True,
+        images: tuple[ImageInput, ...] = (),
     ):
         self.request_id = request_id
         self.stream = stream  # False: its caller reads only its final text (engine.enqueue)
@@ -44,6 +46,7 @@ class Request:
         self.pooling = pooling  # an embedding request: its prompt is prefilled and pooled, nothing is sampled
         self.adapter = adapter  # the LoRA adapter it runs with; its name also keys its prefix-cache blocks
         self.prompt_token_ids = prompt_token_ids
+        self.images = images  # the prompt's pictures, in order: their tokens' inputs come from the vision encoder
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
         self.max_tokens = params.max_tokens  # resolved against the context by the engine

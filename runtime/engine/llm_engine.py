@@ -107,7 +107,7 @@ class LLMEngine(EngineLifecycle):
     def fetch_shared(self, valid: ValidRequest):
         """The blocks of `valid`'s prompt that the shared tier has and this engine lacks (any thread may ask)."""
         adapter = valid.adapter.name if valid.adapter is not None else None
-        return self.shared_tier.fetch(valid.prompt_token_ids, adapter)
+        return self.shared_tier.fetch(valid.prompt_token_ids, adapter, valid.images)
 
     def import_blocks(self, fetched) -> None:
         """Blocks fetched from the shared tier into the offload tier, where an admission finds them."""
@@ -131,7 +131,8 @@ class LLMEngine(EngineLifecycle):
         prompt, params, grammar = valid.prompt_token_ids, valid.params, valid.grammar
         if params.structured_output is not None and grammar is None:
             grammar = self.validator.compile_grammar(params.structured_output)
-        request = Request(request_id, prompt, params, priority, grammar, valid.adapter, owner, valid.pooling, stream)
+        request = Request(request_id, prompt, params, priority, grammar, valid.adapter, owner, valid.pooling, stream,
+                          valid.images)
         request.max_tokens = valid.max_tokens
         request.max_num_tokens = min(len(prompt) + valid.max_tokens, self.spec.max_model_len)
         if not params.ignore_eos:

@@ -22,6 +22,7 @@ import torch
 
 from runtime.config import SharedTierConfig
 from runtime.core.block_manager import BlockManager, block_hash
+from runtime.multimodal.inputs import ImageInput, image_hashes_in
 
 logger = logging.getLogger(__name__)
 
@@ -101,11 +102,13 @@ class SharedTier:
         size = self.blocks.block_size
         return [tuple(prompt[i * size : (i + 1) * size]) for i in range((len(prompt) - 1) // size)]
 
-    def hashes(self, prompt: list[int], adapter: str | None) -> tuple[list[int], list[tuple[int, ...]]]:
+    def hashes(self, prompt: list[int], adapter: str | None, images: tuple[ImageInput, ...] = ()
+               ) -> tuple[list[int], list[tuple[int, ...]]]:
         """The hashes and tokens of `prompt`'s full blocks (`_blocks_of`), chained as an admission chains them."""
         hashes, parent, tokens = [], self.blocks.chain_start(adapter), self._blocks_of(prompt)
-        for block in tokens:
-            parent = block_hash(parent, block)
+        size = self.blocks.block_size
+        for i, block in enumerate(tokens):
+            parent = block_hash(parent, block, image_hashes_in(images, i * size, (i + 1) * size) if images else ())
             hashes.append(parent)
         return hashes, tokens
 
@@ -126,12 +129,13 @@ class SharedTier:
         except Exception:  # the tier is an optimisation: an engine serves on without it
             logger.exception("publishing %d KV blocks to the shared tier failed", len(hashes))
 
-    def fetch(self, prompt: list[int], adapter: str | None) -> FetchedBlocks | None:
+    def fetch(self, prompt: list[int], adapter: str | None, images: tuple[ImageInput, ...] = ()
+              ) -> FetchedBlocks | None:
         """The blocks of `prompt` that the tier has past those the engine holds already, each confirmed by its
         tokens. Prompts under `min_prompt_tokens` are not looked up (nor published): a round trip saved."""
         if len(prompt) < self.config.min_prompt_tokens:
             return None
-        hashes, tokens = self.hashes(prompt, adapter)
+        hashes, tokens = self.hashes(prompt, adapter, images)
         held = 0
         while held < len(hashes) and self.blocks.holds(hashes[held], tokens[held]):
             held += 1

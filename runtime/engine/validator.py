@@ -10,12 +10,14 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from PIL import Image
 from transformers import PreTrainedTokenizerBase
 
 from runtime.config import EngineConfig
 from runtime.errors import ContextLengthError, InvalidInputError, require
 from runtime.lora import LoRAAdapter, LoRARequest, load_adapter
 from runtime.models.spec import ModelSpec
+from runtime.multimodal import ImageInput, ImageProcessing
 from runtime.pooling import PoolerConfig
 from runtime.sampling_params import SamplingParams
 from runtime.text.grammar import Constraint, Grammar, GrammarCompiler
@@ -34,6 +36,7 @@ class ValidRequest:
     grammar: Grammar | None = None  # the structured-output constraint, when compiled ahead of queueing
     adapter: LoRAAdapter | None = None  # the LoRA adapter it runs with, read and checked
     pooling: PoolerConfig | None = None  # an embedding request: how its hidden states are pooled
+    images: tuple[ImageInput, ...] = ()  # the prompt's pictures (`RequestValidator.process_images`)
 
 
 class RequestValidator:
@@ -46,6 +49,9 @@ class RequestValidator:
         self.eos_token_ids = eos_token_ids(self.spec.path, self.tokenizer)
         self.token_count_bound = TokenCountBound(self.tokenizer)
         self.pooler = config.pooler_config.resolve(self.spec.path)  # how embedding requests pool
+        self.images = None  # a vision-language model's processor: pictures in prompts
+        if self.spec.model_class.takes_images and config.limit_mm_per_prompt["image"] > 0:
+            self.images = ImageProcessing(self.spec.path, self.spec.model_class.split_image_tensors)
         self._grammars: GrammarCompiler | None = None
         self._grammars_lock = threading.Lock()
         self._adapters: OrderedDict[tuple[str, str], LoRAAdapter] = OrderedDict()  # read adapters, LRU
@@ -63,8 +69,25 @@ class RequestValidator:
                                      f"prompt has at least {fewest} tokens", fewest, None, limit)
         return encode(self.tokenizer, text, add_special_tokens)
 
+    def process_images(self, text: str, images: list[Image.Image], add_special_tokens: bool = True,
+                       param: str = "messages") -> tuple[list[int], tuple[ImageInput, ...]]:
+        """A prompt's text with a placeholder per picture (the processor's `placeholder`), as token ids with each
+        picture's tokens spelled out, and the pictures' inputs (`validate` takes both)."""
+        require(self.images is not None or not images, param,
+                f"this model does not take images ({self.spec.model_class.__name__}"
+                f"{' with limit_mm_per_prompt image 0' if self.spec.model_class.takes_images else ''})")
+        limit = self.config.limit_mm_per_prompt["image"]
+        require(len(images) <= limit, param, f"{len(images)} images, over the {limit} a prompt may hold "
+                "(limit_mm_per_prompt)")
+        if not images:
+            return self.encode(text, add_special_tokens), ()
+        try:
+            return self.images.process(text, images, add_special_tokens)
+        except ValueError as e:
+            raise InvalidInputError(param, str(e)) from None
+
     def validate(self, prompt_token_ids: list[int], params: SamplingParams,
-                 lora: LoRARequest | None = None) -> ValidRequest:
+                 lora: LoRARequest | None = None, images: tuple[ImageInput, ...] = ()) -> ValidRequest:
         """Check a generation request against the model and context (`validate_embedding` checks embedding
         requests). A LoRA adapter is read from disk here, off the engine's thread when the caller is."""
         require(not self.spec.model_class.headless, "model",
@@ -85,12 +108,12 @@ class RequestValidator:
             require(params.min_tokens <= limit - n, "min_tokens",
                     f"({params.min_tokens}) must not exceed the {limit - n} tokens the context leaves after the "
                     f"prompt's {n} (this model's maximum context length is {limit})")
-            return ValidRequest(list(prompt_token_ids), params, limit - n, adapter=adapter)
+            return ValidRequest(list(prompt_token_ids), params, limit - n, adapter=adapter, images=images)
         if n + params.max_tokens > limit:
             raise ContextLengthError("max_tokens", f"this model's maximum context length is {limit} tokens; the "
                                      f"prompt has {n} tokens and max_tokens is {params.max_tokens}, "
                                      f"{n + params.max_tokens} in total", n, params.max_tokens, limit)
-        return ValidRequest(list(prompt_token_ids), params, params.max_tokens, adapter=adapter)
+        return ValidRequest(list(prompt_token_ids), params, params.max_tokens, adapter=adapter, images=images)
 
     def validate_embedding(self, prompt_token_ids: list[int], lora: LoRARequest | None = None) -> ValidRequest:
         """An embedding request checked against the model: its prompt may fill the whole context."""

@@ -184,14 +184,19 @@ class DecoderModel(nn.Module):
         self.rotary = nn.ModuleDict({key: RotaryTables(config, head_dim_of(config), max_positions, key)
                                      for key in dict.fromkeys(self.rope_keys[i] for i in self.stage_layers)})
 
-    def forward(self, input_ids, positions, meta, carried: tuple[torch.Tensor, torch.Tensor] | None = None):
+    def forward(self, input_ids, positions, meta, carried: tuple[torch.Tensor, torch.Tensor] | None = None,
+                images: tuple[list[int], torch.Tensor] | None = None):
         """The final hidden states; on a stage before the last, the (hidden, residual) it hands on, from the
-        previous stage's `carried` ones when it is not the first."""
+        previous stage's `carried` ones when it is not the first. `images`: rows whose input is a picture's
+        encoder output (placed after the token embedding and its scale), and those outputs."""
         tables = {key: rotary(positions) for key, rotary in self.rotary.items()}
         if carried is None:
             hidden, residual = self.embed_tokens(input_ids), None
             if self.embed_scale is not None:  # rounded to the weights' dtype first, as transformers does
                 hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
+            if images is not None:
+                rows, embeds = images
+                hidden[torch.tensor(rows, device=hidden.device)] = embeds.to(hidden.dtype)
         else:
             hidden, residual = carried
         for i in self.stage_layers:
@@ -214,6 +219,9 @@ class CausalLM(nn.Module):
     has_recurrent_state = False
     # layers that attend within chunks of this many positions (`runtime.models.chunked_attention`), if any
     attention_chunk_size: int | None = None
+    # a vision-language model: prompts may hold pictures, whose tokens' inputs its vision encoder computes
+    # (`encode_images`; `runtime.multimodal`)
+    takes_images = False
     # checkpoint projection -> (our fused parameter, its shard)
     stacked_params = {
         "q_proj": ("qkv_proj", "q"),
@@ -300,8 +308,8 @@ class CausalLM(nn.Module):
         layer = _LAYER.match(name)
         return layer is not None and int(layer.group(1)) >= len(self.model.layers)
 
-    def forward(self, input_ids, positions, meta, carried=None):
-        return self.model(input_ids, positions, meta, carried)
+    def forward(self, input_ids, positions, meta, carried=None, images=None):
+        return self.model(input_ids, positions, meta, carried, images)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

@@ -15,6 +15,7 @@ from runtime.models.glm4_moe import Glm4MoeForCausalLM
 from runtime.models.gpt_oss import GptOssForCausalLM
 from runtime.models.granite import GraniteForCausalLM
 from runtime.models.llama import LlamaForCausalLM
+from runtime.models.llava import LLAVA_FAMILIES
 from runtime.models.llama4 import Llama4ForCausalLM, Llama4ForConditionalGeneration
 from runtime.models.minimax_m2 import MiniMaxM2ForCausalLM
 from runtime.models.mistral import MistralForCausalLM
@@ -52,7 +53,11 @@ _CAUSAL_LMS = (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Ernie4_5ForCausalLM
                SmolLM3ForCausalLM, *_EMBEDDABLE)
 _FAMILIES: dict[str, type[CausalLM]] = {cls.__name__: cls for cls in (*_CAUSAL_LMS, *map(_base_model, _EMBEDDABLE))}
 
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(_FAMILIES))
+
+# vision-language architectures whose class follows their language model's family (its `model_type`)
+_BY_LANGUAGE_MODEL: dict[str, dict[str, type[CausalLM]]] = {"LlavaForConditionalGeneration": LLAVA_FAMILIES}
+
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted([*_FAMILIES, *_BY_LANGUAGE_MODEL]))
 
 
 def model_class(config: PretrainedConfig) -> type[CausalLM]:
@@ -61,5 +66,11 @@ def model_class(config: PretrainedConfig) -> type[CausalLM]:
     for name in names:
         if name in _FAMILIES:
             return _FAMILIES[name]
+        if name in _BY_LANGUAGE_MODEL:
+            families, language = _BY_LANGUAGE_MODEL[name], config.text_config.model_type
+            if language not in families:
+                raise InvalidInputError("model", f"{name} with a {language} language model is not supported; "
+                                        f"supported: {', '.join(sorted(families))}")
+            return families[language]
     raise InvalidInputError("model", f"architecture {', '.join(names) or '(none in config.json)'} is not "
                             f"supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")

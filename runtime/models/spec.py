@@ -52,6 +52,8 @@ class ModelSpec:
         require(config.speculative_config is None or not family.has_recurrent_state, "speculative_config",
                 f"speculative decoding is not supported for {family.__name__}: its linear-attention layers' state "
                 "cannot take back rejected draft tokens")
+        require(config.pipeline_parallel_size == 1 or not family.takes_images, "pipeline_parallel_size",
+                f"{family.__name__} takes images: it runs as one pipeline stage (tensor parallel shards it)")
         quantization = Quantization.from_config(checkpoint_config, config.quantization)
         return cls(path, hf_config, _dtype(config, hf_config), max_model_len, config.tokenizer or str(path), family,
                    quantization)

@@ -28,6 +28,7 @@ from runtime.models.chunked_attention import ChunkedAttentionMetadata, chunked_v
 from runtime.models.rotary import LengthScaledRope
 from runtime.models.spec import ModelSpec
 from runtime.models.state_cache import StateStep, allocate_states, stateful_layers
+from runtime.multimodal.encoder_cache import EncoderCache
 from runtime.speculative.verifier import split_rows
 from runtime.worker.gpu_budget import gpu_kv_budget
 from runtime.worker.kv_offload import HostKVTier
@@ -77,6 +78,8 @@ class ModelRunner(RunnerWeights):
         self.keep_hidden = False  # a multi-token-prediction proposer reads each step's hidden states (every row)
         self.hidden: torch.Tensor | None = None  # the last step's, when kept
         self.attention_layers = attention_layers(self.model)
+        self.encoder_cache = EncoderCache(self.model.encode_images, self.device) if spec.model_class.takes_images \
+            else None
         self.num_blocks = self._allocate_kv_cache()
         self.kv_tier = None
         if config.kv_offloading_size:
@@ -165,7 +168,7 @@ class ModelRunner(RunnerWeights):
         if self.config.world_size > 1:
             broadcast_from_rank0(inputs)
         logits, prompt_logits, pooled = self.execute(inputs, None if previous is None else previous.tokens)
-        failed: dict[Request, str] = {}
+        failed: dict[Request, str] = dict(self.encoder_cache.failed) if self.encoder_cache is not None else {}
         seqs = batch.sampled
         rows = seqs if len(inputs.logit_rows) == len(seqs) else [  # a verified draft adds a row
             s for s in seqs for _ in range(1 + len(s.draft_token_ids))]
@@ -233,9 +236,12 @@ class ModelRunner(RunnerWeights):
         previous_rows = {} if previous is None else previous.row_of()
         input_ids, positions, logit_rows = inputs.input_ids, inputs.positions, inputs.logit_rows
         offset = 0
+        image_chunks = []  # (request, start, end, first row) of prefill chunks of prompts with pictures
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
             drafts, token_ids, request = seq.draft_token_ids, seq.token_ids, seq.request
+            if request.images and start < request.images[-1].end:
+                image_chunks.append((request, start, end, offset))
             if n == 1:  # the rule: a decode (one token a step has no drafts)
                 if start < len(token_ids):
                     input_ids.append(token_ids[start])
@@ -276,7 +282,16 @@ class ModelRunner(RunnerWeights):
                 inputs.prompt_spans.append((offset, last - start))
                 prompt_seqs.append((seq, start))
             offset += n
+        if self.encoder_cache is not None:
+            self._place_images(inputs, image_chunks)
         return inputs, prompt_seqs, pool_seqs, prefilled
+
+    def _place_images(self, inputs: StepInputs, chunks: list[tuple[Request, int, int, int]]) -> None:
+        """The step's picture rows and their encoder outputs (encoded now where the cache lacks them)."""
+        inputs.image_rows, embeds = self.encoder_cache.rows(chunks)
+        if embeds is not None and self.config.world_size > 1:
+            embeds = embeds.cpu()  # travels to the other ranks with the step's inputs
+        inputs.image_embeds = embeds
 
     def shutdown(self) -> None:
         """Release the workers and leave the process group, even when a worker is already gone."""
@@ -330,7 +345,10 @@ class ModelRunner(RunnerWeights):
             step = StateStep.build(inputs.state_slots, inputs.query_lens, inputs.context_lens, self.device)
             for layer in self.stateful_layers:
                 layer.step = step
-        return self.model(*self._tensors(inputs, previous_tokens), self.attention_metadata(inputs), carried)
+        images = {}
+        if inputs.image_rows:
+            images["images"] = (inputs.image_rows, inputs.image_embeds.to(self.device))
+        return self.model(*self._tensors(inputs, previous_tokens), self.attention_metadata(inputs), carried, **images)
 
     def attention_metadata(self, inputs: StepInputs) -> AttentionMetadata | ChunkedAttentionMetadata:
         """The step's attention metadata; for a model with chunked layers, theirs beside it."""

@@ -74,6 +74,10 @@ class StepInputs:
     pool_spans: list[tuple[int, int]] = field(default_factory=list)  # (first row, count) of hidden states pooled
     # (row, row of the previous step's tokens) of input tokens still on the device (async scheduling; rank 0 only)
     in_flight: list[tuple[int, int]] = field(default_factory=list)
+    # rows whose input is a picture's encoder output instead of its placeholder token's embedding, and those outputs
+    # (`runtime.multimodal.encoder_cache`, on rank 0; sent to the other ranks with the rest)
+    image_rows: list[int] = field(default_factory=list)
+    image_embeds: torch.Tensor | None = None
 
     @property
     def one_sampled_row_each(self) -> bool:

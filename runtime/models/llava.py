@@ -1,0 +1,111 @@
+"""LLaVA (`LlavaForConditionalGeneration`, the shape LLaVA-1.5 and many fine-tunes keep): a CLIP vision tower, a
+two-layer projector, and a language model of a family already served (Llama, Mistral, Qwen2, Qwen3). A picture's
+placeholder tokens take the projected hidden states of one (or several, concatenated) of the tower's layers, its
+class token dropped under the `default` feature strategy.
+
+Checkpoints name their tensors in one of two layouts: transformers' older one (`language_model.model.…`,
+`language_model.lm_head`, `vision_tower.vision_model.…`, `multi_modal_projector.…`: what llava-hf publishes and
+transformers still saves) or its newer one (`model.language_model.…`, `model.vision_tower.…`, `lm_head`)."""
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+from transformers.activations import ACT2FN
+
+from runtime.models.clip_vision import CLIPVisionTower
+from runtime.models.decoder import CausalLM, language_model_config
+from runtime.models.llama import LlamaForCausalLM
+from runtime.models.mistral import MistralForCausalLM
+from runtime.models.qwen2 import Qwen2ForCausalLM
+from runtime.models.qwen3 import Qwen3ForCausalLM
+from runtime.multimodal.processor import split_by_image
+
+_RENAMES = (  # checkpoint prefix -> ours, the first that matches
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+    ("model.language_model.", "model."),
+    ("model.vision_tower.vision_model.", "vision_tower."),
+    ("model.vision_tower.", "vision_tower."),
+    ("vision_tower.vision_model.", "vision_tower."),
+    ("model.multi_modal_projector.", "multi_modal_projector."),
+)
+
+
+class LlavaProjector(nn.Module):
+    def __init__(self, config: PretrainedConfig, num_feature_layers: int):
+        super().__init__()
+        bias = getattr(config, "multimodal_projector_bias", True)
+        vision, text = config.vision_config.hidden_size, config.text_config.hidden_size
+        self.linear_1 = nn.Linear(vision * num_feature_layers, text, bias=bias)
+        self.act = ACT2FN[config.projector_hidden_act]
+        self.linear_2 = nn.Linear(text, text, bias=bias)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.linear_2(self.act(self.linear_1(features)))
+
+
+class LlavaMixin:
+    """What LLaVA adds to its language model's family (`llava_of`)."""
+
+    takes_images = True
+    supports_lora = False  # adapters attach to the language model's layers only: not built for the tower
+    split_image_tensors = staticmethod(split_by_image)
+
+    def __init__(self, config: PretrainedConfig, max_positions: int):
+        super().__init__(config, max_positions)
+        checkpoint = config.vision_language
+        layers = checkpoint.vision_feature_layer
+        vision_layers = checkpoint.vision_config.num_hidden_layers
+        self.feature_layers = [layers] if isinstance(layers, int) else list(layers)
+        self.feature_layers = [i if i >= 0 else vision_layers + 1 + i for i in self.feature_layers]
+        self.drop_class_token = checkpoint.vision_feature_select_strategy == "default"
+        self.vision_tower = CLIPVisionTower(checkpoint.vision_config, max(self.feature_layers))
+        self.multi_modal_projector = LlavaProjector(checkpoint, len(self.feature_layers))
+
+    @classmethod
+    def text_config(cls, config: PretrainedConfig) -> PretrainedConfig:
+        text = language_model_config(config)
+        text.vision_language = config  # what the tower and projector are built from
+        return text
+
+    def encode_images(self, pictures: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+        """Each picture's placeholder rows, [tokens, hidden], computed in one batch (LLaVA's pictures share a
+        size)."""
+        states = self.vision_tower(torch.cat([p["pixel_values"] for p in pictures]))
+        start = 1 if self.drop_class_token else 0
+        features = torch.cat([states[i][:, start:] for i in self.feature_layers], dim=-1)
+        return list(self.multi_modal_projector(features))
+
+    def param_for(self, name: str) -> tuple[str | None, tuple]:
+        for prefix, ours in _RENAMES:
+            if name.startswith(prefix):
+                name = ours + name.removeprefix(prefix)
+                break
+        if name.startswith("vision_tower."):
+            return self._tower_param(name), ()
+        if name.startswith("multi_modal_projector."):
+            return name, ()
+        return super().param_for(name)
+
+    def _tower_param(self, name: str) -> str | None:
+        """The tower's parameter, or None for a tensor of what is not built: the post-norm, the layers past the
+        deepest one read."""
+        if name.startswith("vision_tower.post_layernorm."):
+            return None
+        if name.startswith("vision_tower.encoder.layers."):
+            if int(name.split(".")[3]) >= len(self.vision_tower.encoder.layers):
+                return None
+        return name
+
+
+def llava_of(family: type[CausalLM], name: str) -> type[CausalLM]:
+    """LLaVA over `family`'s language model; `name` is the module attribute it is bound to (pickling finds it so)."""
+    return type(name, (LlavaMixin, family), {"__module__": __name__})
+
+
+LlavaLlama = llava_of(LlamaForCausalLM, "LlavaLlama")
+LlavaMistral = llava_of(MistralForCausalLM, "LlavaMistral")
+LlavaQwen2 = llava_of(Qwen2ForCausalLM, "LlavaQwen2")
+LlavaQwen3 = llava_of(Qwen3ForCausalLM, "LlavaQwen3")
+# by the language model's `model_type`
+LLAVA_FAMILIES = {"llama": LlavaLlama, "mistral": LlavaMistral, "qwen2": LlavaQwen2, "qwen3": LlavaQwen3}

@@ -1,0 +1,75 @@
+"""Tiny random-weight vision-language checkpoints, saved as their publishers ship them (config, weights, tokenizer
+and the processor's files), and test pictures.
+
+The tokenizer is the test tokenizer with the family's image token added; its chat template is ChatML that writes
+the image token where a message's content lists a picture (as the families' own templates do).
+"""
+
+import io
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from transformers import (
+    CLIPVisionConfig,
+    GenerationConfig,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+    LlavaProcessor,
+    Qwen2Config,
+)
+from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+from testing.model_factory import build_tokenizer
+
+# ChatML over content that is a string or a list of parts ({"type": "text", "text": ...} / {"type": "image"})
+VISION_CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ image_token }}{% else %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_llava_dir(path: Path, image_size: int = 28, patch_size: int = 7, seed: int = 0) -> Path:
+    """LLaVA-1.5's shape at a tiny size: a 2-layer CLIP tower read at its second-to-last layer, class token
+    dropped, a GELU projector, a Qwen2 language model; (image_size / patch_size)^2 tokens a picture."""
+    torch.manual_seed(seed)
+    tokenizer = build_tokenizer(512)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    tokenizer.chat_template = VISION_CHATML.replace("{{ image_token }}", "<image>")
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                              image_size=image_size, patch_size=patch_size, projection_dim=32,
+                              initializer_factor=4.0)
+    text = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, vocab_size=576, max_position_embeddings=2048, initializer_range=0.2,
+                       eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=tokenizer.convert_tokens_to_ids(
+        "<image>"), projector_hidden_act="gelu", vision_feature_layer=-2, vision_feature_select_strategy="default",
+        initializer_range=0.2)
+    model = LlavaForConditionalGeneration(config)
+    model.save_pretrained(path)
+    image_processor = CLIPImageProcessorPil(size={"shortest_edge": image_size},
+                                            crop_size={"height": image_size, "width": image_size})
+    processor = LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=patch_size,
+                               vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                               chat_template=tokenizer.chat_template)
+    processor.save_pretrained(path)
+    eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    GenerationConfig(eos_token_id=eos, bos_token_id=None).save_pretrained(path)
+    return path
+
+
+def test_picture(seed: int, size: tuple[int, int] = (40, 32)) -> Image.Image:
+    """A random RGB picture (width, height)."""
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+
+
+def encoded(picture: Image.Image, format: str = "PNG") -> bytes:
+    buffer = io.BytesIO()
+    picture.save(buffer, format=format)
+    return buffer.getvalue()
