@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from deployments.errors import field_path
+from deployments.media import MediaPolicy
 from deployments.parsers import REASONING_PARSERS, TOOL_CALL_FORMATS
 from runtime import EngineConfig
 
@@ -190,8 +191,15 @@ class AppConfig(StrictModel):
     # the batch manager starts with the app, so the first batch does not wait for its process; false: on the
     # first Files or Batches call (an app that runs no batches has one process fewer)
     start_batch_manager: bool = True
-    # s3:// prefixes a batch's input_file_id may name, besides this app's own storage_uri; nothing else is read
+    # s3:// prefixes a batch's input_file_id, or an image URL in a request, may name, besides this app's own
+    # storage_uri; nothing else is read
     batch_input_prefixes: list[str] = Field(default_factory=list)
+    # Pictures in requests (deployments/media.py): http(s) hosts they may be fetched from (vLLM's name; none by
+    # default: data: URLs and allowed s3:// URIs only), and the bounds on one picture's fetch, bytes and pixels
+    allowed_media_domains: list[str] = Field(default_factory=list)
+    media_fetch_timeout_s: float = Field(10.0, gt=0)
+    max_image_bytes: int = Field(20 << 20, gt=0)
+    max_image_pixels: int = Field(40_000_000, gt=0)
     # Serve options of the OpenAI ingress (num_replicas, autoscaling_config, ray_actor_options, ...). Two
     # replicas by default, at most as many per node as the cluster's nodes require (builder.py): losing one node
     # never takes the app's front door.
@@ -253,6 +261,11 @@ class AppConfig(StrictModel):
         if bad:
             raise ValueError(f"each must be an s3://bucket/ prefix, got {bad}")
         return v
+
+    def media_policy(self) -> MediaPolicy:
+        prefixes = [*self.batch_input_prefixes, *([self.storage_uri] if self.storage_uri.startswith("s3://") else [])]
+        return MediaPolicy(tuple(d.lower() for d in self.allowed_media_domains), tuple(prefixes),
+                           self.max_image_bytes, self.max_image_pixels, self.media_fetch_timeout_s)
 
     def may_read_batch_input(self, uri: str) -> bool:
         """Whether a batch may read its input from `uri` (an s3:// object): only under the allowed prefixes."""

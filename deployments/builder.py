@@ -24,10 +24,11 @@ def build_openai_app(args: dict) -> Application:
         # Under HAProxy, HAProxy picks the replica for HTTP requests and Serve refuses a custom router on the
         # ingress deployment: the replica, its own ingress here, keeps Serve's default router
         return _replica(config.llm_configs[0], DirectLLMServer, prefix_routing=not _haproxy()).bind(config)
-    replicas = {c.model_id: _replica(c, LLMServer).bind(c, config.otlp_traces_endpoint) for c in config.llm_configs}
+    replicas = {c.model_id: _replica(c, LLMServer).bind(c, config.otlp_traces_endpoint, config.media_policy())
+                for c in config.llm_configs}
     # disaggregated models' prefill replicas (deployments/disaggregated.py)
     prefill_configs = [c.prefill() for c in config.llm_configs if c.prefill_config is not None]
-    prefill = {p.model_id: _replica(p, LLMServer, prefill=True).bind(p, config.otlp_traces_endpoint)
+    prefill = {p.model_id: _replica(p, LLMServer, prefill=True).bind(p, config.otlp_traces_endpoint, config.media_policy())
                for p in prefill_configs}
     options = dict(config.ingress_deployment_config)
     # no CPU reserved unless asked: like Serve's proxy, the ingress only routes; the cores go to the engines

@@ -63,7 +63,7 @@ def build_llava_dir(path: Path, image_size: int = 28, patch_size: int = 7, seed:
     return path
 
 
-def test_picture(seed: int, size: tuple[int, int] = (40, 32)) -> Image.Image:
+def random_picture(seed: int, size: tuple[int, int] = (40, 32)) -> Image.Image:
     """A random RGB picture (width, height)."""
     rng = np.random.default_rng(seed)
     return Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))

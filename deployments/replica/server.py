@@ -25,6 +25,7 @@ from deployments.api.tokenize.protocol import DetokenizeRequest, TokenizeRequest
 from deployments.app_config import LLMConfig
 from deployments.broadcast import on_every_replica
 from deployments.errors import OpenAIError, StreamError
+from deployments.media import MediaLoader, MediaPolicy
 from deployments.replica.adapters import adapters_of
 from deployments.replica.metrics import EngineGauges, RequestMetrics
 from deployments.tracing import Observers, RequestSpans, continued, start_tracing, tracing
@@ -41,8 +42,9 @@ from runtime.engine.startup_heap import freeze_startup_heap
 logger = logging.getLogger("ray.serve")
 
 class LLMServer:
-    def __init__(self, config: LLMConfig, otlp_traces_endpoint: str | None = None):
-        """`otlp_traces_endpoint`: where this replica's spans go (deployments/tracing.py); None: it makes none."""
+    def __init__(self, config: LLMConfig, otlp_traces_endpoint: str | None = None, media: MediaPolicy = MediaPolicy()):
+        """`otlp_traces_endpoint`: where this replica's spans go (deployments/tracing.py); None: it makes none.
+        `media`: where pictures named by URL may be read from (deployments/media.py)."""
         self.model_id = config.model_id
         start_tracing(otlp_traces_endpoint, f"rayllm-replica {self.model_id}")
         # new tokens reach this process at most once per interval: fewer wake-ups, SSE events and hops per token
@@ -58,7 +60,7 @@ class LLMServer:
         texts = TokenTexts(self.engine.tokenizer)
         self.adapters = adapters = adapters_of(config)
         self.chat_handler = ChatHandler(self.engine, self.model_id, texts, adapters, config.reasoning_parser,
-                                        config.tool_call_parser)
+                                        config.tool_call_parser, MediaLoader(media))
         self.completion_handler = CompletionHandler(self.engine, self.model_id, texts, adapters)
         self.generate_handler = GenerateHandler(self.engine, adapters)
         self.embedding_handler = EmbeddingHandler(self.engine, self.model_id)

@@ -166,11 +166,21 @@ class AsyncLLMEngine:
         """`healthy`, and every tensor-parallel worker answers (blocks up to a few seconds)."""
         return self.healthy and self.engine.healthy()
 
+    @property
+    def takes_images(self) -> bool:
+        """The model is a vision-language model serving pictures (its `limit_mm_per_prompt` allows some)."""
+        return self.engine.validator.images is not None
+
+    def process_images(self, text: str, images: list, add_special_tokens: bool = True, param: str = "messages"):
+        """A prompt's text with a placeholder per picture, as token ids, and the pictures' inputs for `validate`
+        (`RequestValidator.process_images`: processed here, on the caller's thread)."""
+        return self.engine.validator.process_images(text, images, add_special_tokens, param)
+
     def validate(self, prompt_token_ids: list[int], params: SamplingParams,
-                 lora: LoRARequest | None = None) -> ValidRequest:
+                 lora: LoRARequest | None = None, images: tuple = ()) -> ValidRequest:
         """The request checked against the model (`InvalidInputError` if it is bad), ready for `generate`; a
         LoRA adapter is read here, on the caller's thread."""
-        return self.engine.validator.validate(prompt_token_ids, params, lora)
+        return self.engine.validator.validate(prompt_token_ids, params, lora, images)
 
     def validate_embedding(self, prompt_token_ids: list[int], lora: LoRARequest | None = None) -> ValidRequest:
         """An embedding request checked against the model (`InvalidInputError` if it is bad), ready for `embed`."""

@@ -5,12 +5,16 @@ from dataclasses import replace
 
 from runtime.engine.llm_engine import LLMEngine
 from runtime.lora import LoRARequest
+from runtime.multimodal import ImageInput
+from runtime.multimodal.chat import split_pictures
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
 from runtime.text.harmony_chat import render_harmony, stop_token_ids, uses_harmony
 from runtime.text.tokenizer import render_chat
 
-Prompt = str | list[int]
+# text, token ids, or (as vLLM takes pictures) {"prompt": text with a placeholder per picture,
+# "multi_modal_data": {"image": a PIL image or a list of them}}
+Prompt = str | list[int] | dict
 
 
 class LLM:
@@ -53,7 +57,7 @@ class LLM:
         adapter (one for all prompts, or one per prompt; the engine needs `enable_lora=True`)."""
         if self.engine.asleep:
             raise RuntimeError("the engine is asleep: call wake_up() first")
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = params or SamplingParams()
         if not isinstance(params, list):
@@ -66,10 +70,9 @@ class LLM:
         outputs: dict[str, RequestOutput] = {}
         try:
             for prompt, p, lora in zip(prompts, params, loras):
-                encoded = isinstance(prompt, str)
-                text, ids = (prompt, self.engine.validator.encode(prompt)) if encoded else (None, prompt)
+                text, ids, images = self._prompt(prompt)
                 request_id = f"llm-{next(self._ids)}"
-                self.engine.add_request(request_id, ids, p, lora=lora, stream=False)
+                self.engine.add_request(request_id, ids, p, lora=lora, stream=False, images=images)
                 outputs[request_id] = RequestOutput.empty(request_id, ids, p.n, text)
             while self.engine.has_unfinished_requests():
                 for delta in self.engine.step():
@@ -79,6 +82,19 @@ class LLM:
                 self.engine.abort(request_id)
             raise
         return list(outputs.values())
+
+    def _prompt(self, prompt: Prompt) -> tuple[str | None, list[int], tuple[ImageInput, ...]]:
+        """A prompt's text (if given), token ids and pictures' inputs."""
+        if isinstance(prompt, str):
+            return prompt, self.engine.validator.encode(prompt), ()
+        if not isinstance(prompt, dict):
+            return None, prompt, ()
+        if "images" in prompt:  # processed already (`chat`)
+            return None, prompt["prompt_token_ids"], prompt["images"]
+        pictures = prompt.get("multi_modal_data", {}).get("image", [])
+        pictures = pictures if isinstance(pictures, list) else [pictures]
+        ids, images = self.engine.validator.process_images(prompt["prompt"], pictures, param="prompt")
+        return prompt["prompt"], ids, images
 
     def embed(self, prompts: Prompt | list[Prompt]) -> list[list[float]]:
         """Each prompt's embedding (its final hidden states pooled as the engine's `pooler_config` says), in order."""
@@ -118,6 +134,10 @@ class LLM:
             params = [replace(p, stop_token_ids=[*p.stop_token_ids, *stops])
                       for p in (params if isinstance(params, list) else [params or SamplingParams()] * len(prompts))]
         else:
-            texts = [render_chat(self.tokenizer, c, tools, chat_template_kwargs) for c in conversations]
-            prompts = [self.engine.validator.encode(text, add_special_tokens=False) for text in texts]
+            validator, prompts = self.engine.validator, []
+            for conversation in conversations:
+                messages, pictures = split_pictures(conversation, validator.images is not None)
+                text = render_chat(self.tokenizer, messages, tools, chat_template_kwargs)
+                ids, images = validator.process_images(text, pictures, add_special_tokens=False)
+                prompts.append({"prompt_token_ids": ids, "images": images} if images else ids)
         return self.generate(prompts, params, lora_request)

@@ -27,6 +27,7 @@ from runtime.errors import InvalidInputError, describe
 from runtime.lora import AdapterSlots, LoRARequest
 from runtime.models.rotary import LengthScaledRope
 from runtime.models.sliding_window import kv_window
+from runtime.multimodal import ImageInput
 from runtime.outputs import RequestDelta, SequenceDelta, sequence_delta
 from runtime.sampling_params import SamplingParams
 from runtime.speculative.build import build_speculator
@@ -97,9 +98,10 @@ class LLMEngine(EngineLifecycle):
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     priority: int = 0, lora: LoRARequest | None = None, owner: str | None = None,
-                    stream: bool = True) -> None:
-        """Validate a request and queue it (with the blocks of its prompt that the shared tier has, if any)."""
-        valid = self.validator.validate(prompt_token_ids, params, lora)
+                    stream: bool = True, images: tuple[ImageInput, ...] = ()) -> None:
+        """Validate a request and queue it (with the blocks of its prompt that the shared tier has, if any).
+        `images`: its pictures' inputs, as `validator.process_images` made them with the prompt's token ids."""
+        valid = self.validator.validate(prompt_token_ids, params, lora, images)
         if self.shared_tier is not None:
             self.import_blocks(self.fetch_shared(valid))
         self.enqueue(request_id, valid, priority, owner, stream)
@@ -146,10 +148,17 @@ class LLMEngine(EngineLifecycle):
         self.text.forget(request_id)
         if request is None:
             return
+        self._release_images(request)
         for seq in request.seqs:
             if not seq.is_finished:
                 seq.finish_reason = "abort"
                 self.scheduler.finish(seq)
+
+    def _release_images(self, request: Request) -> None:
+        """The encoder outputs a request that ends mid-prefill still holds go now (the next step would too, but
+        an idle engine takes none)."""
+        if request.images and self.runner.encoder_cache is not None:
+            self.runner.encoder_cache.release(request)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -346,6 +355,8 @@ class LLMEngine(EngineLifecycle):
         """Finish every unfinished completion of `request` (of `seqs`, if given) with `reason`; the delta that says
         so (the text stage gives it the text not yet released)."""
         delta = self._request_delta(request)
+        if seqs is None:
+            self._release_images(request)
         for seq in request.seqs if seqs is None else seqs:
             if not seq.is_finished:
                 self._finish(seq, reason, None)
@@ -394,6 +405,8 @@ class LLMEngine(EngineLifecycle):
             "paused": self.paused,
             "asleep": self.asleep,
             "kv_cache_bytes": self.runner.kv_cache_bytes,
+            **({"encoder_cache_images": len(self.runner.encoder_cache),
+                "images_encoded": self.runner.encoder_cache.images_encoded} if self.runner.encoder_cache is not None else {}),
             **(bm.tier.stats(self.runner.kv_tier.block_bytes) if bm.tier is not None else {}),
             **(self.shared_tier.stats() if self.shared_tier else {}),
             **(self.speculator.stats() if self.speculator is not None else {}),

@@ -82,6 +82,10 @@ class EncoderCache:
             self._outputs.setdefault(request, {})[i] = output
         self.images_encoded += len(pictures)
 
+    def release(self, request: Request) -> None:
+        """Let go of `request`'s pictures now (it ended before its prefill did: aborted, failed)."""
+        self._outputs.pop(request, None)
+
     def _sweep(self) -> None:
         """Let go of the pictures of requests that no longer run."""
         running = SequenceStatus.RUNNING

@@ -11,12 +11,15 @@ by openai-harmony, its analysis channel being the reasoning.
 from collections.abc import AsyncIterator
 from functools import partial
 
+from PIL import Image
+
 from deployments.api.chat.prompt import ChatPrompt
 from deployments.api.chat.protocol import ChatCompletionRequest
 from deployments.api.choice_parser import ChoiceParser, HarmonyChoiceParser, tool_call_json
 from deployments.api.format import TokenTexts, chat_logprobs, chunk_builder, now, prompt_logprobs_json, usage
 from deployments.api.request_model import engine_priority
 from deployments.errors import OpenAIError
+from deployments.media import MediaLoader, MediaPolicy
 from deployments.parsers import FORCED_CALL_FORMAT, REASONING_PARSERS, TOOL_CALL_FORMATS
 from deployments.replica.adapters import ModelAdapters
 from deployments.work_pool import off_loop
@@ -28,8 +31,10 @@ PROMPT_TAIL_TOKENS = 16  # enough to hold a reasoning tag the template wrote at 
 
 class ChatHandler:
     def __init__(self, engine: AsyncLLMEngine, model_id: str, texts: TokenTexts, adapters: ModelAdapters,
-                 reasoning_parser: str | None = None, tool_call_parser: str | None = None):
+                 reasoning_parser: str | None = None, tool_call_parser: str | None = None,
+                 media: MediaLoader | None = None):
         self.engine = engine
+        self.media = media or MediaLoader(MediaPolicy())  # by default: data: URLs only
         self.adapters = adapters
         self.model_id = model_id
         self.texts = texts
@@ -38,8 +43,17 @@ class ChatHandler:
         self.prompt = ChatPrompt(engine, model_id)
         self.harmony = engine.harmony
 
-    def _prepare(self, req: ChatCompletionRequest) -> ValidRequest:
-        """Called on a worker thread: chat templates and tokenizing never hold up the replica's event loop."""
+    async def _images(self, req: ChatCompletionRequest) -> list[Image.Image]:
+        """The pictures the conversation names, read and decoded (a text-only model is told so before any read)."""
+        urls = req.image_urls()
+        if urls and not self.engine.takes_images:
+            raise OpenAIError(400, f"{urls[0][1]}: model {self.model_id} does not take images", urls[0][1])
+        return await self.media.images(urls) if urls else []
+
+    def _prepare(self, req: ChatCompletionRequest, images: list[Image.Image]) -> ValidRequest:
+        """Called on a worker thread: chat templates, tokenizing and image processing never hold up the replica's
+        event loop."""
+        pictures = ()
         if self.harmony:
             prompt = self._render_harmony(req)
             params = req.to_sampling_params()
@@ -51,8 +65,12 @@ class ChatHandler:
             tool_format = self._tool_format_name(req)
             if tool_format is not None and TOOL_CALL_FORMATS[tool_format].special_tokens:
                 params.skip_special_tokens = False  # the calls' tags must reach the parser
-            prompt = self.engine.encode(self.prompt.render(req), add_special_tokens=False)
-        return self.engine.validate(prompt, params, self.adapters.request_for(req.model))
+            if self.engine.takes_images:
+                prompt, pictures = self.engine.process_images(self.prompt.render(req), images,
+                                                              add_special_tokens=False)
+            else:
+                prompt = self.engine.encode(self.prompt.render(req), add_special_tokens=False)
+        return self.engine.validate(prompt, params, self.adapters.request_for(req.model), pictures)
 
     def _render_harmony(self, req: ChatCompletionRequest) -> list[int]:
         """gpt-oss's prompt token ids. A grammar (a forced tool choice, a structured output) would constrain the
@@ -88,7 +106,7 @@ class ChatHandler:
 
     async def complete(self, req: ChatCompletionRequest, request_id: str, priority: int = 0,
                        owner: str | None = None) -> dict:
-        valid = await off_loop(self._prepare, req, priority=priority)
+        valid = await off_loop(self._prepare, req, await self._images(req), priority=priority)
         prompt = valid.prompt_token_ids
         result = RequestOutput.empty(request_id, prompt, valid.params.n)
         async for delta in self.engine.generate(valid, request_id, engine_priority(priority, req.priority), owner,
@@ -139,7 +157,8 @@ class ChatHandler:
     async def stream(self, req: ChatCompletionRequest, request_id: str,
                      owner: str | None = None) -> AsyncIterator[dict]:
         """Prepare (errors raise before the first chunk), then stream the chunks."""
-        valid = await self.engine.compile(await off_loop(self._prepare, req))  # bad grammar: refused before streaming
+        # a bad picture or grammar: refused before streaming
+        valid = await self.engine.compile(await off_loop(self._prepare, req, await self._images(req)))
         generator = self.engine.generate(valid, request_id, engine_priority(0, req.priority), owner)
         return self._chunks(req, request_id, valid.prompt_token_ids, valid.params.n, generator)
 

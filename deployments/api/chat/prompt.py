@@ -32,7 +32,7 @@ class ChatPrompt:
     def render(self, req) -> str:
         """The conversation as the chat template writes it; `req` has a chat request's `messages`, `tools`,
         `chat_template_kwargs`, `add_generation_prompt` and `continue_final_message` (/tokenize's has too)."""
-        messages = [m.template_dict() for m in req.messages]
+        messages = [m.template_dict(self.engine.takes_images) for m in req.messages]
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         try:
             return render_chat(self.engine.tokenizer, messages, tools, req.chat_template_kwargs,

@@ -1,7 +1,7 @@
 """/v1/chat/completions' request body: the conversation, its tools and how they may be called, beside the
 shared sampling fields."""
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
@@ -12,9 +12,27 @@ from runtime import SamplingParams
 from runtime.text.grammar import Constraint
 
 
-class ContentPart(RequestModel):
+class TextPart(RequestModel):
     type: Literal["text"]
     text: str
+
+
+class ImageURL(RequestModel):
+    url: str = Field(min_length=1)
+    detail: Literal["auto", "low", "high"] | None = None  # accepted; the model's processor decides the resolution
+
+
+class ImagePart(RequestModel):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+    @field_validator("image_url", mode="before")
+    @classmethod
+    def _url_alone(cls, v):
+        return {"url": v} if isinstance(v, str) else v  # some clients send the URL bare
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 
 
 class FunctionDefinition(RequestModel):
@@ -48,11 +66,18 @@ class ChatMessage(RequestModel):
     # decides whether it is rendered (Qwen3's, Kimi's and MiniMax's keep it within a tool-calling turn)
     reasoning_content: str | None = Field(None, validation_alias=AliasChoices("reasoning_content", "reasoning"))
 
-    def template_dict(self) -> dict:
-        """The message as the chat template expects it: plain-text content."""
+    def template_dict(self, as_parts: bool = False) -> dict:
+        """The message as the chat template expects it: plain-text content, or for a model that takes images
+        (`as_parts`) a list of parts, `{"type": "text", "text": ...}` and `{"type": "image"}` where a picture goes,
+        as transformers' processors' templates read them."""
         out = self.model_dump(exclude_none=True)
-        if isinstance(self.content, list):
-            out["content"] = "".join(part.text for part in self.content)
+        if as_parts:
+            parts = self.content if isinstance(self.content, list) else [TextPart(type="text", text=self.content)] \
+                if self.content else []
+            out["content"] = [{"type": "image"} if isinstance(p, ImagePart) else {"type": "text", "text": p.text}
+                              for p in parts]
+        elif isinstance(self.content, list):
+            out["content"] = "".join(part.text for part in self.content if isinstance(part, TextPart))
         out.setdefault("content", "")
         return out
 
@@ -100,6 +125,12 @@ class ChatCompletionRequest(SamplingFields):
         elif self.tool_choice == "required" and not self.tools:
             raise ValueError("tool_choice 'required' needs tools")
         return self
+
+    def image_urls(self) -> list[tuple[str, str]]:
+        """The pictures the conversation names, in order: (url, the field that names it)."""
+        return [(part.image_url.url, f"messages[{i}].content[{j}].image_url")
+                for i, m in enumerate(self.messages) if isinstance(m.content, list)
+                for j, part in enumerate(m.content) if isinstance(part, ImagePart)]
 
     @property
     def uses_tools(self) -> bool:

@@ -1,0 +1,152 @@
+"""Vision-language models against transformers' own classes: a tiny random LLaVA (CLIP tower, projector, Qwen2)
+saved with its processor, prompted with one and two pictures; greedy tokens equal transformers' `generate` on the
+same pictures and text, with prefill chunks cutting through a picture's tokens, from the prefix cache on a
+repeated picture, and at TP=2; and they differ when the picture does."""
+
+import pytest
+import torch
+from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+from runtime import LLM, InvalidInputError, LLMEngine, SamplingParams
+from runtime.config import EngineConfig
+from testing.model_factory import build_model_dir
+from testing.vision_checkpoints import build_llava_dir, random_picture
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+IMAGE_TOKENS = 16  # (28 / 7)^2 patches, the class token dropped
+
+
+def conversation(pictures: int) -> list[dict]:
+    parts = [{"type": "text", "text": "Compare "}]
+    for i in range(pictures):
+        parts += [{"type": "image"}, {"type": "text", "text": f" and {i} "}]
+    return [{"role": "user", "content": parts}]
+
+
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory):
+    return build_llava_dir(tmp_path_factory.mktemp("llava"))
+
+
+@pytest.fixture(scope="module")
+def reference(llava):
+    """transformers' greedy tokens for a conversation with these pictures."""
+    processor = AutoProcessor.from_pretrained(llava)
+    model = LlavaForConditionalGeneration.from_pretrained(llava, dtype=torch.float32).eval()
+
+    def generate(pictures: list) -> list[int]:
+        text = processor.apply_chat_template(conversation(len(pictures)), add_generation_prompt=True)
+        inputs = processor(text=[text], images=pictures, return_tensors="pt")
+        out = model.generate(**inputs, max_new_tokens=GREEDY.max_tokens, do_sample=False)
+        return out[0, inputs["input_ids"].shape[1]:].tolist()
+
+    return generate
+
+
+def chat(llm: LLM, pictures: list) -> list[int]:
+    messages = conversation(len(pictures))
+    parts = [dict(p, image=pictures[i]) if p["type"] == "image" else p
+             for i, p in zip(_picture_indices(messages[0]["content"]), messages[0]["content"])]
+    return llm.chat([{"role": "user", "content": parts}], GREEDY)[0].outputs[0].token_ids
+
+
+def _picture_indices(parts: list[dict]) -> list[int]:
+    indices, n = [], 0
+    for p in parts:
+        indices.append(n)
+        n += p["type"] == "image"
+    return indices
+
+
+@pytest.mark.parametrize("pictures", [1, 2])
+@pytest.mark.parametrize("chunk", [2048, 8])  # 8: every picture's 16 tokens span several prefill chunks
+def test_greedy_equals_transformers(llava, reference, pictures, chunk):
+    images = [random_picture(seed) for seed in range(pictures)]
+    llm = LLM(str(llava), max_num_batched_tokens=chunk, max_model_len=512)
+    assert chat(llm, images) == reference(images)
+    assert llm.stats()["encoder_cache_images"] == 0  # every picture consumed, its output let go
+    assert llm.stats()["images_encoded"] == pictures
+
+
+def test_the_tokens_follow_the_picture(llava, reference):
+    llm = LLM(str(llava), max_model_len=512)
+    first, second = chat(llm, [random_picture(1)]), chat(llm, [random_picture(2)])
+    assert first != second  # the check above is discriminative: the picture decides the answer
+    assert second == reference([random_picture(2)])
+
+
+def test_a_repeated_picture_is_a_prefix_cache_hit_and_another_is_not(llava, reference):
+    llm = LLM(str(llava), max_model_len=512, block_size=4)
+    picture = random_picture(3)
+    prompt = llm.engine.validator.process_images(
+        llm.tokenizer.apply_chat_template(conversation(1), tokenize=False, add_generation_prompt=True), [picture])
+    offset = prompt[1][0].offset
+    first = llm.chat(conversation_with([picture]), GREEDY)[0]
+    again = llm.chat(conversation_with([picture]), GREEDY)[0]
+    other = llm.chat(conversation_with([random_picture(4)]), GREEDY)[0]
+    assert first.num_cached_tokens == 0
+    assert again.num_cached_tokens == (len(prompt[0]) - 1) // 4 * 4  # every full block, the picture's included
+    assert other.num_cached_tokens == offset // 4 * 4  # the blocks before the picture only
+    assert again.outputs[0].token_ids == first.outputs[0].token_ids == reference([picture])
+    assert other.outputs[0].token_ids == reference([random_picture(4)])
+    assert llm.stats()["images_encoded"] == 2  # the hit computed none of the picture's tokens
+
+
+def conversation_with(pictures: list) -> list[dict]:
+    parts = [{"type": "text", "text": "Compare "}]
+    for i, picture in enumerate(pictures):
+        parts += [{"type": "image", "image": picture}, {"type": "text", "text": f" and {i} "}]
+    return [{"role": "user", "content": parts}]
+
+
+def test_tp2_equals_tp1(ray_cluster, llava, reference):
+    images = [random_picture(5), random_picture(6)]
+    llm = LLM(str(llava), max_model_len=512, tensor_parallel_size=2, max_num_batched_tokens=8)
+    try:
+        assert llm.chat(conversation_with(images), GREEDY)[0].outputs[0].token_ids == reference(images)
+    finally:
+        llm.shutdown()
+
+
+def test_abort_and_preemption_let_go_of_encoder_outputs(llava):
+    """A request aborted mid-picture, and one preempted mid-picture, hold no encoder output after the next step;
+    the preempted one encodes its picture again when it is readmitted (no prefix cache holds its blocks), and
+    answers as if never preempted."""
+    engine = LLMEngine(EngineConfig(model=str(llava), max_model_len=512, max_num_batched_tokens=8,
+                                    enable_prefix_caching=False))
+    text = engine.tokenizer.apply_chat_template(conversation(1), tokenize=False, add_generation_prompt=True)
+    ids, images = engine.validator.process_images(text, [random_picture(7)])
+    engine.add_request("aborted", ids, GREEDY, images=images)
+    while engine.requests["aborted"].seqs[0].num_computed_tokens <= images[0].offset:
+        engine.step()
+    assert len(engine.runner.encoder_cache) == 1  # mid-picture: its output waits for the next chunk
+    engine.abort("aborted")
+    engine.step()
+    assert len(engine.runner.encoder_cache) == 0
+
+    engine.add_request("preempted", ids, GREEDY, images=images)
+    while engine.requests["preempted"].seqs[0].num_computed_tokens <= images[0].offset:
+        engine.step()
+    engine.scheduler.preempt_all()
+    out = []
+    while engine.has_unfinished_requests():
+        for delta in engine.step():
+            assert len(engine.runner.encoder_cache) <= 1
+            out += [t for s in delta.seqs for t in s.token_ids]
+    assert engine.runner.encoder_cache.images_encoded == 3  # the aborted one's, the preempted one's twice
+    assert len(engine.runner.encoder_cache) == 0
+    plain = LLM(str(llava), max_model_len=512).generate({"prompt": text, "multi_modal_data": {"image": random_picture(7)}},
+                                                         GREEDY)[0]
+    assert out == plain.outputs[0].token_ids
+
+
+def random_pictures_beyond_what_the_model_takes_are_refused(llava, tmp_path):
+    llm = LLM(str(llava), max_model_len=512, limit_mm_per_prompt={"image": 1})
+    with pytest.raises(InvalidInputError, match="over the 1 a prompt may hold"):
+        llm.chat(conversation_with([random_picture(1), random_picture(2)]), GREEDY)
+    with pytest.raises(InvalidInputError, match="2 image placeholders"):
+        llm.generate({"prompt": "<image><image>", "multi_modal_data": {"image": [random_picture(1)]}}, GREEDY)
+    text_only = LLM(str(build_model_dir(tmp_path / "text", "qwen2")), max_model_len=256)
+    with pytest.raises(InvalidInputError, match="does not take images"):
+        text_only.chat(conversation_with([random_picture(1)]), GREEDY)
+    assert chat(llm, [random_picture(1)])  # the engine serves on
