@@ -5,7 +5,10 @@ The tokenizer is the test tokenizer with the family's image token added; its cha
 the image token where a message's content lists a picture (as the families' own templates do).
 """
 
+import base64
 import io
+import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -73,3 +76,18 @@ def encoded(picture: Image.Image, format: str = "PNG") -> bytes:
     buffer = io.BytesIO()
     picture.save(buffer, format=format)
     return buffer.getvalue()
+
+
+def data_url(picture: Image.Image, format: str = "PNG") -> str:
+    return f"data:image/{format.lower()};base64,{base64.b64encode(encoded(picture, format)).decode()}"
+
+
+def declared_size_png(width: int, height: int) -> bytes:
+    """A PNG of a few dozen bytes whose header declares `width` x `height` pixels (a decompression bomb's shape:
+    its pixels are never there)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + \
+        chunk(b"IEND", b"")

@@ -64,7 +64,7 @@ class LLMServer:
         self.completion_handler = CompletionHandler(self.engine, self.model_id, texts, adapters)
         self.generate_handler = GenerateHandler(self.engine, adapters)
         self.embedding_handler = EmbeddingHandler(self.engine, self.model_id)
-        self.tokenize_handler = TokenizeHandler(self.engine, self.chat_handler.prompt)
+        self.tokenize_handler = TokenizeHandler(self.engine, self.chat_handler.prompt, self.chat_handler.pictures)
         threading.Thread(target=self._report_gauges, args=(EngineGauges(self.model_id),), name="gauges",
                          daemon=True).start()
         threading.Thread(target=self._leave_when_the_engine_dies, name="engine-watch", daemon=True).start()

@@ -1,6 +1,7 @@
 """A vision-language model's own processor (transformers' `AutoProcessor`, loaded from the checkpoint): a prompt's
-text with one placeholder per picture becomes token ids with each picture's placeholder tokens spelled out, and
-each picture becomes the tensors its encoder reads."""
+text with one placeholder per picture becomes token ids with each picture's placeholder tokens spelled out (as many
+as the processor counts for its size: `_get_num_multimodal_tokens`, which vLLM reads too), and each picture becomes
+the tensors its encoder reads."""
 
 from pathlib import Path
 
@@ -35,25 +36,27 @@ class ImageProcessing:
         batch = self.processor(text=[text], images=images, add_special_tokens=add_special_tokens,
                                return_tensors="pt")
         ids = batch["input_ids"][0].tolist()
-        spans = placeholder_runs(ids, self.image_token_id)
-        if len(spans) != len(images):
-            raise ValueError(f"the processor wrote {len(spans)} runs of image tokens for {len(images)} images")
+        counts = self.processor._get_num_multimodal_tokens(image_sizes=[(i.height, i.width) for i in images])
+        spans = placeholder_spans(ids, self.image_token_id, counts.num_image_tokens)
         tensors = self._split({name: batch[name] for name in self._input_names if name in batch}, len(images))
         return ids, tuple(ImageInput(offset, length, ImageInput.hash_of(t), t)
                           for (offset, length), t in zip(spans, tensors))
 
 
-def placeholder_runs(ids: list[int], token_id: int) -> list[tuple[int, int]]:
-    """(first position, length) of each run of `token_id` in `ids`."""
-    runs = []
-    for i, t in enumerate(ids):
-        if t != token_id:
-            continue
-        if runs and runs[-1][0] + runs[-1][1] == i:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((i, 1))
-    return runs
+def placeholder_spans(ids: list[int], token_id: int, counts: list[int]) -> list[tuple[int, int]]:
+    """(first position, length) of each picture's run of `token_id` in `ids`, the pictures `counts[i]` tokens each
+    (two pictures with nothing between them make one run of both)."""
+    spans, position = [], 0
+    for count in counts:
+        try:
+            start = ids.index(token_id, position)
+        except ValueError:
+            raise ValueError(f"the processor wrote image tokens for {len(spans)} of {len(counts)} images") from None
+        if ids[start : start + count] != [token_id] * count:
+            raise ValueError(f"image {len(spans)}'s tokens are not the {count} its processor counts")
+        spans.append((start, count))
+        position = start + count
+    return spans
 
 
 def split_by_image(batch: dict[str, torch.Tensor], count: int) -> list[dict[str, torch.Tensor]]:

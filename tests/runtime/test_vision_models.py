@@ -113,7 +113,7 @@ def test_abort_and_preemption_let_go_of_encoder_outputs(llava):
     the preempted one encodes its picture again when it is readmitted (no prefix cache holds its blocks), and
     answers as if never preempted."""
     engine = LLMEngine(EngineConfig(model=str(llava), max_model_len=512, max_num_batched_tokens=8,
-                                    enable_prefix_caching=False))
+                                    enable_prefix_caching=False, max_num_seqs=1))
     text = engine.tokenizer.apply_chat_template(conversation(1), tokenize=False, add_generation_prompt=True)
     ids, images = engine.validator.process_images(text, [random_picture(7)])
     engine.add_request("aborted", ids, GREEDY, images=images)
@@ -124,23 +124,26 @@ def test_abort_and_preemption_let_go_of_encoder_outputs(llava):
     engine.step()
     assert len(engine.runner.encoder_cache) == 0
 
-    engine.add_request("preempted", ids, GREEDY, images=images)
+    engine.add_request("preempted", ids, GREEDY, priority=1, images=images)
     while engine.requests["preempted"].seqs[0].num_computed_tokens <= images[0].offset:
         engine.step()
+    engine.add_request("online", [5, 6, 7], GREEDY)  # readmitted first: the preempted one waits for its seat
     engine.scheduler.preempt_all()
-    out = []
+    out = {"preempted": [], "online": []}
+    for delta in engine.step():
+        out[delta.request_id] += [t for s in delta.seqs for t in s.token_ids]
+    assert len(engine.runner.encoder_cache) == 0
     while engine.has_unfinished_requests():
         for delta in engine.step():
-            assert len(engine.runner.encoder_cache) <= 1
-            out += [t for s in delta.seqs for t in s.token_ids]
+            out[delta.request_id] += [t for s in delta.seqs for t in s.token_ids]
     assert engine.runner.encoder_cache.images_encoded == 3  # the aborted one's, the preempted one's twice
     assert len(engine.runner.encoder_cache) == 0
-    plain = LLM(str(llava), max_model_len=512).generate({"prompt": text, "multi_modal_data": {"image": random_picture(7)}},
-                                                         GREEDY)[0]
-    assert out == plain.outputs[0].token_ids
+    plain = LLM(str(llava), max_model_len=512).generate(
+        {"prompt": text, "multi_modal_data": {"image": random_picture(7)}}, GREEDY)[0]
+    assert out["preempted"] == plain.outputs[0].token_ids
 
 
-def random_pictures_beyond_what_the_model_takes_are_refused(llava, tmp_path):
+def test_pictures_beyond_what_the_model_takes_are_refused(llava, tmp_path):
     llm = LLM(str(llava), max_model_len=512, limit_mm_per_prompt={"image": 1})
     with pytest.raises(InvalidInputError, match="over the 1 a prompt may hold"):
         llm.chat(conversation_with([random_picture(1), random_picture(2)]), GREEDY)

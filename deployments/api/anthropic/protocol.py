@@ -41,6 +41,28 @@ class ToolResultBlock(RequestModel):
         return f"Error: {text}" if self.is_error else text
 
 
+class ImageSource(RequestModel):
+    type: Literal["base64", "url"]
+    media_type: str | None = None  # with base64: image/png, image/jpeg, image/gif, image/webp
+    data: str | None = None
+    url: str | None = None
+
+    @model_validator(mode="after")
+    def _has_its_field(self):
+        if (self.type == "base64") != (self.data is not None) or (self.type == "url") != (self.url is not None):
+            raise ValueError("a base64 source takes media_type and data; a url source takes url")
+        return self
+
+    def as_url(self) -> str:
+        """The picture as a chat image_url: a data: URL, or the URL as sent."""
+        return f"data:{self.media_type or 'image/png'};base64,{self.data}" if self.type == "base64" else self.url
+
+
+class ImageBlock(RequestModel):
+    type: Literal["image"]
+    source: ImageSource
+
+
 class ThinkingBlock(RequestModel):
     type: Literal["thinking", "redacted_thinking"]
     thinking: str = ""  # a redacted block has none
@@ -50,9 +72,9 @@ def _block_kind(block: Any) -> str:
     return block.get("type", "") if isinstance(block, dict) else getattr(block, "type", "")
 
 
-_BLOCK_KINDS = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
+_BLOCK_KINDS = ("text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking")
 Block = Annotated[
-    Annotated[TextBlock, Tag("text")] | Annotated[ToolUseBlock, Tag("tool_use")]
+    Annotated[TextBlock, Tag("text")] | Annotated[ImageBlock, Tag("image")] | Annotated[ToolUseBlock, Tag("tool_use")]
     | Annotated[ToolResultBlock, Tag("tool_result")] | Annotated[ThinkingBlock, Tag("thinking")]
     | Annotated[ThinkingBlock, Tag("redacted_thinking")],
     Discriminator(_block_kind)]
@@ -83,6 +105,11 @@ class Message(RequestModel):
         calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}
                  for b in self.content if isinstance(b, ToolUseBlock)]
         own = {"role": self.role, "content": text if text or not calls else None}
+        if any(isinstance(b, ImageBlock) for b in self.content):  # text and pictures in the order sent
+            own["content"] = [{"type": "image_url", "image_url": {"url": b.source.as_url()}}
+                              if isinstance(b, ImageBlock) else {"type": "text", "text": b.text}
+                              for b in self.content if isinstance(b, (TextBlock, ImageBlock))]
+            text = True
         if calls:
             own["tool_calls"] = calls
         reasoning = "".join(b.thinking for b in self.content if isinstance(b, ThinkingBlock))

@@ -14,7 +14,7 @@ from functools import partial
 from PIL import Image
 
 from deployments.api.chat.prompt import ChatPrompt
-from deployments.api.chat.protocol import ChatCompletionRequest
+from deployments.api.chat.protocol import ChatCompletionRequest, ChatMessage, image_urls
 from deployments.api.choice_parser import ChoiceParser, HarmonyChoiceParser, tool_call_json
 from deployments.api.format import TokenTexts, chat_logprobs, chunk_builder, now, prompt_logprobs_json, usage
 from deployments.api.request_model import engine_priority
@@ -43,9 +43,9 @@ class ChatHandler:
         self.prompt = ChatPrompt(engine, model_id)
         self.harmony = engine.harmony
 
-    async def _images(self, req: ChatCompletionRequest) -> list[Image.Image]:
-        """The pictures the conversation names, read and decoded (a text-only model is told so before any read)."""
-        urls = req.image_urls()
+    async def pictures(self, messages: list[ChatMessage]) -> list[Image.Image]:
+        """The pictures a conversation names, read and decoded (a text-only model is told so before any read)."""
+        urls = image_urls(messages)
         if urls and not self.engine.takes_images:
             raise OpenAIError(400, f"{urls[0][1]}: model {self.model_id} does not take images", urls[0][1])
         return await self.media.images(urls) if urls else []
@@ -106,7 +106,7 @@ class ChatHandler:
 
     async def complete(self, req: ChatCompletionRequest, request_id: str, priority: int = 0,
                        owner: str | None = None) -> dict:
-        valid = await off_loop(self._prepare, req, await self._images(req), priority=priority)
+        valid = await off_loop(self._prepare, req, await self.pictures(req.messages), priority=priority)
         prompt = valid.prompt_token_ids
         result = RequestOutput.empty(request_id, prompt, valid.params.n)
         async for delta in self.engine.generate(valid, request_id, engine_priority(priority, req.priority), owner,
@@ -158,7 +158,7 @@ class ChatHandler:
                      owner: str | None = None) -> AsyncIterator[dict]:
         """Prepare (errors raise before the first chunk), then stream the chunks."""
         # a bad picture or grammar: refused before streaming
-        valid = await self.engine.compile(await off_loop(self._prepare, req, await self._images(req)))
+        valid = await self.engine.compile(await off_loop(self._prepare, req, await self.pictures(req.messages)))
         generator = self.engine.generate(valid, request_id, engine_priority(0, req.priority), owner)
         return self._chunks(req, request_id, valid.prompt_token_ids, valid.params.n, generator)
 

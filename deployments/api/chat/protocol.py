@@ -82,6 +82,13 @@ class ChatMessage(RequestModel):
         return out
 
 
+def image_urls(messages: list[ChatMessage]) -> list[tuple[str, str]]:
+    """The pictures a conversation names, in order: (url, the field that names it)."""
+    return [(part.image_url.url, f"messages[{i}].content[{j}].image_url")
+            for i, m in enumerate(messages) if isinstance(m.content, list)
+            for j, part in enumerate(m.content) if isinstance(part, ImagePart)]
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
@@ -125,12 +132,6 @@ class ChatCompletionRequest(SamplingFields):
         elif self.tool_choice == "required" and not self.tools:
             raise ValueError("tool_choice 'required' needs tools")
         return self
-
-    def image_urls(self) -> list[tuple[str, str]]:
-        """The pictures the conversation names, in order: (url, the field that names it)."""
-        return [(part.image_url.url, f"messages[{i}].content[{j}].image_url")
-                for i, m in enumerate(self.messages) if isinstance(m.content, list)
-                for j, part in enumerate(m.content) if isinstance(part, ImagePart)]
 
     @property
     def uses_tools(self) -> bool:

@@ -12,7 +12,7 @@ route.
 from functools import cached_property
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag, field_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from deployments.api.chat.protocol import ChatCompletionRequest
 from deployments.api.ids import new_id
@@ -32,15 +32,46 @@ class TextPart(RequestModel):
     refusal: str = ""
 
 
+class ImagePart(RequestModel):
+    """`input_image` in a user turn, by URL (data:, or http(s) and s3:// where the server allows them)."""
+
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: Literal["auto", "low", "high"] | None = None
+
+    @model_validator(mode="after")
+    def _by_url(self):
+        if self.image_url is None:
+            raise ValueError("input_image: send the picture as image_url (a data: URL, or a URL the server may "
+                             "read); file_id is not supported")
+        return self
+
+
+def _part_kind(part: Any) -> str:
+    return part.get("type", "") if isinstance(part, dict) else getattr(part, "type", "")
+
+
+Part = Annotated[Annotated[TextPart, Tag("text")] | Annotated[ImagePart, Tag("input_image")],
+                 Discriminator(lambda p: "input_image" if _part_kind(p) == "input_image" else "text")]
+
+
 class MessageItem(RequestModel):
     type: Literal["message"] = "message"
     role: str = Field(min_length=1)
-    content: str | list[TextPart]
+    content: str | list[Part]
 
     def text(self) -> str:
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text or part.refusal for part in self.content)
+        return "".join(part.text or part.refusal for part in self.content if isinstance(part, TextPart))
+
+    def chat_content(self) -> str | list[dict]:
+        """The content as a chat message's: its text, or with pictures, text and image_url parts in order."""
+        if isinstance(self.content, str) or not any(isinstance(p, ImagePart) for p in self.content):
+            return self.text()
+        return [{"type": "image_url", "image_url": {"url": p.image_url}} if isinstance(p, ImagePart)
+                else {"type": "text", "text": p.text or p.refusal} for p in self.content]
 
 
 class FunctionCallItem(RequestModel):
@@ -166,7 +197,7 @@ class ResponsesRequest(SamplingFields):
         for item in self.input:
             if isinstance(item, MessageItem):
                 role = "system" if item.role == "developer" else item.role
-                messages.append({"role": role, "content": item.text()})
+                messages.append({"role": role, "content": item.text() if role == "system" else item.chat_content()})
             elif isinstance(item, FunctionCallItem):
                 name = self.tool_names.model_name(item.namespace, item.name)
                 call = {"id": item.call_id, "type": "function", "function": {"name": name, "arguments": item.arguments}}
@@ -187,7 +218,8 @@ class ResponsesRequest(SamplingFields):
             if isinstance(item, MessageItem):
                 kind = "output_text" if item.role == "assistant" else "input_text"
                 parts = [{"type": kind, "text": item.content}] if isinstance(item.content, str) else \
-                    [p.model_dump(include={"type", "text"}) for p in item.content]
+                    [p.model_dump(include={"type", "image_url", "detail"}) if isinstance(p, ImagePart)
+                     else p.model_dump(include={"type", "text"}) for p in item.content]
                 if item.role == "assistant":
                     parts = [{**p, "annotations": []} for p in parts]
                 items.append({"id": new_id("msg_"), "type": "message", "role": item.role, "content": parts,

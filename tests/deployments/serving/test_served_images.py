@@ -1,0 +1,198 @@
+"""Pictures through the served app, on a tiny LLaVA: the `openai` SDK's chat (whole and streamed, data: URLs, an
+allowed http URL, an allowed s3:// URI), the `anthropic` SDK's image blocks, the Responses API's input_image and a
+batch file with image lines each answer as the offline engine does; every kind of bad picture is a 400 in the API's
+shape, after which the next request is served."""
+
+import base64
+import http.server
+import json
+import threading
+
+import anthropic
+import boto3
+import openai
+import pytest
+import requests
+
+from runtime import LLM, SamplingParams
+from testing.helpers import wait_until
+from testing.vision_checkpoints import build_llava_dir, data_url, declared_size_png, encoded, random_picture
+from tests.conftest import ENGINE_KWARGS, another_app, app_args
+from tests.deployments.batch.test_batches import jsonl, read_jsonl
+
+MODEL = "llava"
+BUCKET = "vision-images"
+GREEDY = {"max_tokens": 12, "temperature": 0}
+
+
+class PictureHost(http.server.ThreadingHTTPServer):
+    """An http server on 127.0.0.1 with a picture at /picture.png and a URL that never answers (/hang)."""
+
+    def __init__(self, picture: bytes):
+        hang = self.hang = threading.Event()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                if self.path == "/hang":
+                    hang.wait(60)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(picture)))
+                self.end_headers()
+                self.wfile.write(picture)
+
+            def log_message(self, *args):
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory):
+    return build_llava_dir(tmp_path_factory.mktemp("served-llava"))
+
+
+@pytest.fixture(scope="module")
+def host():
+    server = PictureHost(encoded(random_picture(1)))
+    yield server
+    server.hang.set()
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def vision_app(server, llava, host, s3_endpoint, tmp_path_factory):
+    """The base URL of an app beside the shared one serving the tiny LLaVA, reading pictures from 127.0.0.1 and
+    s3://vision-images/ too, two pictures a prompt at most."""
+    boto3.client("s3").create_bucket(Bucket=BUCKET)
+    args = app_args(llava, f"file://{tmp_path_factory.mktemp('vision-storage')}")
+    args["llm_configs"][0].update(model_loading_config={"model_id": MODEL, "model_source": str(llava)},
+                                  engine_kwargs={**ENGINE_KWARGS, "limit_mm_per_prompt": {"image": 2}})
+    args.update(allowed_media_domains=["127.0.0.1"], media_fetch_timeout_s=2, batch_input_prefixes=[f"s3://{BUCKET}/"],
+                max_batch_line_bytes=1 << 20)
+    with another_app(server, "vision", args) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def offline(llava):
+    """The offline engine's greedy answer to a user turn of text and pictures."""
+    llm = LLM(str(llava), **ENGINE_KWARGS)
+
+    def answer(text: str, pictures: list) -> tuple[str, int]:
+        parts = [{"type": "text", "text": text}, *({"type": "image", "image": p} for p in pictures)]
+        out = llm.chat([{"role": "user", "content": parts}], SamplingParams(temperature=0, max_tokens=12))[0]
+        return out.outputs[0].text, len(out.prompt_token_ids)
+
+    return answer
+
+
+def user_turn(text: str, *urls: str) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "text", "text": text},
+                                         *({"type": "image_url", "image_url": {"url": u, "detail": "low"}}
+                                           for u in urls)]}]
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_chat_whole_and_streamed_equal_the_offline_engine(vision_app, offline, count):
+    client = openai.Client(base_url=f"{vision_app}/v1", api_key="None")
+    pictures = [random_picture(seed) for seed in range(count)]
+    text, prompt_tokens = offline("What is this? ", pictures)
+    messages = user_turn("What is this? ", *map(data_url, pictures))
+    whole = client.chat.completions.create(model=MODEL, messages=messages, **GREEDY)
+    assert whole.choices[0].message.content == text
+    assert whole.usage.prompt_tokens == prompt_tokens  # the pictures' tokens counted
+    stream = client.chat.completions.create(model=MODEL, messages=messages, stream=True, **GREEDY)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
+    counted = requests.post(f"{vision_app}/tokenize", json={"model": MODEL, "messages": messages}).json()
+    assert counted["count"] == prompt_tokens
+
+
+def test_pictures_by_allowed_http_and_s3_urls(vision_app, offline, host):
+    client = openai.Client(base_url=f"{vision_app}/v1", api_key="None")
+    picture = random_picture(1)
+    boto3.client("s3").put_object(Bucket=BUCKET, Key="cat.png", Body=encoded(picture))
+    text, _ = offline("Look: ", [picture])
+    for url in (f"{host.url}/picture.png", f"s3://{BUCKET}/cat.png"):
+        reply = client.chat.completions.create(model=MODEL, messages=user_turn("Look: ", url), **GREEDY)
+        assert reply.choices[0].message.content == text, url
+
+
+def test_anthropic_and_responses_take_pictures(vision_app, offline):
+    picture = random_picture(2)
+    text, _ = offline("Describe ", [picture])
+    claude = anthropic.Anthropic(base_url=vision_app, api_key="None")
+    blocks = [{"type": "text", "text": "Describe "},
+              {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                           "data": base64.b64encode(encoded(picture)).decode()}}]
+    message = claude.messages.create(model=MODEL, max_tokens=12, extra_body={"temperature": 0},
+                                     messages=[{"role": "user", "content": blocks}])
+    assert message.content[0].text == text
+    client = openai.Client(base_url=f"{vision_app}/v1", api_key="None")
+    response = client.responses.create(model=MODEL, max_output_tokens=12, temperature=0, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "Describe "},
+                                     {"type": "input_image", "image_url": data_url(picture)}]}])
+    assert response.output_text == text
+
+
+def test_a_batch_of_image_lines(vision_app, offline):
+    client = openai.Client(base_url=f"{vision_app}/v1", api_key="None")
+    pictures = [random_picture(seed) for seed in (3, 4)]
+    lines = [{"custom_id": f"picture-{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": MODEL, "messages": user_turn("Name it: ", data_url(p)), **GREEDY}}
+             for i, p in enumerate(pictures)]
+    uploaded = client.files.create(file=("pictures.jsonl", jsonl(lines)), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    batch = wait_until(lambda: (b := client.batches.retrieve(batch.id)).status in ("completed", "failed") and b,
+                       timeout=120)
+    assert batch.status == "completed" and batch.request_counts.completed == 2
+    answers = {r["custom_id"]: r["response"]["body"]["choices"][0]["message"]["content"]
+               for r in read_jsonl(client, batch.output_file_id)}
+    assert answers == {f"picture-{i}": offline("Name it: ", [p])[0] for i, p in enumerate(pictures)}
+
+
+def _truncated() -> str:
+    png = encoded(random_picture(5))
+    return "data:image/png;base64," + base64.b64encode(png[: len(png) // 2]).decode()
+
+
+BAD = {
+    "corrupt": ("data:image/png;base64," + base64.b64encode(b"not a picture at all").decode(), "not an image"),
+    "truncated": (_truncated(), "could not be decoded"),
+    "bomb": ("data:image/png;base64," + base64.b64encode(declared_size_png(100_000, 100_000)).decode(), "pixels"),
+    "unsupported format": (data_url(random_picture(6), "TIFF"), "not an image in a supported format"),
+    "bad base64": ("data:image/png;base64,%%%", "not valid base64"),
+    "file scheme": ("file:///etc/passwd", "unsupported image URL scheme"),
+    "other domain": ("http://example.com/cat.png", "not fetched from example.com"),
+    "s3 outside the prefixes": ("s3://another-bucket/cat.png", "not under a prefix"),
+    "hanging fetch": ("{host}/hang", "took over 2"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_a_bad_picture_is_a_400_and_the_next_request_is_served(vision_app, host, case):
+    url, message = BAD[case]
+    client = openai.Client(base_url=f"{vision_app}/v1", api_key="None", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=user_turn("Hi ", url.format(host=host.url)), **GREEDY)
+    error = e.value.body
+    assert message in error["message"] and error["param"] == "messages[0].content[1].image_url", error
+    assert client.chat.completions.create(model=MODEL, messages=user_turn("Hi ", data_url(random_picture(1))),
+                                          **GREEDY).choices[0].message.content
+
+
+def test_too_many_pictures_and_pictures_for_a_text_model_are_400s(vision_app, client):
+    vision = openai.Client(base_url=f"{vision_app}/v1", api_key="None", max_retries=0)
+    url = data_url(random_picture(1))
+    with pytest.raises(openai.BadRequestError, match="over the 2 a prompt may hold"):
+        vision.chat.completions.create(model=MODEL, messages=user_turn("Hi ", url, url, url), **GREEDY)
+    with pytest.raises(openai.BadRequestError, match="does not take images"):
+        client.chat.completions.create(model="qwen/qwen2.5-0.5b-instruct", messages=user_turn("Hi ", url), **GREEDY)
+    assert vision.chat.completions.create(model=MODEL, messages=user_turn("Hi ", url), **GREEDY).choices
+    assert client.chat.completions.create(model="qwen/qwen2.5-0.5b-instruct",
+                                          messages=[{"role": "user", "content": "Hi"}], **GREEDY).choices
