@@ -113,14 +113,8 @@ class LLMEngine(EngineLifecycle):
 
     def import_blocks(self, fetched) -> None:
         """Blocks fetched from the shared tier into the offload tier, where an admission finds them."""
-        if fetched is None:
-            return
-        for block_hash, tokens, data in zip(fetched.hashes, fetched.token_ids, fetched.data):
-            if self.block_manager.holds(block_hash, tokens):
-                continue
-            slot = self.block_manager.tier.place(block_hash, tokens)
-            if slot is not None:
-                self.runner.kv_tier.write(slot, data)
+        if fetched is not None:
+            fetched.place(self.block_manager, self.runner.kv_tier)
 
     def enqueue(self, request_id: str, valid: ValidRequest, priority: int = 0, owner: str | None = None,
                 stream: bool = True) -> None:
@@ -148,17 +142,11 @@ class LLMEngine(EngineLifecycle):
         self.text.forget(request_id)
         if request is None:
             return
-        self._release_images(request)
+        self.runner.release_images(request)
         for seq in request.seqs:
             if not seq.is_finished:
                 seq.finish_reason = "abort"
                 self.scheduler.finish(seq)
-
-    def _release_images(self, request: Request) -> None:
-        """The encoder outputs a request that ends mid-prefill still holds go now (the next step would too, but
-        an idle engine takes none)."""
-        if request.images and self.runner.encoder_cache is not None:
-            self.runner.encoder_cache.release(request)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -356,7 +344,7 @@ class LLMEngine(EngineLifecycle):
         so (the text stage gives it the text not yet released)."""
         delta = self._request_delta(request)
         if seqs is None:
-            self._release_images(request)
+            self.runner.release_images(request)
         for seq in request.seqs if seqs is None else seqs:
             if not seq.is_finished:
                 self._finish(seq, reason, None)
@@ -405,8 +393,7 @@ class LLMEngine(EngineLifecycle):
             "paused": self.paused,
             "asleep": self.asleep,
             "kv_cache_bytes": self.runner.kv_cache_bytes,
-            **({"encoder_cache_images": len(self.runner.encoder_cache),
-                "images_encoded": self.runner.encoder_cache.images_encoded} if self.runner.encoder_cache is not None else {}),
+            **self.runner.encoder_stats(),
             **(bm.tier.stats(self.runner.kv_tier.block_bytes) if bm.tier is not None else {}),
             **(self.shared_tier.stats() if self.shared_tier else {}),
             **(self.speculator.stats() if self.speculator is not None else {}),

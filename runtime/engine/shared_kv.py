@@ -39,6 +39,16 @@ class FetchedBlocks:
     token_ids: list[tuple[int, ...]]
     data: list[torch.Tensor]  # each [planes, layers, block_size, kv heads, head size]
 
+    def place(self, blocks: BlockManager, host_tier) -> None:
+        """Write the blocks the engine lacks into its offload tier (`host_tier`, the slots' storage), where an
+        admission finds them."""
+        for block_hash, tokens, data in zip(self.hashes, self.token_ids, self.data):
+            if blocks.holds(block_hash, tokens):
+                continue
+            slot = blocks.tier.place(block_hash, tokens)
+            if slot is not None:
+                host_tier.write(slot, data)
+
 
 @ray.remote(num_cpus=0, max_restarts=-1)
 class KVDirectory:

@@ -286,6 +286,16 @@ class ModelRunner(RunnerWeights):
             self._place_images(inputs, image_chunks)
         return inputs, prompt_seqs, pool_seqs, prefilled
 
+    def release_images(self, request: Request) -> None:
+        """The encoder outputs of a request that ends mid-prefill go now (the next step would let go of them, but
+        an idle engine takes none)."""
+        if request.images and self.encoder_cache is not None:
+            self.encoder_cache.release(request)
+
+    def encoder_stats(self) -> dict:
+        cache = self.encoder_cache
+        return {} if cache is None else {"encoder_cache_images": len(cache), "images_encoded": cache.images_encoded}
+
     def _place_images(self, inputs: StepInputs, chunks: list[tuple[Request, int, int, int]]) -> None:
         """The step's picture rows and their encoder outputs (encoded now where the cache lacks them)."""
         inputs.image_rows, embeds = self.encoder_cache.rows(chunks)

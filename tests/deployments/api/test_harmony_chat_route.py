@@ -30,7 +30,7 @@ class ScriptedEngine:
         self.script = script
         self.prompts: list[list[int]] = []
 
-    def validate(self, prompt, params, lora) -> ValidRequest:
+    def validate(self, prompt, params, lora, images=()) -> ValidRequest:
         self.prompts.append(prompt)
         return ValidRequest(prompt, params, params.max_tokens)
 

@@ -1,0 +1,99 @@
+"""Pictures through the offline engine against transformers' LLaVA, in one run, on one random-weight checkpoint:
+time to first token of a one-picture chat (cold, and with the picture's prefix cached: transformers keeps no
+cache across requests, so its figure is the cold one), and pictures per second through the vision encoder and
+projector (batches of 8).
+
+    python -m benchmarks.images [--pictures 6]
+
+The checkpoint: a CLIP tower of 6 layers, hidden 256, 224-pixel pictures in 14-pixel patches (256 tokens a
+picture), read at its second-to-last layer; the CPU benchmark model's Qwen2 language model shape."""
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+from benchmarks.common import CPU_MODEL
+from runtime import LLMEngine, SamplingParams
+from runtime.config import EngineConfig
+from testing.vision_checkpoints import build_llava_dir, random_picture
+
+VISION = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=4)
+TEXT = dict(hidden_size=CPU_MODEL["hidden_size"], intermediate_size=CPU_MODEL["intermediate_size"],
+            num_hidden_layers=CPU_MODEL["num_layers"], num_attention_heads=CPU_MODEL["num_heads"],
+            num_key_value_heads=CPU_MODEL["num_kv_heads"], initializer_range=0.02)
+CONVERSATION = [{"role": "user", "content": [{"type": "text", "text": "What is in this picture? "},
+                                             {"type": "image"}]}]
+
+
+def ours(path: Path, pictures: list) -> dict:
+    engine = LLMEngine(EngineConfig(model=str(path), max_model_len=1024))
+    text = engine.tokenizer.apply_chat_template(CONVERSATION, tokenize=False, add_generation_prompt=True)
+    one = SamplingParams(max_tokens=1, temperature=0)
+
+    def first_token(picture, request_id: str) -> float:
+        start = time.perf_counter()
+        ids, images = engine.validator.process_images(text, [picture], add_special_tokens=False)
+        engine.add_request(request_id, ids, one, images=images)
+        while engine.has_unfinished_requests():
+            engine.step()
+        return time.perf_counter() - start
+
+    first_token(random_picture(999, (224, 224)), "warm")
+    cold = [first_token(p, f"cold-{i}") for i, p in enumerate(pictures)]
+    cached = [first_token(p, f"cached-{i}") for i, p in enumerate(pictures)]
+    tensors = [engine.validator.process_images(text, [p])[1][0].tensors for p in pictures]
+    with torch.inference_mode():
+        rate = pictures_per_second(lambda batch: engine.runner.model.encode_images(batch), tensors)
+    return {"ttft_cold_s": statistics.median(cold), "ttft_cached_s": statistics.median(cached),
+            "encoder_pictures_per_s": rate}
+
+
+def theirs(path: Path, pictures: list) -> dict:
+    processor = AutoProcessor.from_pretrained(path)
+    model = LlavaForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    text = processor.apply_chat_template(CONVERSATION, add_generation_prompt=True)
+
+    def first_token(picture) -> float:
+        start = time.perf_counter()
+        inputs = processor(text=[text], images=[picture], return_tensors="pt")
+        model.generate(**inputs, max_new_tokens=1, do_sample=False)
+        return time.perf_counter() - start
+
+    first_token(random_picture(999, (224, 224)))
+    cold = [first_token(p) for p in pictures]
+    tensors = [{"pixel_values": processor.image_processor(p, return_tensors="pt")["pixel_values"]} for p in pictures]
+    with torch.inference_mode():
+        rate = pictures_per_second(lambda batch: model.get_image_features(
+            torch.cat([t["pixel_values"] for t in batch]), vision_feature_layer=-2,
+            vision_feature_select_strategy="default"), tensors)
+    return {"ttft_cold_s": statistics.median(cold), "encoder_pictures_per_s": rate}
+
+
+def pictures_per_second(encode, tensors: list[dict], batch: int = 8, repeats: int = 3) -> float:
+    encode(tensors[:batch])  # warm
+    start = time.perf_counter()
+    for _ in range(repeats):
+        for i in range(0, len(tensors), batch):
+            encode(tensors[i : i + batch])
+    return repeats * len(tensors) / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pictures", type=int, default=8)
+    args = parser.parse_args()
+    path = build_llava_dir(Path(tempfile.mkdtemp(prefix="bench-llava-")), image_size=224, patch_size=14,
+                           vision=VISION, text=TEXT)
+    pictures = [random_picture(seed, (320, 240)) for seed in range(args.pictures)]
+    print(json.dumps({"ours": ours(path, pictures), "transformers": theirs(path, pictures),
+                      "torch_threads": torch.get_num_threads()}))
+
+
+if __name__ == "__main__":
+    main()
