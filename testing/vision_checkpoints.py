@@ -46,12 +46,13 @@ def build_llava_dir(path: Path, image_size: int = 28, patch_size: int = 7, seed:
     tokenizer = build_tokenizer(512)
     tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
     tokenizer.chat_template = VISION_CHATML.replace("{{ image_token }}", "<image>")
-    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-                              image_size=image_size, patch_size=patch_size, projection_dim=32,
-                              initializer_factor=4.0, **(vision or {}))
-    text = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=2, vocab_size=576, max_position_embeddings=2048, initializer_range=0.2,
-                       eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"), **(text or {}))
+    vision = CLIPVisionConfig(**{**dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                        num_attention_heads=4, image_size=image_size, patch_size=patch_size,
+                                        projection_dim=32, initializer_factor=4.0), **(vision or {})})
+    text = Qwen2Config(**{**dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, vocab_size=576, max_position_embeddings=2048,
+                                 initializer_range=0.2, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>")),
+                          **(text or {})})
     config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=tokenizer.convert_tokens_to_ids(
         "<image>"), projector_hidden_act="gelu", vision_feature_layer=-2, vision_feature_select_strategy="default",
         initializer_range=0.2)
