@@ -20,9 +20,12 @@ from transformers import (
     LlavaConfig,
     LlavaForConditionalGeneration,
     LlavaProcessor,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
     Qwen2Config,
 )
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from testing.model_factory import build_tokenizer
 
@@ -64,6 +67,37 @@ def build_llava_dir(path: Path, image_size: int = 28, patch_size: int = 7, seed:
                                vision_feature_select_strategy="default", num_additional_image_tokens=1,
                                chat_template=tokenizer.chat_template)
     processor.save_pretrained(path)
+    eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    GenerationConfig(eos_token_id=eos, bos_token_id=None).save_pretrained(path)
+    return path
+
+
+QWEN_VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+
+
+def build_qwen2_5_vl_dir(path: Path, seed: int = 0) -> Path:
+    """Qwen2.5-VL's shape at a tiny size: 4-pixel patches in 2 x 2 merges, a 2-block tower (the first attending
+    within windows of 2 x 2 merged patches, the second over the whole picture), a Qwen2 language model rotating by
+    M-RoPE; saved as Qwen publishes it, but for the processor's video half (it needs torchvision, which the CPU
+    torch build here cannot load): the image processor and tokenizer."""
+    torch.manual_seed(seed)
+    tokenizer = build_tokenizer(512)
+    tokenizer.add_special_tokens({"additional_special_tokens": QWEN_VISION_TOKENS})
+    tokenizer.chat_template = VISION_CHATML.replace("{{ image_token }}", "<|vision_start|><|image_pad|><|vision_end|>")
+    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in zip(
+        ("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id"), QWEN_VISION_TOKENS)}
+    config = Qwen2_5_VLConfig(
+        text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=576, max_position_embeddings=2048, initializer_range=0.2,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=4, out_hidden_size=64,
+                           patch_size=4, spatial_merge_size=2, temporal_patch_size=2, window_size=16,
+                           fullatt_block_indexes=[1], initializer_range=0.2),
+        initializer_range=0.2, **ids)
+    Qwen2_5_VLForConditionalGeneration(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    Qwen2VLImageProcessorPil(patch_size=4, merge_size=2, temporal_patch_size=2, min_pixels=8 * 8,
+                             max_pixels=64 * 64).save_pretrained(path)
     eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
     GenerationConfig(eos_token_id=eos, bos_token_id=None).save_pretrained(path)
     return path

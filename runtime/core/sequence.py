@@ -47,6 +47,7 @@ class Request:
         self.adapter = adapter  # the LoRA adapter it runs with; its name also keys its prefix-cache blocks
         self.prompt_token_ids = prompt_token_ids
         self.images = images  # the prompt's pictures, in order: their tokens' inputs come from the vision encoder
+        self.rope_layout = None  # M-RoPE's positions of its pictures, once the model runner has read them
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
         self.max_tokens = params.max_tokens  # resolved against the context by the engine

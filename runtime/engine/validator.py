@@ -51,7 +51,7 @@ class RequestValidator:
         self.pooler = config.pooler_config.resolve(self.spec.path)  # how embedding requests pool
         self.images = None  # a vision-language model's processor: pictures in prompts
         if self.spec.model_class.takes_images and config.limit_mm_per_prompt["image"] > 0:
-            self.images = ImageProcessing(self.spec.path, self.spec.model_class.split_image_tensors)
+            self.images = ImageProcessing(self.spec.path, self.spec.model_class, self.spec.hf_config.vision_language)
         self._grammars: GrammarCompiler | None = None
         self._grammars_lock = threading.Lock()
         self._adapters: OrderedDict[tuple[str, str], LoRAAdapter] = OrderedDict()  # read adapters, LRU

@@ -222,6 +222,8 @@ class CausalLM(nn.Module):
     # a vision-language model: prompts may hold pictures, whose tokens' inputs its vision encoder computes
     # (`encode_images`; `runtime.multimodal`)
     takes_images = False
+    # positions rotate by three axes (M-RoPE: `rope_layout` gives a request's, `runtime.multimodal.mrope`)
+    multimodal_rope = False
     # checkpoint projection -> (our fused parameter, its shard)
     stacked_params = {
         "q_proj": ("qkv_proj", "q"),

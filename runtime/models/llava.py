@@ -13,12 +13,12 @@ from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
 from runtime.models.clip_vision import CLIPVisionTower
-from runtime.models.decoder import CausalLM, language_model_config
+from runtime.models.decoder import CausalLM
 from runtime.models.llama import LlamaForCausalLM
 from runtime.models.mistral import MistralForCausalLM
 from runtime.models.qwen2 import Qwen2ForCausalLM
 from runtime.models.qwen3 import Qwen3ForCausalLM
-from runtime.multimodal.processor import split_by_image
+from runtime.models.vision_language import VisionLanguage
 
 _RENAMES = (  # checkpoint prefix -> ours, the first that matches
     ("language_model.model.", "model."),
@@ -44,12 +44,8 @@ class LlavaProjector(nn.Module):
         return self.linear_2(self.act(self.linear_1(features)))
 
 
-class LlavaMixin:
+class LlavaMixin(VisionLanguage):
     """What LLaVA adds to its language model's family (`llava_of`)."""
-
-    takes_images = True
-    supports_lora = False  # adapters attach to the language model's layers only: not built for the tower
-    split_image_tensors = staticmethod(split_by_image)
 
     def __init__(self, config: PretrainedConfig, max_positions: int):
         super().__init__(config, max_positions)
@@ -61,12 +57,6 @@ class LlavaMixin:
         self.drop_class_token = checkpoint.vision_feature_select_strategy == "default"
         self.vision_tower = CLIPVisionTower(checkpoint.vision_config, max(self.feature_layers))
         self.multi_modal_projector = LlavaProjector(checkpoint, len(self.feature_layers))
-
-    @classmethod
-    def text_config(cls, config: PretrainedConfig) -> PretrainedConfig:
-        text = language_model_config(config)
-        text.vision_language = config  # what the tower and projector are built from
-        return text
 
     def encode_images(self, pictures: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
         """Each picture's placeholder rows, [tokens, hidden], computed in one batch (LLaVA's pictures share a

@@ -147,3 +147,19 @@ class RotaryTables(nn.Module):
         cos = torch.where(within, self.cos[positions], angles.cos() * self.scaling)
         sin = torch.where(within, self.sin[positions], angles.sin() * self.scaling)
         return cos, sin
+
+
+class MultimodalRotaryTables(RotaryTables):
+    """M-RoPE (Qwen2-VL, Qwen2.5-VL): rows [3, T] (time, row, column: `runtime.multimodal.mrope`) rotate the i-th
+    section of the frequencies by axis i; plain rows [T] are a text token's three equal positions."""
+
+    def __init__(self, config: PretrainedConfig, head_dim: int, max_positions: int):
+        super().__init__(config, head_dim, max_positions)
+        sections = _parameters(config, "default")["mrope_section"]
+        self.bounds = [(i % 3, sum(sections[:i]), sum(sections[: i + 1])) for i in range(len(sections))]
+
+    def forward(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if rows.dim() == 1:
+            return super().forward(rows)
+        return (torch.cat([self.cos[rows[axis], a:b] for axis, a, b in self.bounds], dim=-1),
+                torch.cat([self.sin[rows[axis], a:b] for axis, a, b in self.bounds], dim=-1))

@@ -1,27 +1,44 @@
 """A vision-language model's own processor (transformers' `AutoProcessor`, loaded from the checkpoint): a prompt's
 text with one placeholder per picture becomes token ids with each picture's placeholder tokens spelled out (as many
 as the processor counts for its size: `_get_num_multimodal_tokens`, which vLLM reads too), and each picture becomes
-the tensors its encoder reads."""
+the tensors its encoder reads.
 
+A processor that cannot be loaded (Qwen's load a video processor, which needs torchvision: not every torch build
+has it) is replaced by its parts: the checkpoint's image processor and tokenizer, each placeholder repeated as many
+times as the family counts the picture's tokens, as the processor's `replace_image_token` does."""
+
+import logging
 from pathlib import Path
 
 import torch
 from PIL import Image
-from transformers import AutoProcessor
+from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, PretrainedConfig
 
 from runtime.multimodal.inputs import ImageInput
 
+logger = logging.getLogger(__name__)
+
 
 class ImageProcessing:
-    def __init__(self, path: Path | str, split_tensors):
-        """`split_tensors(batch, count)`: the processor's tensors for `count` pictures, one dict per picture (the
-        model family says how they are laid out)."""
-        self.processor = AutoProcessor.from_pretrained(path)
-        tokenizer = self.processor.tokenizer
-        self.placeholder = self.processor.image_token  # what a prompt's text writes where a picture goes
-        self.image_token_id = tokenizer.convert_tokens_to_ids(self.processor.image_token)
-        self._input_names = self.processor.image_processor.model_input_names
-        self._split = split_tensors
+    def __init__(self, path: Path | str, family, checkpoint: PretrainedConfig):
+        """`family`: the model's class (`runtime.models.vision_language.VisionLanguage`); `checkpoint`: its whole
+        config."""
+        self._split = family.split_image_tensors
+        self._count = lambda tensors: family.image_token_counts(tensors, checkpoint)
+        try:
+            self.processor = AutoProcessor.from_pretrained(path)
+            self.tokenizer, self.image_processor = self.processor.tokenizer, self.processor.image_processor
+            self.placeholder = self.processor.image_token  # what a prompt's text writes where a picture goes
+        except Exception as e:
+            logger.warning("the checkpoint's processor did not load (%s); its image processor and tokenizer do", e)
+            self.processor = None
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+            self.image_processor = AutoImageProcessor.from_pretrained(path)
+            token_id = getattr(checkpoint, "image_token_id", None)
+            self.placeholder = self.tokenizer.convert_ids_to_tokens(
+                token_id if token_id is not None else checkpoint.image_token_index)
+        self.image_token_id = self.tokenizer.convert_tokens_to_ids(self.placeholder)
+        self._input_names = self.image_processor.model_input_names
 
     def process(self, text: str, images: list[Image.Image], add_special_tokens: bool = True
                 ) -> tuple[list[int], tuple[ImageInput, ...]]:
@@ -31,14 +48,21 @@ class ImageProcessing:
         if written != len(images):
             raise ValueError(f"the prompt has {written} image placeholders ({self.placeholder!r}) for "
                              f"{len(images)} images")
-        if not images:
-            return self.processor.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"], ()
-        batch = self.processor(text=[text], images=images, add_special_tokens=add_special_tokens,
-                               return_tensors="pt")
-        ids = batch["input_ids"][0].tolist()
-        counts = self.processor._get_num_multimodal_tokens(image_sizes=[(i.height, i.width) for i in images])
-        spans = placeholder_spans(ids, self.image_token_id, counts.num_image_tokens)
-        tensors = self._split({name: batch[name] for name in self._input_names if name in batch}, len(images))
+        if self.processor is not None:
+            batch = self.processor(text=[text], images=images, add_special_tokens=add_special_tokens,
+                                   return_tensors="pt")
+            ids = batch["input_ids"][0].tolist()
+            tensors = self._split({name: batch[name] for name in self._input_names if name in batch}, len(images))
+            counts = self.processor._get_num_multimodal_tokens(
+                image_sizes=[(i.height, i.width) for i in images]).num_image_tokens
+        else:
+            batch = self.image_processor(images=images, return_tensors="pt")
+            tensors = self._split({name: batch[name] for name in self._input_names if name in batch}, len(images))
+            counts = [self._count(t) for t in tensors]
+            pieces = text.split(self.placeholder)
+            text = pieces[0] + "".join(self.placeholder * n + piece for n, piece in zip(counts, pieces[1:]))
+            ids = self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
+        spans = placeholder_spans(ids, self.image_token_id, counts)
         return ids, tuple(ImageInput(offset, length, ImageInput.hash_of(t), t)
                           for (offset, length), t in zip(spans, tensors))
 

@@ -9,7 +9,7 @@ token, or every prompt token of the chunk), and nothing is sampled for them.
 
 import torch
 
-from kernels import AttentionMetadata, choose_attention_backend, tensor_on
+from kernels import AttentionMetadata, choose_attention_backend, tensor_on, to_device
 from runtime.config import KV_CACHE_DTYPES, EngineConfig
 from runtime.core.scheduler import ScheduledBatch
 from runtime.core.sequence import Request, Sequence
@@ -142,9 +142,15 @@ class ModelRunner(RunnerWeights):
 
     def _tensors(self, inputs: StepInputs, previous_tokens: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step's input ids and positions (rotary-table rows) on the device."""
-        return (self._input_ids(inputs, previous_tokens),
-                tensor_on(inputs.rope_rows or inputs.positions, torch.long, self.device))
+        """The step's input ids and positions (rotary-table rows; M-RoPE's three axes where pictures' rows
+        differ in them) on the device."""
+        positions = torch.tensor(inputs.rope_rows or inputs.positions, dtype=torch.long)
+        if inputs.spatial_positions:
+            positions = positions.repeat(3, 1)
+            for first, rows, columns in inputs.spatial_positions:
+                positions[1, first : first + len(rows)] = torch.tensor(rows)
+                positions[2, first : first + len(columns)] = torch.tensor(columns)
+        return self._input_ids(inputs, previous_tokens), to_device(positions, self.device)
 
     def _input_ids(self, inputs: StepInputs, previous_tokens: torch.Tensor | None) -> torch.Tensor:
         """The step's input tokens on the device, those in flight copied from the previous step's tokens there
@@ -258,6 +264,8 @@ class ModelRunner(RunnerWeights):
                 positions.extend(range(start, end))
             if self.scaled_rope is not None:
                 inputs.rope_rows.extend(self.scaled_rope.rows(seq.rope_scale, seq.num_prompt_tokens, start, n))
+            if request.images and self.model.multimodal_rope:
+                self._rotate_past_pictures(inputs, request, offset, start, n)
             inputs.query_lens.append(n)
             inputs.context_lens.append(end)
             inputs.block_tables.append(seq.block_table)
@@ -285,6 +293,15 @@ class ModelRunner(RunnerWeights):
         if self.encoder_cache is not None:
             self._place_images(inputs, image_chunks)
         return inputs, prompt_seqs, pool_seqs, prefilled
+
+    def _rotate_past_pictures(self, inputs: StepInputs, request: Request, offset: int, start: int, n: int) -> None:
+        """M-RoPE: a sequence's rows' positions shifted past its prompt's pictures, and a picture's rows' three."""
+        if request.rope_layout is None:
+            request.rope_layout = self.model.rope_layout(request.images)
+        times, rows, columns = request.rope_layout.positions(start, start + n)
+        inputs.positions[offset : offset + n] = times
+        if times != rows or times != columns:
+            inputs.spatial_positions.append((offset, rows, columns))
 
     def release_images(self, request: Request) -> None:
         """The encoder outputs of a request that ends mid-prefill go now (the next step would let go of them, but

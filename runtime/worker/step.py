@@ -78,6 +78,9 @@ class StepInputs:
     # (`runtime.multimodal.encoder_cache`, on rank 0; sent to the other ranks with the rest)
     image_rows: list[int] = field(default_factory=list)
     image_embeds: torch.Tensor | None = None
+    # M-RoPE: (first row, row positions, column positions) of rows whose three positions differ (a picture's; the
+    # time positions are `positions`)
+    spatial_positions: list[tuple[int, list[int], list[int]]] = field(default_factory=list)
 
     @property
     def one_sampled_row_each(self) -> bool:

@@ -1,0 +1,56 @@
+"""Qwen2.5-VL (`Qwen2_5_VLForConditionalGeneration`): its vision tower (`qwen2_5_vl_vision`) and Qwen2's language
+model rotating by M-RoPE (time, row and column sections of each head: `runtime.multimodal.mrope`).
+
+Checkpoints name the tower `visual.` and the language model `model.` (as Qwen publishes them), or, as
+transformers 5 saves them, `model.visual.` and `model.language_model.`."""
+
+import torch
+from transformers import PretrainedConfig
+
+from runtime.models.decoder import head_dim_of
+from runtime.models.qwen2 import Qwen2ForCausalLM
+from runtime.models.qwen2_5_vl_vision import Qwen2_5VisionTower
+from runtime.models.rotary import MultimodalRotaryTables
+from runtime.models.vision_language import VisionLanguage
+from runtime.multimodal.inputs import ImageInput
+from runtime.multimodal.mrope import MRopeLayout
+
+_RENAMES = (("model.visual.", "visual."), ("model.language_model.", "model."))
+
+
+class Qwen2_5_VLForConditionalGeneration(VisionLanguage, Qwen2ForCausalLM):
+    multimodal_rope = True
+
+    def __init__(self, config: PretrainedConfig, max_positions: int):
+        super().__init__(config, max_positions)
+        vision = config.vision_language.vision_config
+        self.visual = Qwen2_5VisionTower(vision)
+        self.merge = vision.spatial_merge_size
+        self.model.rotary["default"] = MultimodalRotaryTables(config, head_dim_of(config), max_positions)
+
+    @staticmethod
+    def split_image_tensors(batch: dict[str, torch.Tensor], count: int) -> list[dict[str, torch.Tensor]]:
+        """Each picture's patches (the processor concatenates them) and its grid."""
+        grids = batch["image_grid_thw"]
+        patches = batch["pixel_values"].split(grids.prod(-1).tolist())
+        return [{"pixel_values": p, "image_grid_thw": grids[i : i + 1]} for i, p in enumerate(patches)]
+
+    @staticmethod
+    def image_token_counts(tensors: dict[str, torch.Tensor], checkpoint: PretrainedConfig) -> int:
+        return int(tensors["image_grid_thw"].prod()) // checkpoint.vision_config.spatial_merge_size**2
+
+    def encode_images(self, pictures: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+        """Each picture through the tower on its own (pictures differ in size; the tower's windows are a picture's)."""
+        return [self.visual(p["pixel_values"], tuple(p["image_grid_thw"].view(-1).tolist())) for p in pictures]
+
+    def rope_layout(self, images: tuple[ImageInput, ...]) -> MRopeLayout:
+        return MRopeLayout.of(images, self.merge)
+
+    def param_for(self, name: str) -> tuple[str | None, tuple]:
+        for prefix, ours in _RENAMES:
+            if name.startswith(prefix):
+                name = ours + name.removeprefix(prefix)
+                break
+        if name.startswith("visual."):
+            return name, ()
+        return super().param_for(name)
