@@ -1,19 +1,25 @@
-"""Vision-language models against transformers' own classes: a tiny random LLaVA (CLIP tower, projector, Qwen2)
-saved with its processor, prompted with one and two pictures; greedy tokens equal transformers' `generate` on the
-same pictures and text, with prefill chunks cutting through a picture's tokens, from the prefix cache on a
-repeated picture, and at TP=2; and they differ when the picture does."""
+"""Vision-language models against transformers' own classes: tiny random LLaVA (CLIP tower, projector, Qwen2) and
+Qwen2.5-VL (windowed tower, M-RoPE) checkpoints saved with their processors, prompted with one and two pictures;
+greedy tokens equal transformers' `generate` on the same pictures and text, with prefill chunks cutting through a
+picture's tokens, from the prefix cache on a repeated picture, and at TP=2; and they differ when the picture
+does."""
 
 import pytest
 import torch
-from transformers import AutoProcessor, LlavaForConditionalGeneration
+from transformers import (
+    AutoImageProcessor,
+    AutoProcessor,
+    AutoTokenizer,
+    LlavaForConditionalGeneration,
+    Qwen2_5_VLForConditionalGeneration,
+)
 
 from runtime import LLM, InvalidInputError, LLMEngine, SamplingParams
 from runtime.config import EngineConfig
 from testing.model_factory import build_model_dir
-from testing.vision_checkpoints import build_llava_dir, random_picture
+from testing.vision_checkpoints import build_llava_dir, build_qwen2_5_vl_dir, random_picture
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-IMAGE_TOKENS = 16  # (28 / 7)^2 patches, the class token dropped
 
 
 def conversation(pictures: int) -> list[dict]:
@@ -23,16 +29,9 @@ def conversation(pictures: int) -> list[dict]:
     return [{"role": "user", "content": parts}]
 
 
-@pytest.fixture(scope="module")
-def llava(tmp_path_factory):
-    return build_llava_dir(tmp_path_factory.mktemp("llava"))
-
-
-@pytest.fixture(scope="module")
-def reference(llava):
-    """transformers' greedy tokens for a conversation with these pictures."""
-    processor = AutoProcessor.from_pretrained(llava)
-    model = LlavaForConditionalGeneration.from_pretrained(llava, dtype=torch.float32).eval()
+def llava_reference(path):
+    processor = AutoProcessor.from_pretrained(path)
+    model = LlavaForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
 
     def generate(pictures: list) -> list[int]:
         text = processor.apply_chat_template(conversation(len(pictures)), add_generation_prompt=True)
@@ -41,6 +40,43 @@ def reference(llava):
         return out[0, inputs["input_ids"].shape[1]:].tolist()
 
     return generate
+
+
+def qwen2_5_vl_reference(path):
+    """Qwen's processor, by its steps (its video half needs torchvision): each <|image_pad|> repeated for the
+    picture's merged patches, and the token types its M-RoPE positions are computed from."""
+    tokenizer, images = AutoTokenizer.from_pretrained(path), AutoImageProcessor.from_pretrained(path)
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+
+    def generate(pictures: list) -> list[int]:
+        text = tokenizer.apply_chat_template(conversation(len(pictures)), tokenize=False, add_generation_prompt=True)
+        tensors = images(images=pictures, return_tensors="pt")
+        pieces = text.split("<|image_pad|>")
+        counts = (tensors["image_grid_thw"].prod(-1) // 4).tolist()
+        text = pieces[0] + "".join("<|image_pad|>" * n + piece for n, piece in zip(counts, pieces[1:]))
+        ids = tokenizer(text, return_tensors="pt")["input_ids"]
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **tensors, do_sample=False,
+                             mm_token_type_ids=(ids == model.config.image_token_id).int(),
+                             max_new_tokens=GREEDY.max_tokens)
+        return out[0, ids.shape[1]:].tolist()
+
+    return generate
+
+
+FAMILIES = {"llava": (build_llava_dir, llava_reference), "qwen2_5_vl": (build_qwen2_5_vl_dir, qwen2_5_vl_reference)}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, tmp_path_factory):
+    """(checkpoint directory, transformers' greedy tokens for a conversation with these pictures)."""
+    build, reference = FAMILIES[request.param]
+    path = build(tmp_path_factory.mktemp(request.param))
+    return path, reference(path)
+
+
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory):
+    return build_llava_dir(tmp_path_factory.mktemp("llava"))
 
 
 def chat(llm: LLM, pictures: list) -> list[int]:
@@ -59,24 +95,27 @@ def _picture_indices(parts: list[dict]) -> list[int]:
 
 
 @pytest.mark.parametrize("pictures", [1, 2])
-@pytest.mark.parametrize("chunk", [2048, 8])  # 8: every picture's 16 tokens span several prefill chunks
-def test_greedy_equals_transformers(llava, reference, pictures, chunk):
+@pytest.mark.parametrize("chunk", [2048, 8])  # 8: every picture's tokens (16 or 20) span several prefill chunks
+def test_greedy_equals_transformers(family, pictures, chunk):
+    path, reference = family
     images = [random_picture(seed) for seed in range(pictures)]
-    llm = LLM(str(llava), max_num_batched_tokens=chunk, max_model_len=512)
+    llm = LLM(str(path), max_num_batched_tokens=chunk, max_model_len=512)
     assert chat(llm, images) == reference(images)
     assert llm.stats()["encoder_cache_images"] == 0  # every picture consumed, its output let go
     assert llm.stats()["images_encoded"] == pictures
 
 
-def test_the_tokens_follow_the_picture(llava, reference):
-    llm = LLM(str(llava), max_model_len=512)
+def test_the_tokens_follow_the_picture(family):
+    path, reference = family
+    llm = LLM(str(path), max_model_len=512)
     first, second = chat(llm, [random_picture(1)]), chat(llm, [random_picture(2)])
     assert first != second  # the check above is discriminative: the picture decides the answer
     assert second == reference([random_picture(2)])
 
 
-def test_a_repeated_picture_is_a_prefix_cache_hit_and_another_is_not(llava, reference):
-    llm = LLM(str(llava), max_model_len=512, block_size=4)
+def test_a_repeated_picture_is_a_prefix_cache_hit_and_another_is_not(family):
+    path, reference = family
+    llm = LLM(str(path), max_model_len=512, block_size=4)
     picture = random_picture(3)
     prompt = llm.engine.validator.process_images(
         llm.tokenizer.apply_chat_template(conversation(1), tokenize=False, add_generation_prompt=True), [picture])
@@ -99,9 +138,10 @@ def conversation_with(pictures: list) -> list[dict]:
     return [{"role": "user", "content": parts}]
 
 
-def test_tp2_equals_tp1(ray_cluster, llava, reference):
+def test_tp2_equals_tp1(ray_cluster, family):
+    path, reference = family
     images = [random_picture(5), random_picture(6)]
-    llm = LLM(str(llava), max_model_len=512, tensor_parallel_size=2, max_num_batched_tokens=8)
+    llm = LLM(str(path), max_model_len=512, tensor_parallel_size=2, max_num_batched_tokens=8)
     try:
         assert llm.chat(conversation_with(images), GREEDY)[0].outputs[0].token_ids == reference(images)
     finally:
