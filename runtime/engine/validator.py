@@ -6,6 +6,7 @@ Every engine holds one (`engine.validator`), and callers check requests with it 
 the child process).
 """
 
+import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from runtime.pooling import PoolerConfig
 from runtime.sampling_params import SamplingParams
 from runtime.text.grammar import Constraint, Grammar, GrammarCompiler
 from runtime.text.tokenizer import TokenCountBound, encode, eos_token_ids, load_tokenizer
+
+logger = logging.getLogger(__name__)
 
 _EMBEDDING_PARAMS = SamplingParams(max_tokens=None)  # an embedding request samples nothing
 
@@ -51,7 +54,11 @@ class RequestValidator:
         self.pooler = config.pooler_config.resolve(self.spec.path)  # how embedding requests pool
         self.images = None  # a vision-language model's processor: pictures in prompts
         if self.spec.model_class.takes_images and config.limit_mm_per_prompt["image"] > 0:
-            self.images = ImageProcessing(self.spec.path, self.spec.model_class, self.spec.hf_config.vision_language)
+            try:
+                self.images = ImageProcessing(self.spec.path, self.spec.model_class,
+                                              self.spec.hf_config.vision_language)
+            except OSError as e:  # a checkpoint saved without its processor's files
+                logger.warning("%s has no image processor (%s): it is served text-only", self.spec.path, e)
         self._grammars: GrammarCompiler | None = None
         self._grammars_lock = threading.Lock()
         self._adapters: OrderedDict[tuple[str, str], LoRAAdapter] = OrderedDict()  # read adapters, LRU

@@ -1,7 +1,9 @@
 """Qwen2.5-VL (`Qwen2_5_VLForConditionalGeneration`): its vision tower (`qwen2_5_vl_vision`) and Qwen2's language
-model rotating by M-RoPE (time, row and column sections of each head: `runtime.multimodal.mrope`).
+model rotating by M-RoPE (time, row and column sections of each head: `runtime.multimodal.mrope`). What Qwen's
+vision-language families share (`QwenVisionLanguage`: Qwen3.5's too) is how a picture's tensors are laid out, how
+many tokens it takes and where they sit in M-RoPE's positions.
 
-Checkpoints name the tower `visual.` and the language model `model.` (as Qwen publishes them), or, as
+Checkpoints name the tower `visual.` and the language model `model.` (as Qwen2.5-VL is published), or, as
 transformers 5 saves them, `model.visual.` and `model.language_model.`."""
 
 import torch
@@ -18,15 +20,18 @@ from runtime.multimodal.mrope import MRopeLayout
 _RENAMES = (("model.visual.", "visual."), ("model.language_model.", "model."))
 
 
-class Qwen2_5_VLForConditionalGeneration(VisionLanguage, Qwen2ForCausalLM):
+class QwenVisionLanguage(VisionLanguage):
     multimodal_rope = True
+    tower: type  # the family's vision tower
+    interleaved_rope = False  # M-RoPE's frequencies by sections, or interleaved (`MultimodalRotaryTables`)
 
     def __init__(self, config: PretrainedConfig, max_positions: int):
         super().__init__(config, max_positions)
         vision = config.vision_language.vision_config
-        self.visual = Qwen2_5VisionTower(vision)
+        self.visual = self.tower(vision)
         self.merge = vision.spatial_merge_size
-        self.model.rotary["default"] = MultimodalRotaryTables(config, head_dim_of(config), max_positions)
+        self.model.rotary["default"] = MultimodalRotaryTables(config, head_dim_of(config), max_positions,
+                                                              self.interleaved_rope)
 
     @staticmethod
     def split_image_tensors(batch: dict[str, torch.Tensor], count: int) -> list[dict[str, torch.Tensor]]:
@@ -40,7 +45,7 @@ class Qwen2_5_VLForConditionalGeneration(VisionLanguage, Qwen2ForCausalLM):
         return int(tensors["image_grid_thw"].prod()) // checkpoint.vision_config.spatial_merge_size**2
 
     def encode_images(self, pictures: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
-        """Each picture through the tower on its own (pictures differ in size; the tower's windows are a picture's)."""
+        """Each picture through the tower on its own (pictures differ in size, and attend within themselves)."""
         return [self.visual(p["pixel_values"], tuple(p["image_grid_thw"].view(-1).tolist())) for p in pictures]
 
     def rope_layout(self, images: tuple[ImageInput, ...]) -> MRopeLayout:
@@ -54,3 +59,7 @@ class Qwen2_5_VLForConditionalGeneration(VisionLanguage, Qwen2ForCausalLM):
         if name.startswith("visual."):
             return name, ()
         return super().param_for(name)
+
+
+class Qwen2_5_VLForConditionalGeneration(QwenVisionLanguage, Qwen2ForCausalLM):
+    tower = Qwen2_5VisionTower

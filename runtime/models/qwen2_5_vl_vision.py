@@ -15,11 +15,11 @@ from runtime.models.layers import RMSNorm
 
 
 class PatchEmbed(nn.Module):
-    def __init__(self, config: PretrainedConfig):
+    def __init__(self, config: PretrainedConfig, bias: bool = False):
         super().__init__()
         self.shape = (config.in_channels, config.temporal_patch_size, config.patch_size, config.patch_size)
         kernel = self.shape[1:]
-        self.proj = nn.Conv3d(config.in_channels, config.hidden_size, kernel_size=kernel, stride=kernel, bias=False)
+        self.proj = nn.Conv3d(config.in_channels, config.hidden_size, kernel_size=kernel, stride=kernel, bias=bias)
 
     def forward(self, patches: torch.Tensor) -> torch.Tensor:
         x = patches.view(-1, *self.shape).to(self.proj.weight.dtype)
@@ -95,10 +95,7 @@ class Qwen2_5VisionTower(nn.Module):
         self.window = config.window_size // config.spatial_merge_size // config.patch_size  # in merged patches
         self.full_attention = set(config.fullatt_block_indexes)
         self.patch_embed = PatchEmbed(config)
-        head_dim = config.hidden_size // config.num_heads
-        theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
-        exponents = torch.arange(0, head_dim // 2, 2, dtype=torch.float32) / (head_dim // 2)
-        self.register_buffer("inv_freq", 1.0 / theta**exponents, persistent=False)
+        self.register_buffer("inv_freq", rotary_frequencies(config), persistent=False)
         self.blocks = nn.ModuleList(VisionBlock(config) for _ in range(config.depth))
         self.merger = PatchMerger(config)
 
@@ -109,21 +106,12 @@ class Qwen2_5VisionTower(nn.Module):
         order, window_bounds = self._windows(t, h // self.merge, w // self.merge)
         x = self.patch_embed(patches)
         x = x.view(-1, unit, x.shape[-1])[order].reshape(x.shape)
-        positions = self._positions(t, h, w).float()  # [patches, 2]: row, column
-        freqs = torch.cat([positions[:, :1] * self.inv_freq, positions[:, 1:] * self.inv_freq], dim=-1)
-        freqs = freqs.view(-1, unit, freqs.shape[-1])[order].reshape(freqs.shape)
-        cos, sin = torch.cat([freqs.cos()] * 2, dim=-1), torch.cat([freqs.sin()] * 2, dim=-1)
+        cos, sin = (c.view(-1, unit, c.shape[-1])[order].reshape(c.shape)
+                    for c in rotary_cos_sin(self.inv_freq, t, h, w, self.merge))
         whole = [0, x.shape[0]]
         for i, block in enumerate(self.blocks):
             x = block(x, cos, sin, whole if i in self.full_attention else window_bounds)
         return self.merger(x)[torch.argsort(order)]
-
-    def _positions(self, t: int, h: int, w: int) -> torch.Tensor:
-        """Each patch's (row, column), the patches laid out block by block of merge x merge."""
-        m = self.merge
-        rows = torch.arange(h)[:, None].expand(h, w).reshape(h // m, m, w // m, m).transpose(1, 2).flatten()
-        cols = torch.arange(w)[None, :].expand(h, w).reshape(h // m, m, w // m, m).transpose(1, 2).flatten()
-        return torch.stack([rows, cols], dim=-1).repeat(t, 1)
 
     def _windows(self, t: int, h: int, w: int) -> tuple[torch.Tensor, list[int]]:
         """The merged patches' order window by window (each window `self.window` merged patches square, the last
@@ -138,3 +126,20 @@ class Qwen2_5VisionTower(nn.Module):
         order = windows[windows >= 0]
         bounds = [0, *(counts[counts > 0].cumsum(0) * self.merge**2).tolist()]
         return order, bounds
+
+
+def rotary_frequencies(config: PretrainedConfig) -> torch.Tensor:
+    """The 2D rotary embedding's frequencies: a quarter of a head's width, for rows and again for columns."""
+    quarter = config.hidden_size // config.num_heads // 2
+    theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+    return 1.0 / theta ** (torch.arange(0, quarter, 2, dtype=torch.float32) / quarter)
+
+
+def rotary_cos_sin(inv_freq: torch.Tensor, t: int, h: int, w: int, merge: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 2D rotary embedding's cos and sin for each patch: a head's first half of frequencies by its row, the
+    second by its column (repeated over both halves), the patches laid out block by block of merge x merge."""
+    rows = torch.arange(h)[:, None].expand(h, w).reshape(h // merge, merge, w // merge, merge).transpose(1, 2)
+    cols = torch.arange(w)[None, :].expand(h, w).reshape(h // merge, merge, w // merge, merge).transpose(1, 2)
+    positions = torch.stack([rows.flatten(), cols.flatten()], dim=-1).repeat(t, 1).float()
+    freqs = torch.cat([positions[:, :1] * inv_freq, positions[:, 1:] * inv_freq], dim=-1)
+    return torch.cat([freqs.cos()] * 2, dim=-1), torch.cat([freqs.sin()] * 2, dim=-1)

@@ -1,18 +1,20 @@
 """Qwen3.5: Qwen3-Next's hybrid stack (Gated DeltaNet layers, then one of gated full attention) with the linear
 layers' projections saved one tensor each (`in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`), dense MLPs
 (Qwen3.5) or sparse blocks on every layer with a gated shared expert (Qwen3.5-MoE). Its rotary embedding is
-multimodal (sections of each head rotate by time, height and width); for text the three positions are the token's
-own, which is the plain rotary embedding over a quarter of each head.
+multimodal (interleaved frequencies of each head's rotated quarter turn by time, row and column): for text the
+three positions are the token's own, which is the plain rotary embedding.
 
-The checkpoints as published hold a vision tower beside the language model (`...ForConditionalGeneration`, its
-config's `text_config`): they are served as text models, the vision tower and the multi-token-prediction layer
-left unloaded."""
+The checkpoints as published (`...ForConditionalGeneration`, its config's `text_config`) hold a vision tower beside
+the language model (`qwen3_5_vision`): pictures in prompts take M-RoPE's three positions
+(`runtime.multimodal.mrope`). The multi-token-prediction layer is left unloaded."""
 
 from torch import nn
 from transformers import PretrainedConfig
 
-from runtime.models.decoder import MLP, CausalLM, language_model_config
+from runtime.models.decoder import MLP, CausalLM
 from runtime.models.moe import SparseMoeBlock
+from runtime.models.qwen2_5_vl import QwenVisionLanguage
+from runtime.models.qwen3_5_vision import Qwen3_5VisionTower
 from runtime.models.qwen3_next import Qwen3NextForCausalLM
 
 
@@ -36,22 +38,13 @@ class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
                               config.moe_intermediate_size, True, config.shared_expert_intermediate_size)
 
 
-def _text_only(family: type[Qwen3_5ForCausalLM]) -> type[Qwen3_5ForCausalLM]:
-    """The published checkpoint's architecture (`Qwen3_5ForConditionalGeneration`), served as its text model."""
+class Qwen3_5ForConditionalGeneration(QwenVisionLanguage, Qwen3_5ForCausalLM):
+    """Qwen3.5 as published: its vision tower beside the language model, which rotates by interleaved M-RoPE."""
 
-    class TextOnly(family):
-        @classmethod
-        def text_config(cls, config: PretrainedConfig) -> PretrainedConfig:
-            return language_model_config(config)
-
-        def param_for(self, name: str) -> tuple[str | None, tuple]:
-            if name.startswith("model.visual."):
-                return None, ()
-            return super().param_for(name.replace("model.language_model.", "model.", 1))
-
-    TextOnly.__name__ = TextOnly.__qualname__ = family.__name__.replace("ForCausalLM", "ForConditionalGeneration")
-    return TextOnly
+    tower = Qwen3_5VisionTower
+    interleaved_rope = True
 
 
-Qwen3_5ForConditionalGeneration = _text_only(Qwen3_5ForCausalLM)
-Qwen3_5MoeForConditionalGeneration = _text_only(Qwen3_5MoeForCausalLM)
+class Qwen3_5MoeForConditionalGeneration(QwenVisionLanguage, Qwen3_5MoeForCausalLM):
+    tower = Qwen3_5VisionTower
+    interleaved_rope = True

@@ -150,16 +150,25 @@ class RotaryTables(nn.Module):
 
 
 class MultimodalRotaryTables(RotaryTables):
-    """M-RoPE (Qwen2-VL, Qwen2.5-VL): rows [3, T] (time, row, column: `runtime.multimodal.mrope`) rotate the i-th
-    section of the frequencies by axis i; plain rows [T] are a text token's three equal positions."""
+    """M-RoPE: rows [3, T] (time, row, column: `runtime.multimodal.mrope`) rotate each frequency by one axis: by
+    sections (Qwen2-VL, Qwen2.5-VL: the first `mrope_section[0]` frequencies by time, the next by row, the last by
+    column) or `interleaved` (Qwen3-VL, Qwen3.5: every third frequency from the second by row, from the third by
+    column, over 3 x their sections, the rest by time). Plain rows [T] are a text token's three equal positions."""
 
-    def __init__(self, config: PretrainedConfig, head_dim: int, max_positions: int):
+    def __init__(self, config: PretrainedConfig, head_dim: int, max_positions: int, interleaved: bool = False):
         super().__init__(config, head_dim, max_positions)
         sections = _parameters(config, "default")["mrope_section"]
-        self.bounds = [(i % 3, sum(sections[:i]), sum(sections[: i + 1])) for i in range(len(sections))]
+        axis = torch.zeros(self.cos.shape[-1], dtype=torch.long)
+        if interleaved:
+            for i in (1, 2):
+                axis[i : 3 * sections[i] : 3] = i
+        else:
+            axis[sections[0] : sections[0] + sections[1]] = 1
+            axis[sections[0] + sections[1] : sum(sections)] = 2
+        self.register_buffer("axis", axis, persistent=False)
 
     def forward(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if rows.dim() == 1:
             return super().forward(rows)
-        return (torch.cat([self.cos[rows[axis], a:b] for axis, a, b in self.bounds], dim=-1),
-                torch.cat([self.sin[rows[axis], a:b] for axis, a, b in self.bounds], dim=-1))
+        pick = self.axis.expand(1, rows.shape[1], -1)
+        return (self.cos[rows].take_along_dim(pick, dim=0)[0], self.sin[rows].take_along_dim(pick, dim=0)[0])

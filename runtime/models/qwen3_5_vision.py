@@ -1,0 +1,79 @@
+"""Qwen3.5's vision tower (Qwen3-VL's, without its deep-stack taps): 3D patches with a bias, a learned square grid of
+positions resized bilinearly to each picture's grid (corners aligned), the 2D rotary embedding of Qwen2.5-VL's
+tower, LayerNorm blocks attending over the whole picture, and a merger folding each 2 x 2 block of patches into one
+token. Module names mirror transformers' `Qwen3_5VisionModel`. It is not sharded: rank 0 runs it whole."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PretrainedConfig
+from transformers.activations import ACT2FN
+
+from runtime.models.qwen2_5_vl_vision import PatchEmbed, VisionAttention, rotary_cos_sin, rotary_frequencies
+
+
+class VisionMLP(nn.Module):
+    def __init__(self, config: PretrainedConfig):
+        super().__init__()
+        self.activation = ACT2FN[config.hidden_act]
+        self.linear_fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.linear_fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(self.activation(self.linear_fc1(x)))
+
+
+class VisionBlock(nn.Module):
+    def __init__(self, config: PretrainedConfig):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(config.hidden_size, eps=1e-6)
+        self.norm2 = nn.LayerNorm(config.hidden_size, eps=1e-6)
+        self.attn = VisionAttention(config)
+        self.mlp = VisionMLP(config)
+
+    def forward(self, x, cos, sin, bounds):
+        x = x + self.attn(self.norm1(x), cos, sin, bounds)
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchMerger(nn.Module):
+    def __init__(self, config: PretrainedConfig):
+        super().__init__()
+        self.width = config.hidden_size * config.spatial_merge_size**2
+        self.norm = nn.LayerNorm(config.hidden_size, eps=1e-6)
+        self.linear_fc1 = nn.Linear(self.width, self.width)
+        self.linear_fc2 = nn.Linear(self.width, config.out_hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(F.gelu(self.linear_fc1(self.norm(x).view(-1, self.width))))
+
+
+class Qwen3_5VisionTower(nn.Module):
+    def __init__(self, config: PretrainedConfig):
+        super().__init__()
+        self.merge = config.spatial_merge_size
+        self.side = int(config.num_position_embeddings**0.5)  # the learned grid of positions is side x side
+        self.patch_embed = PatchEmbed(config, bias=True)
+        self.pos_embed = nn.Embedding(config.num_position_embeddings, config.hidden_size)
+        self.register_buffer("inv_freq", rotary_frequencies(config), persistent=False)
+        self.blocks = nn.ModuleList(VisionBlock(config) for _ in range(config.depth))
+        self.merger = PatchMerger(config)
+
+    def forward(self, patches: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
+        """One picture's merged-patch tokens [t x h x w / merge^2, out_hidden] from its patches [t x h x w, ...]
+        (laid out block by block of merge x merge, as the processor writes them)."""
+        t, h, w = grid
+        x = self.patch_embed(patches) + self._positions(t, h, w).to(self.pos_embed.weight.dtype)
+        cos, sin = rotary_cos_sin(self.inv_freq, t, h, w, self.merge)
+        whole = [0, x.shape[0]]
+        for block in self.blocks:
+            x = block(x, cos, sin, whole)
+        return self.merger(x)
+
+    def _positions(self, t: int, h: int, w: int) -> torch.Tensor:
+        """The learned positions resized to the picture's h x w patches, in the patches' block order."""
+        grid = self.pos_embed.weight.view(self.side, self.side, -1).permute(2, 0, 1)[None].float()
+        resized = F.interpolate(grid, size=(h, w), mode="bilinear", align_corners=True)[0]  # [hidden, h, w]
+        m = self.merge
+        blocks = resized.view(-1, h // m, m, w // m, m).permute(1, 3, 2, 4, 0).reshape(h * w, -1)
+        return blocks.repeat(t, 1)
