@@ -24,6 +24,7 @@ class QwenVisionLanguage(VisionLanguage):
     multimodal_rope = True
     tower: type  # the family's vision tower
     interleaved_rope = False  # M-RoPE's frequencies by sections, or interleaved (`MultimodalRotaryTables`)
+    mrope_section = [16, 24, 24]  # where the config names none (transformers' default for the family)
 
     def __init__(self, config: PretrainedConfig, max_positions: int):
         super().__init__(config, max_positions)
@@ -31,7 +32,7 @@ class QwenVisionLanguage(VisionLanguage):
         self.visual = self.tower(vision)
         self.merge = vision.spatial_merge_size
         self.model.rotary["default"] = MultimodalRotaryTables(config, head_dim_of(config), max_positions,
-                                                              self.interleaved_rope)
+                                                              self.interleaved_rope, self.mrope_section)
 
     @staticmethod
     def split_image_tensors(batch: dict[str, torch.Tensor], count: int) -> list[dict[str, torch.Tensor]]:

@@ -43,8 +43,10 @@ class Qwen3_5ForConditionalGeneration(QwenVisionLanguage, Qwen3_5ForCausalLM):
 
     tower = Qwen3_5VisionTower
     interleaved_rope = True
+    mrope_section = [11, 11, 10]
 
 
 class Qwen3_5MoeForConditionalGeneration(QwenVisionLanguage, Qwen3_5MoeForCausalLM):
     tower = Qwen3_5VisionTower
     interleaved_rope = True
+    mrope_section = [11, 11, 10]

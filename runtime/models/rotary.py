@@ -155,9 +155,11 @@ class MultimodalRotaryTables(RotaryTables):
     column) or `interleaved` (Qwen3-VL, Qwen3.5: every third frequency from the second by row, from the third by
     column, over 3 x their sections, the rest by time). Plain rows [T] are a text token's three equal positions."""
 
-    def __init__(self, config: PretrainedConfig, head_dim: int, max_positions: int, interleaved: bool = False):
+    def __init__(self, config: PretrainedConfig, head_dim: int, max_positions: int, interleaved: bool,
+                 default_sections: list[int]):
+        """`default_sections`: the family's, where the config names none (as transformers' class defaults)."""
         super().__init__(config, head_dim, max_positions)
-        sections = _parameters(config, "default")["mrope_section"]
+        sections = _parameters(config, "default").get("mrope_section", default_sections)
         axis = torch.zeros(self.cos.shape[-1], dtype=torch.long)
         if interleaved:
             for i in (1, 2):

@@ -1,23 +1,24 @@
-"""Vision-language models against transformers' own classes: tiny random LLaVA (CLIP tower, projector, Qwen2) and
-Qwen2.5-VL (windowed tower, M-RoPE) checkpoints saved with their processors, prompted with one and two pictures;
-greedy tokens equal transformers' `generate` on the same pictures and text, with prefill chunks cutting through a
-picture's tokens, from the prefix cache on a repeated picture, and at TP=2; and they differ when the picture
-does."""
+"""Vision-language models against transformers' own classes: tiny random LLaVA (CLIP tower, projector, Qwen2),
+Qwen2.5-VL (windowed tower, M-RoPE by sections) and Qwen3.5 (resized learned positions, interleaved M-RoPE, linear
+attention) checkpoints saved with their processors, prompted with one and two pictures; greedy tokens equal
+transformers' `generate` on the same pictures and text, with prefill chunks cutting through a picture's tokens,
+from the prefix cache on a repeated picture (where the model has one), and at TP=2; and they differ when the
+picture does."""
 
 import pytest
 import torch
 from transformers import (
     AutoImageProcessor,
+    AutoModelForImageTextToText,
     AutoProcessor,
     AutoTokenizer,
     LlavaForConditionalGeneration,
-    Qwen2_5_VLForConditionalGeneration,
 )
 
 from runtime import LLM, InvalidInputError, LLMEngine, SamplingParams
 from runtime.config import EngineConfig
 from testing.model_factory import build_model_dir
-from testing.vision_checkpoints import build_llava_dir, build_qwen2_5_vl_dir, random_picture
+from testing.vision_checkpoints import build_llava_dir, build_qwen2_5_vl_dir, build_qwen3_5_dir, random_picture
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
@@ -42,11 +43,11 @@ def llava_reference(path):
     return generate
 
 
-def qwen2_5_vl_reference(path):
+def qwen_reference(path):
     """Qwen's processor, by its steps (its video half needs torchvision): each <|image_pad|> repeated for the
     picture's merged patches, and the token types its M-RoPE positions are computed from."""
     tokenizer, images = AutoTokenizer.from_pretrained(path), AutoImageProcessor.from_pretrained(path)
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
 
     def generate(pictures: list) -> list[int]:
         text = tokenizer.apply_chat_template(conversation(len(pictures)), tokenize=False, add_generation_prompt=True)
@@ -63,15 +64,20 @@ def qwen2_5_vl_reference(path):
     return generate
 
 
-FAMILIES = {"llava": (build_llava_dir, llava_reference), "qwen2_5_vl": (build_qwen2_5_vl_dir, qwen2_5_vl_reference)}
+FAMILIES = {"llava": (build_llava_dir, llava_reference), "qwen2_5_vl": (build_qwen2_5_vl_dir, qwen_reference),
+            "qwen3_5": (build_qwen3_5_dir, qwen_reference)}
+CACHED = ["llava", "qwen2_5_vl"]  # Qwen3.5's linear-attention layers keep a state per sequence: no prefix cache
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES))
-def family(request, tmp_path_factory):
+def _family(request, tmp_path_factory):
     """(checkpoint directory, transformers' greedy tokens for a conversation with these pictures)."""
     build, reference = FAMILIES[request.param]
     path = build(tmp_path_factory.mktemp(request.param))
     return path, reference(path)
+
+
+family = pytest.fixture(scope="module", params=list(FAMILIES))(_family)
+cached_family = pytest.fixture(scope="module", params=CACHED)(_family)
 
 
 @pytest.fixture(scope="module")
@@ -113,8 +119,8 @@ def test_the_tokens_follow_the_picture(family):
     assert second == reference([random_picture(2)])
 
 
-def test_a_repeated_picture_is_a_prefix_cache_hit_and_another_is_not(family):
-    path, reference = family
+def test_a_repeated_picture_is_a_prefix_cache_hit_and_another_is_not(cached_family):
+    path, reference = cached_family
     llm = LLM(str(path), max_model_len=512, block_size=4)
     picture = random_picture(3)
     prompt = llm.engine.validator.process_images(
