@@ -36,6 +36,7 @@ CHECKS = {
     "speculative": (checks.speculative, 90),
     "transformers_generate": (checks.transformers_generate, 90),
     "decode_profile": (checks.decode_profile, 90),
+    "vision": (checks.vision, 90),
 }
 RESULT = "result.json"
 

@@ -17,12 +17,14 @@ from benchmarks.common import generate_concurrently, transformers_static_batches
 from benchmarks.decode_profile import profile_decode
 from benchmarks.gpu_suite.sizes import Sizes
 from benchmarks.gpu_throughput import workload
+from benchmarks.images import build_checkpoint, compare
 from benchmarks.sampler import sampler_ms
 from benchmarks.speculative import NGRAM, copy_workload, drive
 from benchmarks.structured_output import SCHEMA
 from runtime import LLM, AsyncLLMEngine, LoRARequest, SamplingParams
 from runtime.text.grammar import Constraint
 from testing.model_factory import build_model_dir
+from testing.vision_checkpoints import build_llava_dir, random_picture
 
 Result = tuple[dict, list[str]]  # (figures, failures)
 
@@ -231,3 +233,17 @@ def speculative(sizes: Sizes, work: Path) -> Result:
                  speedup=round(ours["tokens_per_s"] / base["tokens_per_s"], 3),
                  acceptance_rate=round(ours["acceptance_rate"], 3), identical_tokens=same),
             [] if same else ["speculative decoding changed the greedy tokens"])
+
+
+def vision(sizes: Sizes, work: Path) -> Result:
+    """A vision-language model (LLaVA's shape, 256 tokens a picture) against transformers' class: time to first
+    token of a one-picture chat, cold and with the picture's prefix cached, and pictures per second through the
+    encoder (`benchmarks.images`). A cached picture must answer sooner than a cold one."""
+    path = work / "llava"
+    if not (path / "config.json").exists():  # the dry run's: the tests' tiny LLaVA
+        build_llava_dir(path) if sizes.dry_run else build_checkpoint(path)
+    pictures = [random_picture(seed, (320, 240)) for seed in range(sizes.vision_pictures)]
+    figures = compare(path, pictures, sizes.device, "float32" if sizes.dry_run else "bfloat16")
+    ours = figures["ours"]
+    slower = ours["ttft_cached_s"] >= ours["ttft_cold_s"]
+    return figures, [f"cached TTFT {ours['ttft_cached_s']:.4f} s not below cold {ours['ttft_cold_s']:.4f} s"] * slower

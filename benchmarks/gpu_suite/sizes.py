@@ -42,6 +42,7 @@ class Sizes:
     quantizable_model: dict  # the `quantized` check's: widths in whole groups of 128
     sampler_vocab: int
     targets: dict = field(default_factory=dict)
+    vision_pictures: int = 2  # one-picture chats timed (cold, then cached) and pictures through the encoder
 
     @property
     def device(self) -> str:
@@ -51,7 +52,7 @@ class Sizes:
 ENGINE_TEST_FILES = ("tests/kernels/test_triton_kernels.py", "tests/runtime/test_greedy_parity.py",
                      "tests/runtime/test_async_scheduling.py", "tests/runtime/test_model_families.py",
                      "tests/runtime/test_quantized_checkpoints.py", "tests/runtime/test_hybrid_attention.py",
-                     "tests/runtime/test_kv_offload.py")
+                     "tests/runtime/test_kv_offload.py", "tests/runtime/test_vision_models.py")
 
 GPU = Sizes(
     dry_run=False, model=QWEN25_05B, served_model={**QWEN25_05B, "vocab_size": 512, "tokenizer_vocab": None},
@@ -66,6 +67,7 @@ GPU = Sizes(
     speculative_requests=8, quantizable_model=QWEN25_05B, sampler_vocab=151936,
     targets=dict(output_tok_s=40_000, served_over_offline=0.85, lora_over_base=0.8,
                  structured_over_unconstrained=0.9),
+    vision_pictures=32,
 )
 
 DRY = Sizes(

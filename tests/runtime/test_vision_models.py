@@ -21,6 +21,7 @@ from testing.model_factory import build_model_dir
 from testing.vision_checkpoints import build_llava_dir, build_qwen2_5_vl_dir, build_qwen3_5_dir, random_picture
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+OPTIONS = {"dtype": "float32", "max_model_len": 512}  # transformers' reference runs in float32 (on a GPU too)
 
 
 def conversation(pictures: int) -> list[dict]:
@@ -105,7 +106,7 @@ def _picture_indices(parts: list[dict]) -> list[int]:
 def test_greedy_equals_transformers(family, pictures, chunk):
     path, reference = family
     images = [random_picture(seed) for seed in range(pictures)]
-    llm = LLM(str(path), max_num_batched_tokens=chunk, max_model_len=512)
+    llm = LLM(str(path), max_num_batched_tokens=chunk, **OPTIONS)
     assert chat(llm, images) == reference(images)
     assert llm.stats()["encoder_cache_images"] == 0  # every picture consumed, its output let go
     assert llm.stats()["images_encoded"] == pictures
@@ -113,7 +114,7 @@ def test_greedy_equals_transformers(family, pictures, chunk):
 
 def test_the_tokens_follow_the_picture(family):
     path, reference = family
-    llm = LLM(str(path), max_model_len=512)
+    llm = LLM(str(path), **OPTIONS)
     first, second = chat(llm, [random_picture(1)]), chat(llm, [random_picture(2)])
     assert first != second  # the check above is discriminative: the picture decides the answer
     assert second == reference([random_picture(2)])
@@ -121,7 +122,7 @@ def test_the_tokens_follow_the_picture(family):
 
 def test_a_repeated_picture_is_a_prefix_cache_hit_and_another_is_not(cached_family):
     path, reference = cached_family
-    llm = LLM(str(path), max_model_len=512, block_size=4)
+    llm = LLM(str(path), **OPTIONS, block_size=4)
     picture = random_picture(3)
     prompt = llm.engine.validator.process_images(
         llm.tokenizer.apply_chat_template(conversation(1), tokenize=False, add_generation_prompt=True), [picture])
@@ -147,7 +148,7 @@ def conversation_with(pictures: list) -> list[dict]:
 def test_tp2_equals_tp1(ray_cluster, family):
     path, reference = family
     images = [random_picture(5), random_picture(6)]
-    llm = LLM(str(path), max_model_len=512, tensor_parallel_size=2, max_num_batched_tokens=8)
+    llm = LLM(str(path), **OPTIONS, tensor_parallel_size=2, max_num_batched_tokens=8)
     try:
         assert llm.chat(conversation_with(images), GREEDY)[0].outputs[0].token_ids == reference(images)
     finally:
@@ -158,7 +159,7 @@ def test_abort_and_preemption_let_go_of_encoder_outputs(llava):
     """A request aborted mid-picture, and one preempted mid-picture, hold no encoder output after the next step;
     the preempted one encodes its picture again when it is readmitted (no prefix cache holds its blocks), and
     answers as if never preempted."""
-    engine = LLMEngine(EngineConfig(model=str(llava), max_model_len=512, max_num_batched_tokens=8,
+    engine = LLMEngine(EngineConfig(model=str(llava), **OPTIONS, max_num_batched_tokens=8,
                                     enable_prefix_caching=False, max_num_seqs=1))
     text = engine.tokenizer.apply_chat_template(conversation(1), tokenize=False, add_generation_prompt=True)
     ids, images = engine.validator.process_images(text, [random_picture(7)])
@@ -184,13 +185,13 @@ def test_abort_and_preemption_let_go_of_encoder_outputs(llava):
             out[delta.request_id] += [t for s in delta.seqs for t in s.token_ids]
     assert engine.runner.encoder_cache.images_encoded == 3  # the aborted one's, the preempted one's twice
     assert len(engine.runner.encoder_cache) == 0
-    plain = LLM(str(llava), max_model_len=512).generate(
+    plain = LLM(str(llava), **OPTIONS).generate(
         {"prompt": text, "multi_modal_data": {"image": random_picture(7)}}, GREEDY)[0]
     assert out["preempted"] == plain.outputs[0].token_ids
 
 
 def test_pictures_beyond_what_the_model_takes_are_refused(llava, tmp_path):
-    llm = LLM(str(llava), max_model_len=512, limit_mm_per_prompt={"image": 1})
+    llm = LLM(str(llava), **OPTIONS, limit_mm_per_prompt={"image": 1})
     with pytest.raises(InvalidInputError, match="over the 1 a prompt may hold"):
         llm.chat(conversation_with([random_picture(1), random_picture(2)]), GREEDY)
     with pytest.raises(InvalidInputError, match="2 image placeholders"):
