@@ -238,12 +238,12 @@ def speculative(sizes: Sizes, work: Path) -> Result:
 def vision(sizes: Sizes, work: Path) -> Result:
     """A vision-language model (LLaVA's shape, 256 tokens a picture) against transformers' class: time to first
     token of a one-picture chat, cold and with the picture's prefix cached, and pictures per second through the
-    encoder (`benchmarks.images`). A cached picture must answer sooner than a cold one."""
+    encoder (`benchmarks.images`). On the GPU, a cached picture must answer sooner than a cold one."""
     path = work / "llava"
     if not (path / "config.json").exists():  # the dry run's: the tests' tiny LLaVA
         build_llava_dir(path) if sizes.dry_run else build_checkpoint(path)
     pictures = [random_picture(seed, (320, 240)) for seed in range(sizes.vision_pictures)]
     figures = compare(path, pictures, sizes.device, "float32" if sizes.dry_run else "bfloat16")
     ours = figures["ours"]
-    slower = ours["ttft_cached_s"] >= ours["ttft_cold_s"]
+    slower = not sizes.dry_run and ours["ttft_cached_s"] >= ours["ttft_cold_s"]  # the tiny model's prefill is free
     return figures, [f"cached TTFT {ours['ttft_cached_s']:.4f} s not below cold {ours['ttft_cold_s']:.4f} s"] * slower
