@@ -22,6 +22,8 @@ from transformers import (
     LlavaProcessor,
     Qwen2_5_VLConfig,
     Qwen2_5_VLForConditionalGeneration,
+    Qwen2VLConfig,
+    Qwen2VLForConditionalGeneration,
     Qwen3_5Config,
     Qwen3_5ForConditionalGeneration,
     Qwen2Config,
@@ -116,6 +118,23 @@ def _save_qwen_processor_parts(tokenizer, path: Path) -> None:
                              max_pixels=64 * 64).save_pretrained(path)
     eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
     GenerationConfig(eos_token_id=eos, bos_token_id=None).save_pretrained(path)
+
+
+def build_qwen2_vl_dir(path: Path, seed: int = 0) -> Path:
+    """Qwen2-VL's shape at a tiny size: Qwen2.5-VL's (`build_qwen2_5_vl_dir`) with Qwen2-VL's tower (LayerNorm blocks
+    over the whole picture; its width is `embed_dim`, `hidden_size` the language model's)."""
+    torch.manual_seed(seed)
+    tokenizer = _qwen_vision_tokenizer()
+    config = Qwen2VLConfig(
+        text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=576, max_position_embeddings=2048, initializer_range=0.2,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=2, embed_dim=32, hidden_size=64, mlp_ratio=2, num_heads=4, patch_size=4,
+                           spatial_merge_size=2, temporal_patch_size=2, initializer_range=0.2),
+        initializer_range=0.2, **_qwen_vision_ids(tokenizer))
+    Qwen2VLForConditionalGeneration(config).save_pretrained(path)
+    _save_qwen_processor_parts(tokenizer, path)
+    return path
 
 
 def build_qwen3_5_dir(path: Path, seed: int = 0) -> Path:

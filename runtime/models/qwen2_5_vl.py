@@ -1,9 +1,10 @@
-"""Qwen2.5-VL (`Qwen2_5_VLForConditionalGeneration`): its vision tower (`qwen2_5_vl_vision`) and Qwen2's language
-model rotating by M-RoPE (time, row and column sections of each head: `runtime.multimodal.mrope`). What Qwen's
+"""Qwen2-VL and Qwen2.5-VL (`Qwen2VLForConditionalGeneration`, `Qwen2_5_VLForConditionalGeneration`): their vision
+towers (`qwen2_vl_vision`, `qwen2_5_vl_vision`) and Qwen2's language model rotating by M-RoPE (time, row and
+column sections of each head: `runtime.multimodal.mrope`). What Qwen's
 vision-language families share (`QwenVisionLanguage`: Qwen3.5's too) is how a picture's tensors are laid out, how
 many tokens it takes and where they sit in M-RoPE's positions.
 
-Checkpoints name the tower `visual.` and the language model `model.` (as Qwen2.5-VL is published), or, as
+Checkpoints name the tower `visual.` and the language model `model.` (as Qwen publishes them), or, as
 transformers 5 saves them, `model.visual.` and `model.language_model.`."""
 
 import torch
@@ -12,6 +13,7 @@ from transformers import PretrainedConfig
 from runtime.models.decoder import head_dim_of
 from runtime.models.qwen2 import Qwen2ForCausalLM
 from runtime.models.qwen2_5_vl_vision import Qwen2_5VisionTower
+from runtime.models.qwen2_vl_vision import Qwen2VisionTower
 from runtime.models.rotary import MultimodalRotaryTables
 from runtime.models.vision_language import VisionLanguage
 from runtime.multimodal.inputs import ImageInput
@@ -64,3 +66,7 @@ class QwenVisionLanguage(VisionLanguage):
 
 class Qwen2_5_VLForConditionalGeneration(QwenVisionLanguage, Qwen2ForCausalLM):
     tower = Qwen2_5VisionTower
+
+
+class Qwen2VLForConditionalGeneration(QwenVisionLanguage, Qwen2ForCausalLM):
+    tower = Qwen2VisionTower

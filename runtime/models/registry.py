@@ -23,7 +23,7 @@ from runtime.models.mixtral import MixtralForCausalLM
 from runtime.models.olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
 from runtime.models.phi3 import Phi3ForCausalLM
 from runtime.models.qwen2 import Qwen2ForCausalLM
-from runtime.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
+from runtime.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
 from runtime.models.qwen2_moe import Qwen2MoeForCausalLM
 from runtime.models.qwen3 import Qwen3ForCausalLM
 from runtime.models.qwen3_5 import (
@@ -49,9 +49,10 @@ _EMBEDDABLE = (LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3For
 _CAUSAL_LMS = (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Ernie4_5ForCausalLM, Ernie4_5_MoeForCausalLM,
                Exaone4ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM,
                GraniteForCausalLM, Llama4ForCausalLM, Llama4ForConditionalGeneration, MiniMaxM2ForCausalLM,
-               Olmo2ForCausalLM, Olmo3ForCausalLM, Qwen2_5_VLForConditionalGeneration, Qwen3_5ForCausalLM,
-               Qwen3_5ForConditionalGeneration, Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration,
-               Qwen3NextForCausalLM, SeedOssForCausalLM, SmolLM3ForCausalLM, *_EMBEDDABLE)
+               Olmo2ForCausalLM, Olmo3ForCausalLM, Qwen2VLForConditionalGeneration,
+               Qwen2_5_VLForConditionalGeneration, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration,
+               Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration, Qwen3NextForCausalLM, SeedOssForCausalLM,
+               SmolLM3ForCausalLM, *_EMBEDDABLE)
 _FAMILIES: dict[str, type[CausalLM]] = {cls.__name__: cls for cls in (*_CAUSAL_LMS, *map(_base_model, _EMBEDDABLE))}
 
 

@@ -1,5 +1,5 @@
 """Vision-language models against transformers' own classes: tiny random LLaVA (CLIP tower, projector, Qwen2),
-Qwen2.5-VL (windowed tower, M-RoPE by sections) and Qwen3.5 (resized learned positions, interleaved M-RoPE, linear
+Qwen2-VL and Qwen2.5-VL (windowed tower, M-RoPE by sections) and Qwen3.5 (resized learned positions, interleaved M-RoPE, linear
 attention) checkpoints saved with their processors, prompted with one and two pictures; greedy tokens equal
 transformers' `generate` on the same pictures and text, with prefill chunks cutting through a picture's tokens,
 from the prefix cache on a repeated picture (where the model has one), and at TP=2; and they differ when the
@@ -18,7 +18,13 @@ from transformers import (
 from runtime import LLM, InvalidInputError, LLMEngine, SamplingParams
 from runtime.config import EngineConfig
 from testing.model_factory import build_model_dir
-from testing.vision_checkpoints import build_llava_dir, build_qwen2_5_vl_dir, build_qwen3_5_dir, random_picture
+from testing.vision_checkpoints import (
+    build_llava_dir,
+    build_qwen2_5_vl_dir,
+    build_qwen2_vl_dir,
+    build_qwen3_5_dir,
+    random_picture,
+)
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 OPTIONS = {"dtype": "float32", "max_model_len": 512}  # transformers' reference runs in float32 (on a GPU too)
@@ -65,8 +71,8 @@ def qwen_reference(path):
     return generate
 
 
-FAMILIES = {"llava": (build_llava_dir, llava_reference), "qwen2_5_vl": (build_qwen2_5_vl_dir, qwen_reference),
-            "qwen3_5": (build_qwen3_5_dir, qwen_reference)}
+FAMILIES = {"llava": (build_llava_dir, llava_reference), "qwen2_vl": (build_qwen2_vl_dir, qwen_reference),
+            "qwen2_5_vl": (build_qwen2_5_vl_dir, qwen_reference), "qwen3_5": (build_qwen3_5_dir, qwen_reference)}
 CACHED = ["llava", "qwen2_5_vl"]  # Qwen3.5's linear-attention layers keep a state per sequence: no prefix cache
 
 

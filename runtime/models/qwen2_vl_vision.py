@@ -1,0 +1,74 @@
+"""Qwen2-VL's vision tower: Qwen2.5-VL's patches, 2D rotary embedding and merger (`qwen2_5_vl_vision`), with
+LayerNorm blocks attending over the whole picture and a two-layer MLP. Its config names the tower's width
+`embed_dim` (its `hidden_size` is the language model's, which the merger projects to). Module names mirror
+transformers' `Qwen2VisionTransformerPretrainedModel`. It is not sharded: rank 0 runs it whole."""
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+from transformers.activations import ACT2FN
+
+from runtime.models.qwen2_5_vl_vision import PatchEmbed, VisionAttention, rotary_cos_sin, rotary_frequencies
+
+
+def tower_config(config: PretrainedConfig) -> PretrainedConfig:
+    """The config with the names the shared pieces read: the tower's width as `hidden_size`, the language model's
+    as `out_hidden_size`."""
+    return PretrainedConfig(**{**config.to_dict(), "hidden_size": config.embed_dim, "out_hidden_size":
+                               config.hidden_size, "intermediate_size": config.embed_dim * config.mlp_ratio})
+
+
+class VisionMlp(nn.Module):
+    def __init__(self, config: PretrainedConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class VisionBlock(nn.Module):
+    def __init__(self, config: PretrainedConfig):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(config.hidden_size, eps=1e-6)
+        self.norm2 = nn.LayerNorm(config.hidden_size, eps=1e-6)
+        self.attn = VisionAttention(config)
+        self.mlp = VisionMlp(config)
+
+    def forward(self, x, cos, sin, bounds):
+        x = x + self.attn(self.norm1(x), cos, sin, bounds)
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchMerger(nn.Module):
+    def __init__(self, config: PretrainedConfig):
+        super().__init__()
+        self.width = config.hidden_size * config.spatial_merge_size**2
+        self.ln_q = nn.LayerNorm(config.hidden_size, eps=1e-6)
+        self.mlp = nn.Sequential(nn.Linear(self.width, self.width), nn.GELU(),
+                                 nn.Linear(self.width, config.out_hidden_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.ln_q(x).view(-1, self.width))
+
+
+class Qwen2VisionTower(nn.Module):
+    def __init__(self, config: PretrainedConfig):
+        super().__init__()
+        config = tower_config(config)
+        self.merge = config.spatial_merge_size
+        self.patch_embed = PatchEmbed(config)
+        self.register_buffer("inv_freq", rotary_frequencies(config), persistent=False)
+        self.blocks = nn.ModuleList(VisionBlock(config) for _ in range(config.depth))
+        self.merger = PatchMerger(config)
+
+    def forward(self, patches: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
+        """One picture's merged-patch tokens [t x h x w / merge^2, out_hidden] from its patches [t x h x w, ...]."""
+        x = self.patch_embed(patches)
+        cos, sin = rotary_cos_sin(self.inv_freq, *grid, self.merge)
+        whole = [0, x.shape[0]]
+        for block in self.blocks:
+            x = block(x, cos, sin, whole)
+        return self.merger(x)
