@@ -37,9 +37,16 @@ def conversation(pictures: int) -> list[dict]:
     return [{"role": "user", "content": parts}]
 
 
+def without_eos(model):
+    """`model`, generating past its end-of-sequence tokens (as `ignore_eos` does)."""
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
 def llava_reference(path):
     processor = AutoProcessor.from_pretrained(path)
-    model = LlavaForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    model = without_eos(LlavaForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval())
 
     def generate(pictures: list) -> list[int]:
         text = processor.apply_chat_template(conversation(len(pictures)), add_generation_prompt=True)
@@ -54,7 +61,7 @@ def qwen_reference(path):
     """Qwen's processor, by its steps (its video half needs torchvision): each <|image_pad|> repeated for the
     picture's merged patches, and the token types its M-RoPE positions are computed from."""
     tokenizer, images = AutoTokenizer.from_pretrained(path), AutoImageProcessor.from_pretrained(path)
-    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    model = without_eos(AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval())
 
     def generate(pictures: list) -> list[int]:
         text = tokenizer.apply_chat_template(conversation(len(pictures)), tokenize=False, add_generation_prompt=True)
