@@ -10,6 +10,7 @@ from deployments.errors import field_path
 from deployments.media import MediaPolicy
 from deployments.parsers import REASONING_PARSERS, TOOL_CALL_FORMATS
 from runtime import EngineConfig
+from runtime.multimodal import ImageLimits
 
 
 def _known_scheme(uri: str) -> str:
@@ -191,15 +192,16 @@ class AppConfig(StrictModel):
     # the batch manager starts with the app, so the first batch does not wait for its process; false: on the
     # first Files or Batches call (an app that runs no batches has one process fewer)
     start_batch_manager: bool = True
-    # s3:// prefixes a batch's input_file_id, or an image URL in a request, may name, besides this app's own
-    # storage_uri; nothing else is read
+    # s3:// prefixes a batch's input_file_id may name, besides this app's own storage_uri; nothing else is read
     batch_input_prefixes: list[str] = Field(default_factory=list)
-    # Pictures in requests (deployments/media.py): http(s) hosts they may be fetched from (vLLM's name; none by
-    # default: data: URLs and allowed s3:// URIs only), and the bounds on one picture's fetch, bytes and pixels
+    # Pictures in requests (deployments/media.py): http(s) hosts and s3:// prefixes they may be read from (none by
+    # default: data: URLs only; allowed_media_domains is vLLM's name), and the bounds on one picture's fetch,
+    # bytes and pixels
     allowed_media_domains: list[str] = Field(default_factory=list)
-    media_fetch_timeout_s: float = Field(10.0, gt=0)
-    max_image_bytes: int = Field(20 << 20, gt=0)
-    max_image_pixels: int = Field(40_000_000, gt=0)
+    allowed_media_prefixes: list[str] = Field(default_factory=list)
+    media_fetch_timeout_s: float = Field(MediaPolicy.fetch_timeout_s, gt=0)
+    max_image_bytes: int = Field(ImageLimits.max_bytes, gt=0)
+    max_image_pixels: int = Field(ImageLimits.max_pixels, gt=0)
     # Serve options of the OpenAI ingress (num_replicas, autoscaling_config, ray_actor_options, ...). Two
     # replicas by default, at most as many per node as the cluster's nodes require (builder.py): losing one node
     # never takes the app's front door.
@@ -254,7 +256,7 @@ class AppConfig(StrictModel):
     def api_keys(self) -> list[str]:
         return [self.api_key] if isinstance(self.api_key, str) else list(self.api_key or [])
 
-    @field_validator("batch_input_prefixes")
+    @field_validator("batch_input_prefixes", "allowed_media_prefixes")
     @classmethod
     def _s3_prefixes(cls, v: list[str]) -> list[str]:
         bad = [p for p in v if not p.startswith("s3://") or len(p.rstrip("/")) <= len("s3://")]
@@ -263,9 +265,8 @@ class AppConfig(StrictModel):
         return v
 
     def media_policy(self) -> MediaPolicy:
-        prefixes = [*self.batch_input_prefixes, *([self.storage_uri] if self.storage_uri.startswith("s3://") else [])]
-        return MediaPolicy(tuple(d.lower() for d in self.allowed_media_domains), tuple(prefixes),
-                           self.max_image_bytes, self.max_image_pixels, self.media_fetch_timeout_s)
+        return MediaPolicy(tuple(d.lower() for d in self.allowed_media_domains), tuple(self.allowed_media_prefixes),
+                           ImageLimits(self.max_image_bytes, self.max_image_pixels), self.media_fetch_timeout_s)
 
     def may_read_batch_input(self, uri: str) -> bool:
         """Whether a batch may read its input from `uri` (an s3:// object): only under the allowed prefixes."""

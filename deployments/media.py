@@ -4,7 +4,8 @@ Anthropic Messages and batch lines all take them the same way):
 - `data:` URLs (base64), always;
 - `http(s)://` URLs whose host the app config allows (`allowed_media_domains`, vLLM's name; none by default),
   fetched with a time bound, no redirects, and a size bound read as the bytes arrive;
-- `s3://` URIs under the app's storage_uri or a `batch_input_prefixes` prefix, read through boto3.
+- `s3://` URIs under a prefix the app config allows (`allowed_media_prefixes`; none by default), read through
+  boto3 up to the size bound.
 
 Anything else (`file://`, another host, a bad data URL, too many bytes, a file that is not a picture) is a 400 in
 OpenAI's shape that names the message part."""
@@ -28,15 +29,14 @@ from runtime.multimodal import ImageLimits, decode_image
 class MediaPolicy:
     allowed_domains: tuple[str, ...] = ()  # hosts http(s) pictures may come from (exact names)
     s3_prefixes: tuple[str, ...] = ()  # s3:// prefixes pictures may be read under
-    max_bytes: int = 20 << 20  # of one encoded picture
-    max_pixels: int = 40_000_000
+    limits: ImageLimits = ImageLimits()  # of one picture: its bytes, pixels and shape
     fetch_timeout_s: float = 10.0  # for the whole of one http(s) fetch
 
 
 class MediaLoader:
     def __init__(self, policy: MediaPolicy):
         self.policy = policy
-        self.limits = ImageLimits(policy.max_bytes, policy.max_pixels)
+        self.limits = policy.limits
         self._client: httpx.AsyncClient | None = None
 
     async def images(self, urls: list[tuple[str, str]]) -> list[Image.Image]:
@@ -51,11 +51,16 @@ class MediaLoader:
             raise OpenAIError(400, f"{param}: {e}", param) from None
 
     async def _read(self, url: str, param: str) -> bytes:
-        scheme = urlsplit(url).scheme.lower() if not url.startswith("data:") else "data"
+        try:
+            parts = urlsplit(url)
+            host = (parts.hostname or "").lower()
+        except ValueError as e:  # a malformed authority ("http://[::1")
+            raise OpenAIError(400, f"{param}: not a URL: {e}", param) from None
+        scheme = parts.scheme.lower() if not url.startswith("data:") else "data"
         if scheme == "data":
             return self._data_url(url, param)
         if scheme in ("http", "https"):
-            return await self._fetch(url, param)
+            return await self._fetch(url, host, param)
         if scheme == "s3":
             return await off_loop(self._s3_object, url, param)
         raise OpenAIError(400, f"{param}: unsupported image URL scheme {scheme + ':' if scheme else '(none)'}; "
@@ -65,27 +70,27 @@ class MediaLoader:
         header, comma, payload = url.partition(",")
         if not comma or not header.endswith(";base64"):
             raise OpenAIError(400, f"{param}: a data URL must be data:<type>;base64,<data>", param)
-        if len(payload) > self.policy.max_bytes * 4 // 3 + 4:
-            raise OpenAIError(400, f"{param}: the image is over the {self.policy.max_bytes} bytes allowed", param)
+        if len(payload) > self.limits.max_bytes * 4 // 3 + 4:
+            raise OpenAIError(400, f"{param}: the image is over the {self.limits.max_bytes} bytes allowed", param)
         try:
             return base64.b64decode(payload, validate=True)
         except (binascii.Error, ValueError) as e:
             raise OpenAIError(400, f"{param}: the data URL is not valid base64 ({e})", param) from None
 
-    async def _fetch(self, url: str, param: str) -> bytes:
-        host = (urlsplit(url).hostname or "").lower()
+    async def _fetch(self, url: str, host: str, param: str) -> bytes:
         if host not in self.policy.allowed_domains:
             raise OpenAIError(400, f"{param}: images are not fetched from {host or 'that URL'}: the server allows "
                               f"{', '.join(self.policy.allowed_domains) or 'no domains'} (allowed_media_domains)",
                               param)
-        if self._client is None:
-            self._client = httpx.AsyncClient(follow_redirects=False)
+        if self._client is None:  # no proxies or credentials from the environment; the bytes as sent
+            self._client = httpx.AsyncClient(follow_redirects=False, trust_env=False,
+                                             headers={"Accept-Encoding": "identity"})
         try:
             return await asyncio.wait_for(self._download(url, param), self.policy.fetch_timeout_s)
         except asyncio.TimeoutError:
             raise OpenAIError(400, f"{param}: fetching the image took over {self.policy.fetch_timeout_s} s",
                               param) from None
-        except httpx.HTTPError as e:
+        except (httpx.HTTPError, httpx.InvalidURL) as e:
             raise OpenAIError(400, f"{param}: the image could not be fetched: {type(e).__name__}", param) from None
 
     async def _download(self, url: str, param: str) -> bytes:
@@ -95,8 +100,8 @@ class MediaLoader:
             data = bytearray()
             async for chunk in response.aiter_bytes():
                 data += chunk
-                if len(data) > self.policy.max_bytes:
-                    raise OpenAIError(400, f"{param}: the image is over the {self.policy.max_bytes} bytes allowed",
+                if len(data) > self.limits.max_bytes:
+                    raise OpenAIError(400, f"{param}: the image is over the {self.limits.max_bytes} bytes allowed",
                                       param)
             return bytes(data)
 
@@ -105,10 +110,13 @@ class MediaLoader:
             raise OpenAIError(400, f"{param}: {uri} is not under a prefix this server reads images from", param)
         store, key = open_s3_object(uri)
         try:
-            size = store.size(key)
-            if size is not None and size > self.policy.max_bytes:
-                raise OpenAIError(400, f"{param}: the image is over the {self.policy.max_bytes} bytes allowed", param)
-            return store.get(key)
+            data = bytearray()
+            for chunk in store.iter_chunks(key):
+                data += chunk
+                if len(data) > self.limits.max_bytes:
+                    raise OpenAIError(400, f"{param}: the image is over the {self.limits.max_bytes} bytes allowed",
+                                      param)
+            return bytes(data)
         except MissingObjectError:
             raise OpenAIError(400, f"{param}: no object at {uri}", param) from None
         except StoreError as e:

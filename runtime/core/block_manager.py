@@ -175,6 +175,20 @@ class BlockManager:
         seq.block_table = []
         seq.num_committed_blocks = 0
 
+    def forget_pictures(self, request) -> None:
+        """Take the hashes off the blocks of a request with pictures, so that no later prompt hits them (a failed
+        request's: its pictures' encoding may have failed, and their KV holds placeholders)."""
+        if not request.images:
+            return
+        for seq in request.seqs:
+            for block_id in seq.block_table:
+                block = self.blocks[block_id] if block_id != FREED else None
+                if block is not None and block.hash is not None:
+                    if self._cached.get(block.hash) == block_id:
+                        del self._cached[block.hash]
+                    block.hash, block.token_ids = None, None
+            seq.num_committed_blocks = 0
+
     def forget_cached(self) -> None:
         """Drop the prefix cache and its hit counts, as a new manager has none; every block must be free."""
         if len(self._free) != len(self.blocks):

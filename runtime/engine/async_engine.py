@@ -171,6 +171,10 @@ class AsyncLLMEngine:
         """The model is a vision-language model serving pictures (its `limit_mm_per_prompt` allows some)."""
         return self.engine.validator.images is not None
 
+    @property
+    def images_per_prompt(self) -> int:
+        return self.engine.config.limit_mm_per_prompt["image"]
+
     def process_images(self, text: str, images: list, add_special_tokens: bool = True, param: str = "messages"):
         """A prompt's text with a placeholder per picture, as token ids, and the pictures' inputs for `validate`
         (`RequestValidator.process_images`: processed here, on the caller's thread)."""

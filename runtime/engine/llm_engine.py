@@ -111,8 +111,7 @@ class LLMEngine(EngineLifecycle):
         adapter = valid.adapter.name if valid.adapter is not None else None
         return self.shared_tier.fetch(valid.prompt_token_ids, adapter, valid.images)
 
-    def import_blocks(self, fetched) -> None:
-        """Blocks fetched from the shared tier into the offload tier, where an admission finds them."""
+    def import_blocks(self, fetched) -> None:  # blocks from the shared tier, into the offload tier
         if fetched is not None:
             fetched.place(self.block_manager, self.runner.kv_tier)
 
@@ -142,7 +141,7 @@ class LLMEngine(EngineLifecycle):
         self.text.forget(request_id)
         if request is None:
             return
-        self.runner.release_images(request)
+        self.runner.encoder_cache.release(request)
         for seq in request.seqs:
             if not seq.is_finished:
                 seq.finish_reason = "abort"
@@ -226,7 +225,7 @@ class LLMEngine(EngineLifecycle):
             before = seq.num_computed_tokens
             # draft tokens count once verified (`_verified`)
             seq.num_computed_tokens += n - len(seq.draft_token_ids) if seq.draft_token_ids else n
-            if publishing and before < seq.num_prompt_tokens <= seq.num_computed_tokens:
+            if publishing and before < seq.num_prompt_tokens <= seq.num_computed_tokens and not launched.failed:
                 self._publish(seq)
         needs_tokens_on_host = False
         for seq in launched.sampled:
@@ -335,6 +334,7 @@ class LLMEngine(EngineLifecycle):
     def _fail(self, request: Request, error: str) -> RequestDelta:
         """Finish every unfinished completion of `request` with reason "error"; the delta that says so."""
         logger.warning("request %s failed in the engine: %s", request.request_id, error)
+        self.block_manager.forget_pictures(request)  # their encoding may have failed: no prompt may hit the blocks
         delta = self._end_unfinished(request, "error")
         delta.error, delta.finished = error, True
         return delta
@@ -344,7 +344,7 @@ class LLMEngine(EngineLifecycle):
         so (the text stage gives it the text not yet released)."""
         delta = self._request_delta(request)
         if seqs is None:
-            self.runner.release_images(request)
+            self.runner.encoder_cache.release(request)
         for seq in request.seqs if seqs is None else seqs:
             if not seq.is_finished:
                 self._finish(seq, reason, None)
@@ -393,7 +393,7 @@ class LLMEngine(EngineLifecycle):
             "paused": self.paused,
             "asleep": self.asleep,
             "kv_cache_bytes": self.runner.kv_cache_bytes,
-            **self.runner.encoder_stats(),
+            **self.runner.encoder_cache.stats(),
             **(bm.tier.stats(self.runner.kv_tier.block_bytes) if bm.tier is not None else {}),
             **(self.shared_tier.stats() if self.shared_tier else {}),
             **(self.speculator.stats() if self.speculator is not None else {}),

@@ -15,7 +15,7 @@ from PIL import Image
 from transformers import PreTrainedTokenizerBase
 
 from runtime.config import EngineConfig
-from runtime.errors import ContextLengthError, InvalidInputError, require
+from runtime.errors import ContextLengthError, InvalidInputError, describe, require
 from runtime.lora import LoRAAdapter, LoRARequest, load_adapter
 from runtime.models.spec import ModelSpec
 from runtime.multimodal import ImageInput, ImageProcessing
@@ -82,7 +82,7 @@ class RequestValidator:
         picture's tokens spelled out, and the pictures' inputs (`validate` takes both)."""
         require(self.images is not None or not images, param,
                 f"this model does not take images ({self.spec.model_class.__name__}"
-                f"{' with limit_mm_per_prompt image 0' if self.spec.model_class.takes_images else ''})")
+                f"{' served text-only' if self.spec.model_class.takes_images else ''})")
         limit = self.config.limit_mm_per_prompt["image"]
         require(len(images) <= limit, param, f"{len(images)} images, over the {limit} a prompt may hold "
                 "(limit_mm_per_prompt)")
@@ -92,6 +92,8 @@ class RequestValidator:
             return self.images.process(text, images, add_special_tokens)
         except ValueError as e:
             raise InvalidInputError(param, str(e)) from None
+        except Exception as e:  # the processor refused a picture otherwise (a mode or size it cannot take)
+            raise InvalidInputError(param, f"the images could not be processed: {describe(e)}") from None
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams,
                  lora: LoRARequest | None = None, images: tuple[ImageInput, ...] = ()) -> ValidRequest:

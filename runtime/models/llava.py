@@ -58,6 +58,12 @@ class LlavaMixin(VisionLanguage):
         self.vision_tower = CLIPVisionTower(checkpoint.vision_config, max(self.feature_layers))
         self.multi_modal_projector = LlavaProjector(checkpoint, len(self.feature_layers))
 
+    @staticmethod
+    def image_token_counts(tensors: dict[str, torch.Tensor], checkpoint: PretrainedConfig) -> int:
+        patch = checkpoint.vision_config.patch_size
+        height, width = tensors["pixel_values"].shape[-2:]
+        return (height // patch) * (width // patch) + (checkpoint.vision_feature_select_strategy != "default")
+
     def encode_images(self, pictures: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
         """Each picture's placeholder rows, [tokens, hidden], computed in one batch (LLaVA's pictures share a
         size)."""

@@ -5,6 +5,8 @@ token of the language model. Patches reach the tower ordered block by block (the
 windows reorder them, and the merger's output is put back in raster order of merged patches. Module names mirror
 transformers' `Qwen2_5_VisionTransformerPretrainedModel`. It is not sharded: rank 0 runs it whole."""
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -63,13 +65,23 @@ class VisionMLP(nn.Module):
         return self.down_proj(self.activation(self.gate_proj(x)) * self.up_proj(x))
 
 
+def rms_norm(size: int) -> nn.Module:
+    return RMSNorm(size, 1e-6)
+
+
+def layer_norm(size: int) -> nn.Module:
+    return nn.LayerNorm(size, eps=1e-6)
+
+
 class VisionBlock(nn.Module):
-    def __init__(self, config: PretrainedConfig):
+    """A tower's block: `norm` (Qwen2.5-VL's RMSNorm, the others' LayerNorm), attention, `norm`, `mlp`."""
+
+    def __init__(self, config: PretrainedConfig, norm: Callable[[int], nn.Module], mlp: nn.Module):
         super().__init__()
-        self.norm1 = RMSNorm(config.hidden_size, 1e-6)
-        self.norm2 = RMSNorm(config.hidden_size, 1e-6)
+        self.norm1 = norm(config.hidden_size)
+        self.norm2 = norm(config.hidden_size)
         self.attn = VisionAttention(config)
-        self.mlp = VisionMLP(config)
+        self.mlp = mlp
 
     def forward(self, x, cos, sin, bounds):
         x = x + self.attn(self.norm1(x), cos, sin, bounds)
@@ -77,10 +89,10 @@ class VisionBlock(nn.Module):
 
 
 class PatchMerger(nn.Module):
-    def __init__(self, config: PretrainedConfig):
+    def __init__(self, config: PretrainedConfig, norm: Callable[[int], nn.Module]):
         super().__init__()
         self.width = config.hidden_size * config.spatial_merge_size**2
-        self.ln_q = RMSNorm(config.hidden_size, 1e-6)
+        self.ln_q = norm(config.hidden_size)
         self.mlp = nn.Sequential(nn.Linear(self.width, self.width), nn.GELU(),
                                  nn.Linear(self.width, config.out_hidden_size))
 
@@ -96,8 +108,8 @@ class Qwen2_5VisionTower(nn.Module):
         self.full_attention = set(config.fullatt_block_indexes)
         self.patch_embed = PatchEmbed(config)
         self.register_buffer("inv_freq", rotary_frequencies(config), persistent=False)
-        self.blocks = nn.ModuleList(VisionBlock(config) for _ in range(config.depth))
-        self.merger = PatchMerger(config)
+        self.blocks = nn.ModuleList(VisionBlock(config, rms_norm, VisionMLP(config)) for _ in range(config.depth))
+        self.merger = PatchMerger(config, rms_norm)
 
     def forward(self, patches: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
         """One picture's merged-patch tokens [t x h x w / merge^2, out_hidden] from its patches [t x h x w, ...]."""

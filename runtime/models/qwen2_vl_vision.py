@@ -8,7 +8,14 @@ from torch import nn
 from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
-from runtime.models.qwen2_5_vl_vision import PatchEmbed, VisionAttention, rotary_cos_sin, rotary_frequencies
+from runtime.models.qwen2_5_vl_vision import (
+    PatchEmbed,
+    PatchMerger,
+    VisionBlock,
+    layer_norm,
+    rotary_cos_sin,
+    rotary_frequencies,
+)
 
 
 def tower_config(config: PretrainedConfig) -> PretrainedConfig:
@@ -29,31 +36,6 @@ class VisionMlp(nn.Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
-class VisionBlock(nn.Module):
-    def __init__(self, config: PretrainedConfig):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(config.hidden_size, eps=1e-6)
-        self.norm2 = nn.LayerNorm(config.hidden_size, eps=1e-6)
-        self.attn = VisionAttention(config)
-        self.mlp = VisionMlp(config)
-
-    def forward(self, x, cos, sin, bounds):
-        x = x + self.attn(self.norm1(x), cos, sin, bounds)
-        return x + self.mlp(self.norm2(x))
-
-
-class PatchMerger(nn.Module):
-    def __init__(self, config: PretrainedConfig):
-        super().__init__()
-        self.width = config.hidden_size * config.spatial_merge_size**2
-        self.ln_q = nn.LayerNorm(config.hidden_size, eps=1e-6)
-        self.mlp = nn.Sequential(nn.Linear(self.width, self.width), nn.GELU(),
-                                 nn.Linear(self.width, config.out_hidden_size))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mlp(self.ln_q(x).view(-1, self.width))
-
-
 class Qwen2VisionTower(nn.Module):
     def __init__(self, config: PretrainedConfig):
         super().__init__()
@@ -61,8 +43,8 @@ class Qwen2VisionTower(nn.Module):
         self.merge = config.spatial_merge_size
         self.patch_embed = PatchEmbed(config)
         self.register_buffer("inv_freq", rotary_frequencies(config), persistent=False)
-        self.blocks = nn.ModuleList(VisionBlock(config) for _ in range(config.depth))
-        self.merger = PatchMerger(config)
+        self.blocks = nn.ModuleList(VisionBlock(config, layer_norm, VisionMlp(config)) for _ in range(config.depth))
+        self.merger = PatchMerger(config, layer_norm)
 
     def forward(self, patches: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
         """One picture's merged-patch tokens [t x h x w / merge^2, out_hidden] from its patches [t x h x w, ...]."""

@@ -38,7 +38,7 @@ class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
                               config.moe_intermediate_size, True, config.shared_expert_intermediate_size)
 
 
-class Qwen3_5ForConditionalGeneration(QwenVisionLanguage, Qwen3_5ForCausalLM):
+class Qwen3_5Vision(QwenVisionLanguage):
     """Qwen3.5 as published: its vision tower beside the language model, which rotates by interleaved M-RoPE."""
 
     tower = Qwen3_5VisionTower
@@ -46,7 +46,9 @@ class Qwen3_5ForConditionalGeneration(QwenVisionLanguage, Qwen3_5ForCausalLM):
     mrope_section = [11, 11, 10]
 
 
-class Qwen3_5MoeForConditionalGeneration(QwenVisionLanguage, Qwen3_5MoeForCausalLM):
-    tower = Qwen3_5VisionTower
-    interleaved_rope = True
-    mrope_section = [11, 11, 10]
+class Qwen3_5ForConditionalGeneration(Qwen3_5Vision, Qwen3_5ForCausalLM):
+    pass
+
+
+class Qwen3_5MoeForConditionalGeneration(Qwen3_5Vision, Qwen3_5MoeForCausalLM):
+    pass

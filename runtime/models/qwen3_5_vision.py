@@ -9,7 +9,7 @@ from torch import nn
 from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
-from runtime.models.qwen2_5_vl_vision import PatchEmbed, VisionAttention, rotary_cos_sin, rotary_frequencies
+from runtime.models.qwen2_5_vl_vision import PatchEmbed, VisionBlock, layer_norm, rotary_cos_sin, rotary_frequencies
 
 
 class VisionMLP(nn.Module):
@@ -21,19 +21,6 @@ class VisionMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_fc2(self.activation(self.linear_fc1(x)))
-
-
-class VisionBlock(nn.Module):
-    def __init__(self, config: PretrainedConfig):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(config.hidden_size, eps=1e-6)
-        self.norm2 = nn.LayerNorm(config.hidden_size, eps=1e-6)
-        self.attn = VisionAttention(config)
-        self.mlp = VisionMLP(config)
-
-    def forward(self, x, cos, sin, bounds):
-        x = x + self.attn(self.norm1(x), cos, sin, bounds)
-        return x + self.mlp(self.norm2(x))
 
 
 class PatchMerger(nn.Module):
@@ -56,7 +43,7 @@ class Qwen3_5VisionTower(nn.Module):
         self.patch_embed = PatchEmbed(config, bias=True)
         self.pos_embed = nn.Embedding(config.num_position_embeddings, config.hidden_size)
         self.register_buffer("inv_freq", rotary_frequencies(config), persistent=False)
-        self.blocks = nn.ModuleList(VisionBlock(config) for _ in range(config.depth))
+        self.blocks = nn.ModuleList(VisionBlock(config, layer_norm, VisionMLP(config)) for _ in range(config.depth))
         self.merger = PatchMerger(config)
 
     def forward(self, patches: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:

@@ -153,7 +153,10 @@ class MultimodalRotaryTables(RotaryTables):
     """M-RoPE: rows [3, T] (time, row, column: `runtime.multimodal.mrope`) rotate each frequency by one axis: by
     sections (Qwen2-VL, Qwen2.5-VL: the first `mrope_section[0]` frequencies by time, the next by row, the last by
     column) or `interleaved` (Qwen3-VL, Qwen3.5: every third frequency from the second by row, from the third by
-    column, over 3 x their sections, the rest by time). Plain rows [T] are a text token's three equal positions."""
+    column, over 3 x their sections, the rest by time). Plain rows [T] are a text token's three equal positions.
+    A decode graph rotates by the step's positions, not by these rows: none is captured."""
+
+    cuda_graphs = False
 
     def __init__(self, config: PretrainedConfig, head_dim: int, max_positions: int, interleaved: bool,
                  default_sections: list[int]):

@@ -3,6 +3,8 @@ language model's (the tower is built from it), pictures' tensors split one dict 
 turns each picture into the rows its placeholder tokens take (`encode_images`, run by
 `runtime.multimodal.encoder_cache`)."""
 
+from collections.abc import Callable
+
 import torch
 from transformers import PretrainedConfig
 
@@ -21,12 +23,8 @@ class VisionLanguage:
         text.vision_language = config  # what the tower is built from
         return text
 
-    @staticmethod
-    def image_token_counts(tensors: dict[str, torch.Tensor], checkpoint: PretrainedConfig) -> int:
-        """A picture's placeholder tokens, from its tensors: where the checkpoint's processor cannot be loaded
-        (`runtime.multimodal.processor`) and its steps are taken here."""
-        raise NotImplementedError
-
-    def encode_images(self, pictures: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
-        """Each picture's placeholder rows, [tokens, the language model's hidden size]."""
-        raise NotImplementedError
+    # A picture's placeholder tokens, from its tensors and the checkpoint's config: where the checkpoint's processor
+    # cannot be loaded (`runtime.multimodal.processor`) and its steps are taken here
+    image_token_counts: Callable[[dict[str, torch.Tensor], PretrainedConfig], int]
+    # Each picture's placeholder rows, [tokens, the language model's hidden size]
+    encode_images: Callable[[list[dict[str, torch.Tensor]]], list[torch.Tensor]]

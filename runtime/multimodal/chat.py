@@ -33,7 +33,7 @@ def split_pictures(messages: list[dict], as_parts: bool) -> tuple[list[dict], li
 
 def _picture(part: dict) -> Image.Image:
     if part["type"] == "image":
-        return part["image"].convert("RGB")
+        return part["image"]
     url = part["image_url"]["url"] if isinstance(part["image_url"], dict) else part["image_url"]
     header, _, payload = url.partition(",")
     if not (header.startswith("data:") and header.endswith(";base64")):

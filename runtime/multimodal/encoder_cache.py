@@ -83,11 +83,33 @@ class EncoderCache:
         self.images_encoded += len(pictures)
 
     def release(self, request: Request) -> None:
-        """Let go of `request`'s pictures now (it ended before its prefill did: aborted, failed)."""
+        """Let go of `request`'s pictures now (it ended before its prefill did: aborted, failed; the next step
+        would let go of them, but an idle engine takes none)."""
         self._outputs.pop(request, None)
+
+    def stats(self) -> dict:
+        return {"encoder_cache_images": len(self), "images_encoded": self.images_encoded}
 
     def _sweep(self) -> None:
         """Let go of the pictures of requests that no longer run."""
         running = SequenceStatus.RUNNING
         for request in [r for r in self._outputs if not any(s.status is running for s in r.seqs)]:
             del self._outputs[request]
+
+
+class NoEncoder:
+    """A text-only model's encoder cache: no picture to encode, hold or let go of."""
+
+    failed: dict[Request, str] = {}
+
+    def __len__(self) -> int:
+        return 0
+
+    def rows(self, chunks: list) -> tuple[list[int], None]:
+        return [], None
+
+    def release(self, request: Request) -> None:
+        pass
+
+    def stats(self) -> dict:
+        return {}

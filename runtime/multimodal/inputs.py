@@ -12,7 +12,7 @@ class ImageInput:
     offset: int  # the prompt position of the picture's first placeholder token
     length: int  # its placeholder tokens: the rows its encoder output fills
     content_hash: int  # of its pixels as the processor made them (the same picture hashes the same, whatever its file)
-    tensors: dict[str, torch.Tensor] = field(repr=False)  # what the model's encoder reads (pixel_values, ...)
+    tensors: dict[str, torch.Tensor] = field(repr=False, compare=False)  # what its encoder reads (pixel_values...)
 
     @property
     def end(self) -> int:

@@ -28,7 +28,7 @@ from runtime.models.chunked_attention import ChunkedAttentionMetadata, chunked_v
 from runtime.models.rotary import LengthScaledRope
 from runtime.models.spec import ModelSpec
 from runtime.models.state_cache import StateStep, allocate_states, stateful_layers
-from runtime.multimodal.encoder_cache import EncoderCache
+from runtime.multimodal.encoder_cache import EncoderCache, NoEncoder
 from runtime.speculative.verifier import split_rows
 from runtime.worker.gpu_budget import gpu_kv_budget
 from runtime.worker.kv_offload import HostKVTier
@@ -79,7 +79,7 @@ class ModelRunner(RunnerWeights):
         self.hidden: torch.Tensor | None = None  # the last step's, when kept
         self.attention_layers = attention_layers(self.model)
         self.encoder_cache = EncoderCache(self.model.encode_images, self.device) if spec.model_class.takes_images \
-            else None
+            else NoEncoder()
         self.num_blocks = self._allocate_kv_cache()
         self.kv_tier = None
         if config.kv_offloading_size:
@@ -174,7 +174,7 @@ class ModelRunner(RunnerWeights):
         if self.config.world_size > 1:
             broadcast_from_rank0(inputs)
         logits, prompt_logits, pooled = self.execute(inputs, None if previous is None else previous.tokens)
-        failed: dict[Request, str] = dict(self.encoder_cache.failed) if self.encoder_cache is not None else {}
+        failed: dict[Request, str] = dict(self.encoder_cache.failed)
         seqs = batch.sampled
         rows = seqs if len(inputs.logit_rows) == len(seqs) else [  # a verified draft adds a row
             s for s in seqs for _ in range(1 + len(s.draft_token_ids))]
@@ -262,10 +262,8 @@ class ModelRunner(RunnerWeights):
                     ids.append(0)
                 input_ids.extend((ids + drafts)[:n] if drafts else ids)  # drafts follow its last token
                 positions.extend(range(start, end))
-            if self.scaled_rope is not None:
-                inputs.rope_rows.extend(self.scaled_rope.rows(seq.rope_scale, seq.num_prompt_tokens, start, n))
-            if request.images and self.model.multimodal_rope:
-                self._rotate_past_pictures(inputs, request, offset, start, n)
+            if self.scaled_rope is not None or self.model.multimodal_rope:
+                self._rotary_rows(inputs, seq, offset, start, n)
             inputs.query_lens.append(n)
             inputs.context_lens.append(end)
             inputs.block_tables.append(seq.block_table)
@@ -290,28 +288,25 @@ class ModelRunner(RunnerWeights):
                 inputs.prompt_spans.append((offset, last - start))
                 prompt_seqs.append((seq, start))
             offset += n
-        if self.encoder_cache is not None:
-            self._place_images(inputs, image_chunks)
+        self._place_images(inputs, image_chunks)
         return inputs, prompt_seqs, pool_seqs, prefilled
 
-    def _rotate_past_pictures(self, inputs: StepInputs, request: Request, offset: int, start: int, n: int) -> None:
-        """M-RoPE: a sequence's rows' positions shifted past its prompt's pictures, and a picture's rows' three."""
+    def _rotary_rows(self, inputs: StepInputs, seq: Sequence, offset: int, start: int, n: int) -> None:
+        """The rotary tables' rows a sequence's tokens take where they are not their positions: a length-scaled
+        RoPE's, or M-RoPE's (positions shifted past the prompt's pictures, and a picture's rows' three)."""
+        if self.scaled_rope is not None:
+            inputs.rope_rows.extend(self.scaled_rope.rows(seq.rope_scale, seq.num_prompt_tokens, start, n))
+            return
+        request = seq.request
+        if not request.images:
+            inputs.rope_rows.extend(range(start, start + n))
+            return
         if request.rope_layout is None:
             request.rope_layout = self.model.rope_layout(request.images)
         times, rows, columns = request.rope_layout.positions(start, start + n)
-        inputs.positions[offset : offset + n] = times
+        inputs.rope_rows.extend(times)
         if times != rows or times != columns:
             inputs.spatial_positions.append((offset, rows, columns))
-
-    def release_images(self, request: Request) -> None:
-        """The encoder outputs of a request that ends mid-prefill go now (the next step would let go of them, but
-        an idle engine takes none)."""
-        if request.images and self.encoder_cache is not None:
-            self.encoder_cache.release(request)
-
-    def encoder_stats(self) -> dict:
-        cache = self.encoder_cache
-        return {} if cache is None else {"encoder_cache_images": len(cache), "images_encoded": cache.images_encoded}
 
     def _place_images(self, inputs: StepInputs, chunks: list[tuple[Request, int, int, int]]) -> None:
         """The step's picture rows and their encoder outputs (encoded now where the cache lacks them)."""

@@ -85,6 +85,12 @@ class Message(RequestModel):
     role: Literal["user", "assistant", "system"]
     content: str | list[Block]
 
+    @model_validator(mode="after")
+    def _pictures_in_user_turns(self):
+        if self.role == "system" and any(isinstance(b, ImageBlock) for b in self.content):
+            raise ValueError("a system turn takes text blocks only, not images")
+        return self
+
     @field_validator("content", mode="before")
     @classmethod
     def _known_blocks(cls, v):
@@ -105,17 +111,17 @@ class Message(RequestModel):
         calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}
                  for b in self.content if isinstance(b, ToolUseBlock)]
         own = {"role": self.role, "content": text if text or not calls else None}
-        if any(isinstance(b, ImageBlock) for b in self.content):  # text and pictures in the order sent
+        pictured = any(isinstance(b, ImageBlock) for b in self.content)
+        if pictured:  # text and pictures in the order sent
             own["content"] = [{"type": "image_url", "image_url": {"url": b.source.as_url()}}
                               if isinstance(b, ImageBlock) else {"type": "text", "text": b.text}
                               for b in self.content if isinstance(b, (TextBlock, ImageBlock))]
-            text = True
         if calls:
             own["tool_calls"] = calls
         reasoning = "".join(b.thinking for b in self.content if isinstance(b, ThinkingBlock))
         if reasoning and self.role == "assistant":
             own["reasoning_content"] = reasoning
-        return results + ([own] if text or calls or not results else [])
+        return results + ([own] if text or pictured or calls or not results else [])
 
 
 class AnthropicTool(RequestModel):

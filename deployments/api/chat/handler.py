@@ -48,6 +48,9 @@ class ChatHandler:
         urls = image_urls(messages)
         if urls and not self.engine.takes_images:
             raise OpenAIError(400, f"{urls[0][1]}: model {self.model_id} does not take images", urls[0][1])
+        if len(urls) > self.engine.images_per_prompt:  # told before a picture is read
+            raise OpenAIError(400, f"messages: {len(urls)} images, over the {self.engine.images_per_prompt} a prompt "
+                              "may hold (limit_mm_per_prompt)", "messages")
         return await self.media.images(urls) if urls else []
 
     def _prepare(self, req: ChatCompletionRequest, images: list[Image.Image]) -> ValidRequest:

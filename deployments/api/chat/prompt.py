@@ -1,6 +1,7 @@
 """A conversation rendered as the model reads it: through its chat template, or gpt-oss's through harmony; chat
 completions and /tokenize render with it."""
 
+from deployments.api.chat.protocol import image_urls
 from deployments.errors import OpenAIError
 from runtime import AsyncLLMEngine
 from runtime.text.harmony_chat import REASONING_EFFORTS, render_harmony
@@ -32,10 +33,18 @@ class ChatPrompt:
     def render(self, req) -> str:
         """The conversation as the chat template writes it; `req` has a chat request's `messages`, `tools`,
         `chat_template_kwargs`, `add_generation_prompt` and `continue_final_message` (/tokenize's has too)."""
-        messages = [m.template_dict(self.engine.takes_images) for m in req.messages]
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+
+        def render(as_parts: bool) -> str:
+            return render_chat(self.engine.tokenizer, [m.template_dict(as_parts) for m in req.messages], tools,
+                               req.chat_template_kwargs, req.add_generation_prompt, req.continue_final_message)
+
         try:
-            return render_chat(self.engine.tokenizer, messages, tools, req.chat_template_kwargs,
-                               req.add_generation_prompt, req.continue_final_message)
+            try:  # a vision-language model's template reads content as parts (transformers' processors' format)
+                return render(self.engine.takes_images)
+            except Exception:
+                if not self.engine.takes_images or image_urls(req.messages):
+                    raise
+                return render(False)  # a fine-tune whose template reads content as text, on a conversation of text
         except Exception as e:  # the template rejected the conversation (jinja raise_exception, bad kwargs)
             raise OpenAIError(400, f"messages: the chat template could not render them: {e}", "messages") from e

@@ -61,6 +61,13 @@ class MessageItem(RequestModel):
     role: str = Field(min_length=1)
     content: str | list[Part]
 
+    @model_validator(mode="after")
+    def _pictures_in_user_turns(self):
+        if self.role in ("system", "developer") and not isinstance(self.content, str) and any(
+                isinstance(p, ImagePart) for p in self.content):
+            raise ValueError(f"a {self.role} message takes text only, not input_image")
+        return self
+
     def text(self) -> str:
         if isinstance(self.content, str):
             return self.content

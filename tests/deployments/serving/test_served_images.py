@@ -68,13 +68,13 @@ def host():
 @pytest.fixture(scope="module")
 def vision_app(server, llava, host, s3_endpoint, tmp_path_factory):
     """The base URL of an app beside the shared one serving the tiny LLaVA, reading pictures from 127.0.0.1 and
-    s3://vision-images/ too, two pictures a prompt at most."""
+    s3://vision-images/ too (allowed_media_domains, allowed_media_prefixes), two pictures a prompt at most."""
     boto3.client("s3").create_bucket(Bucket=BUCKET)
     args = app_args(llava, f"file://{tmp_path_factory.mktemp('vision-storage')}")
     args["llm_configs"][0].update(model_loading_config={"model_id": MODEL, "model_source": str(llava)},
                                   engine_kwargs={**ENGINE_KWARGS, "limit_mm_per_prompt": {"image": 2}})
-    args.update(allowed_media_domains=["127.0.0.1"], media_fetch_timeout_s=2, batch_input_prefixes=[f"s3://{BUCKET}/"],
-                max_batch_line_bytes=1 << 20)
+    args.update(allowed_media_domains=["127.0.0.1"], allowed_media_prefixes=[f"s3://{BUCKET}/"],
+                media_fetch_timeout_s=2, max_batch_line_bytes=1 << 20)
     with another_app(server, "vision", args) as url:
         yield url
 
@@ -165,6 +165,10 @@ BAD = {
     "corrupt": ("data:image/png;base64," + base64.b64encode(b"not a picture at all").decode(), "not an image"),
     "truncated": (_truncated(), "could not be decoded"),
     "bomb": ("data:image/png;base64," + base64.b64encode(declared_size_png(100_000, 100_000)).decode(), "pixels"),
+    # a shortest-edge resize would make it 33,600,000 x 336
+    "long and thin": ("data:image/png;base64," + base64.b64encode(declared_size_png(1, 100_000)).decode(),
+                      "over 200 times its shorter"),
+    "malformed URL": ("http://[::1/cat.png", "not a URL"),
     "unsupported format": (data_url(random_picture(6), "TIFF"), "not an image in a supported format"),
     "bad base64": ("data:image/png;base64,%%%", "not valid base64"),
     "file scheme": ("file:///etc/passwd", "unsupported image URL scheme"),
