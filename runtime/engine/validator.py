@@ -53,7 +53,7 @@ class RequestValidator:
         self.token_count_bound = TokenCountBound(self.tokenizer)
         self.pooler = config.pooler_config.resolve(self.spec.path)  # how embedding requests pool
         self.images = None  # a vision-language model's processor: pictures in prompts
-        if self.spec.model_class.takes_images and config.limit_mm_per_prompt["image"] > 0:
+        if self.spec.takes_images:
             try:
                 self.images = ImageProcessing(self.spec.path, self.spec.model_class,
                                               self.spec.hf_config.vision_language)

@@ -50,6 +50,9 @@ class LlavaMixin(VisionLanguage):
     def __init__(self, config: PretrainedConfig, max_positions: int):
         super().__init__(config, max_positions)
         checkpoint = config.vision_language
+        self.vision_tower = self.multi_modal_projector = None
+        if checkpoint is None:  # served text-only
+            return
         layers = checkpoint.vision_feature_layer
         vision_layers = checkpoint.vision_config.num_hidden_layers
         self.feature_layers = [layers] if isinstance(layers, int) else list(layers)
@@ -77,16 +80,14 @@ class LlavaMixin(VisionLanguage):
             if name.startswith(prefix):
                 name = ours + name.removeprefix(prefix)
                 break
-        if name.startswith("vision_tower."):
+        if name.startswith(("vision_tower.", "multi_modal_projector.")):
             return self._tower_param(name), ()
-        if name.startswith("multi_modal_projector."):
-            return name, ()
         return super().param_for(name)
 
     def _tower_param(self, name: str) -> str | None:
-        """The tower's parameter, or None for a tensor of what is not built: the post-norm, the layers past the
-        deepest one read."""
-        if name.startswith("vision_tower.post_layernorm."):
+        """The tower's (or projector's) parameter, or None for a tensor of what is not built: the post-norm, the
+        layers past the deepest one read, everything when the model is served text-only."""
+        if self.vision_tower is None or name.startswith("vision_tower.post_layernorm."):
             return None
         if name.startswith("vision_tower.encoder.layers."):
             if int(name.split(".")[3]) >= len(self.vision_tower.encoder.layers):

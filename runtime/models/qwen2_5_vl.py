@@ -30,9 +30,11 @@ class QwenVisionLanguage(VisionLanguage):
 
     def __init__(self, config: PretrainedConfig, max_positions: int):
         super().__init__(config, max_positions)
-        vision = config.vision_language.vision_config
-        self.visual = self.tower(vision)
-        self.merge = vision.spatial_merge_size
+        self.visual = None  # served text-only
+        if config.vision_language is not None:
+            vision = config.vision_language.vision_config
+            self.visual = self.tower(vision)
+            self.merge = vision.spatial_merge_size
         self.model.rotary["default"] = MultimodalRotaryTables(config, head_dim_of(config), max_positions,
                                                               self.interleaved_rope, self.mrope_section)
 
@@ -60,7 +62,7 @@ class QwenVisionLanguage(VisionLanguage):
                 name = ours + name.removeprefix(prefix)
                 break
         if name.startswith("visual."):
-            return name, ()
+            return name if self.visual is not None else None, ()
         return super().param_for(name)
 
 

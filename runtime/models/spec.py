@@ -47,13 +47,18 @@ class ModelSpec:
         family.check_config(hf_config, max_model_len)
         require(config.runner == "pooling" or not family.headless, "runner",
                 f"{family.__name__} has no LM head: it serves embeddings only (runner: pooling)")
-        require(not config.enable_lora or family.supports_lora, "enable_lora",
-                f"LoRA is not supported for {family.__name__} models")
+        text_only = family.takes_images and config.limit_mm_per_prompt["image"] == 0
+        if text_only:  # no tower built or loaded
+            hf_config.vision_language = None
+        require(not config.enable_lora or family.supports_lora or text_only, "enable_lora",
+                f"LoRA is not supported for {family.__name__} models"
+                f"{' serving images (limit_mm_per_prompt image 0 serves it text-only)' if family.takes_images else ''}")
         require(config.speculative_config is None or not family.has_recurrent_state, "speculative_config",
                 f"speculative decoding is not supported for {family.__name__}: its linear-attention layers' state "
                 "cannot take back rejected draft tokens")
-        require(config.pipeline_parallel_size == 1 or not family.takes_images, "pipeline_parallel_size",
-                f"{family.__name__} takes images: it runs as one pipeline stage (tensor parallel shards it)")
+        require(config.pipeline_parallel_size == 1 or not family.takes_images or text_only, "pipeline_parallel_size",
+                f"{family.__name__} serving images runs as one pipeline stage (tensor parallel shards it; "
+                "limit_mm_per_prompt image 0 serves it text-only)")
         quantization = Quantization.from_config(checkpoint_config, config.quantization)
         return cls(path, hf_config, _dtype(config, hf_config), max_model_len, config.tokenizer or str(path), family,
                    quantization)
@@ -73,6 +78,11 @@ class ModelSpec:
     def head_dim(self) -> int:
         """The KV cache's head size (a latent-attention model's latent plus rotary part)."""
         return self.model_class.cache_head_dim(self.hf_config)
+
+    @property
+    def takes_images(self) -> bool:
+        """A vision-language model serving pictures (not text-only)."""
+        return self.model_class.takes_images and self.hf_config.vision_language is not None
 
     @property
     def vocab_size(self) -> int:

@@ -1,7 +1,8 @@
 """What every vision-language family adds to its language model's: the checkpoint's full config kept beside the
 language model's (the tower is built from it), pictures' tensors split one dict per picture, and an encoder that
 turns each picture into the rows its placeholder tokens take (`encode_images`, run by
-`runtime.multimodal.encoder_cache`)."""
+`runtime.multimodal.encoder_cache`). Served text-only (`limit_mm_per_prompt` image 0: `runtime.models.spec`),
+the config's `vision_language` is None and no tower is built or loaded."""
 
 from collections.abc import Callable
 

@@ -78,8 +78,7 @@ class ModelRunner(RunnerWeights):
         self.keep_hidden = False  # a multi-token-prediction proposer reads each step's hidden states (every row)
         self.hidden: torch.Tensor | None = None  # the last step's, when kept
         self.attention_layers = attention_layers(self.model)
-        self.encoder_cache = EncoderCache(self.model.encode_images, self.device) if spec.model_class.takes_images \
-            else NoEncoder()
+        self.encoder_cache = EncoderCache(self.model.encode_images, self.device) if spec.takes_images else NoEncoder()
         self.num_blocks = self._allocate_kv_cache()
         self.kv_tier = None
         if config.kv_offloading_size:

@@ -213,3 +213,18 @@ def test_pictures_beyond_what_the_model_takes_are_refused(llava, tmp_path):
     with pytest.raises(InvalidInputError, match="does not take images"):
         text_only.chat(conversation_with([random_picture(1)]), GREEDY)
     assert chat(llm, [random_picture(1)])  # the engine serves on
+
+
+def test_a_vision_model_served_text_only_builds_no_tower(llava):
+    """limit_mm_per_prompt image 0: the tower is neither built nor loaded, text answers as with it, pictures are
+    refused; LoRA and pipeline stages, which pictures rule out, pass the engine's checks."""
+    text = [{"role": "user", "content": "Compare a and b"}]
+    with_tower = LLM(str(llava), **OPTIONS).chat(text, GREEDY)[0].outputs[0].token_ids
+    llm = LLM(str(llava), **OPTIONS, limit_mm_per_prompt={"image": 0}, enable_lora=True)
+    assert llm.engine.runner.model.vision_tower is None
+    assert not any(name.startswith("vision_tower") for name, _ in llm.engine.runner.model.named_parameters())
+    assert llm.chat(text, GREEDY)[0].outputs[0].token_ids == with_tower
+    with pytest.raises(InvalidInputError, match="does not take images"):
+        llm.chat(conversation_with([random_picture(1)]), GREEDY)
+    with pytest.raises(InvalidInputError, match="limit_mm_per_prompt image 0 serves it text-only"):
+        LLM(str(llava), **OPTIONS, pipeline_parallel_size=2)
