@@ -28,7 +28,8 @@ def build_openai_app(args: dict) -> Application:
                 for c in config.llm_configs}
     # disaggregated models' prefill replicas (deployments/disaggregated.py)
     prefill_configs = [c.prefill() for c in config.llm_configs if c.prefill_config is not None]
-    prefill = {p.model_id: _replica(p, LLMServer, prefill=True).bind(p, config.otlp_traces_endpoint, config.media_policy())
+    prefill = {p.model_id: _replica(p, LLMServer, prefill=True).bind(p, config.otlp_traces_endpoint,
+                                                                     config.media_policy())
                for p in prefill_configs}
     options = dict(config.ingress_deployment_config)
     # no CPU reserved unless asked: like Serve's proxy, the ingress only routes; the cores go to the engines

@@ -41,7 +41,7 @@ from runtime.engine.delivery import DeliverySchedule
 from runtime.engine.engine_process import EngineProcess
 from runtime.engine.lifecycle import LIFECYCLE
 from runtime.engine.llm_engine import LLMEngine
-from runtime.engine.validator import ValidRequest
+from runtime.engine.validator import RequestValidator, ValidRequest
 from runtime.errors import InvalidInputError, RequestFailedError
 from runtime.lora import LoRARequest
 from runtime.outputs import RequestDelta
@@ -167,18 +167,9 @@ class AsyncLLMEngine:
         return self.healthy and self.engine.healthy()
 
     @property
-    def takes_images(self) -> bool:
-        """The model is a vision-language model serving pictures (its `limit_mm_per_prompt` allows some)."""
-        return self.engine.validator.images is not None
-
-    @property
-    def images_per_prompt(self) -> int:
-        return self.engine.config.limit_mm_per_prompt["image"]
-
-    def process_images(self, text: str, images: list, add_special_tokens: bool = True, param: str = "messages"):
-        """A prompt's text with a placeholder per picture, as token ids, and the pictures' inputs for `validate`
-        (`RequestValidator.process_images`: processed here, on the caller's thread)."""
-        return self.engine.validator.process_images(text, images, add_special_tokens, param)
+    def validator(self) -> RequestValidator:
+        """What checks requests (pictures too: `process_images`), on the caller's thread."""
+        return self.engine.validator
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams,
                  lora: LoRARequest | None = None, images: tuple = ()) -> ValidRequest:

@@ -76,6 +76,15 @@ class RequestValidator:
                                      f"prompt has at least {fewest} tokens", fewest, None, limit)
         return encode(self.tokenizer, text, add_special_tokens)
 
+    @property
+    def takes_images(self) -> bool:
+        """The model serves pictures: a vision-language model, with its processor, not served text-only."""
+        return self.images is not None
+
+    @property
+    def images_per_prompt(self) -> int:
+        return self.config.limit_mm_per_prompt["image"]
+
     def process_images(self, text: str, images: list[Image.Image], add_special_tokens: bool = True,
                        param: str = "messages") -> tuple[list[int], tuple[ImageInput, ...]]:
         """A prompt's text with a placeholder per picture (the processor's `placeholder`), as token ids with each
@@ -83,7 +92,7 @@ class RequestValidator:
         require(self.images is not None or not images, param,
                 f"this model does not take images ({self.spec.model_class.__name__}"
                 f"{' served text-only' if self.spec.model_class.takes_images else ''})")
-        limit = self.config.limit_mm_per_prompt["image"]
+        limit = self.images_per_prompt
         require(len(images) <= limit, param, f"{len(images)} images, over the {limit} a prompt may hold "
                 "(limit_mm_per_prompt)")
         if not images:

@@ -1,9 +1,9 @@
 """Vision-language models against transformers' own classes: tiny random LLaVA (CLIP tower, projector, Qwen2),
-Qwen2-VL and Qwen2.5-VL (windowed tower, M-RoPE by sections) and Qwen3.5 (resized learned positions, interleaved M-RoPE, linear
-attention) checkpoints saved with their processors, prompted with one and two pictures; greedy tokens equal
-transformers' `generate` on the same pictures and text, with prefill chunks cutting through a picture's tokens,
-from the prefix cache on a repeated picture (where the model has one), and at TP=2; and they differ when the
-picture does."""
+Qwen2-VL, Qwen2.5-VL (windowed tower, M-RoPE by sections) and Qwen3.5 (resized learned positions, interleaved
+M-RoPE, linear attention) checkpoints saved with their processors, prompted with one and two pictures; greedy tokens
+equal transformers' `generate` on the same pictures and text, with prefill chunks cutting through a picture's
+tokens, from the prefix cache on a repeated picture (where the model has one), and at TP=2; and they differ when
+the picture does."""
 
 import pytest
 import torch

@@ -46,11 +46,12 @@ class ChatHandler:
     async def pictures(self, messages: list[ChatMessage]) -> list[Image.Image]:
         """The pictures a conversation names, read and decoded (a text-only model is told so before any read)."""
         urls = image_urls(messages)
-        if urls and not self.engine.takes_images:
+        if urls and not self.engine.validator.takes_images:
             raise OpenAIError(400, f"{urls[0][1]}: model {self.model_id} does not take images", urls[0][1])
-        if len(urls) > self.engine.images_per_prompt:  # told before a picture is read
-            raise OpenAIError(400, f"messages: {len(urls)} images, over the {self.engine.images_per_prompt} a prompt "
-                              "may hold (limit_mm_per_prompt)", "messages")
+        limit = self.engine.validator.images_per_prompt
+        if len(urls) > limit:  # told before a picture is read
+            raise OpenAIError(400, f"messages: {len(urls)} images, over the {limit} a prompt may hold "
+                              "(limit_mm_per_prompt)", "messages")
         return await self.media.images(urls) if urls else []
 
     def _prepare(self, req: ChatCompletionRequest, images: list[Image.Image]) -> ValidRequest:
@@ -68,8 +69,8 @@ class ChatHandler:
             tool_format = self._tool_format_name(req)
             if tool_format is not None and TOOL_CALL_FORMATS[tool_format].special_tokens:
                 params.skip_special_tokens = False  # the calls' tags must reach the parser
-            if self.engine.takes_images:
-                prompt, pictures = self.engine.process_images(self.prompt.render(req), images,
+            if self.engine.validator.takes_images:
+                prompt, pictures = self.engine.validator.process_images(self.prompt.render(req), images,
                                                               add_special_tokens=False)
             else:
                 prompt = self.engine.encode(self.prompt.render(req), add_special_tokens=False)

@@ -41,9 +41,9 @@ class ChatPrompt:
 
         try:
             try:  # a vision-language model's template reads content as parts (transformers' processors' format)
-                return render(self.engine.takes_images)
+                return render(self.engine.validator.takes_images)
             except Exception:
-                if not self.engine.takes_images or image_urls(req.messages):
+                if not self.engine.validator.takes_images or image_urls(req.messages):
                     raise
                 return render(False)  # a fine-tune whose template reads content as text, on a conversation of text
         except Exception as e:  # the template rejected the conversation (jinja raise_exception, bad kwargs)

@@ -28,8 +28,8 @@ class TokenizeHandler:
             ids = self.prompt.harmony(req, req.tools)
         else:
             text = req.prompt if req.messages is None else self.prompt.render(req)
-            if self.engine.takes_images:
-                ids, _ = self.engine.process_images(text, pictures, special)
+            if self.engine.validator.takes_images:
+                ids, _ = self.engine.validator.process_images(text, pictures, special)
             else:
                 ids = self.engine.encode(text, add_special_tokens=special)
         strs = self.engine.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
