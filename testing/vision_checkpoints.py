@@ -26,6 +26,8 @@ from transformers import (
     Qwen2VLForConditionalGeneration,
     Qwen3_5Config,
     Qwen3_5ForConditionalGeneration,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
     Qwen2Config,
 )
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
@@ -156,6 +158,26 @@ def build_qwen3_5_dir(path: Path, seed: int = 0) -> Path:
                            initializer_range=0.2),
         initializer_range=0.2, **_qwen_vision_ids(tokenizer))
     Qwen3_5ForConditionalGeneration(config).save_pretrained(path)
+    _save_qwen_processor_parts(tokenizer, path)
+    return path
+
+
+def build_qwen3_vl_dir(path: Path, seed: int = 0) -> Path:
+    """Qwen3-VL's shape at a tiny size: Qwen3's language model (q/k norms) rotating by interleaved M-RoPE, and
+    Qwen3.5's tower (`build_qwen3_5_dir`) of 3 blocks tapped after the first two (deep stack)."""
+    torch.manual_seed(seed)
+    tokenizer = _qwen_vision_tokenizer()
+    config = Qwen3VLConfig(
+        text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, vocab_size=576, max_position_embeddings=2048,
+                         initializer_range=0.2,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [3, 3, 2],
+                                          "mrope_interleaved": True}),
+        vision_config=dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=4, out_hidden_size=64,
+                           patch_size=4, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16,
+                           deepstack_visual_indexes=[0, 1], initializer_range=0.2),
+        initializer_range=0.2, **_qwen_vision_ids(tokenizer))
+    Qwen3VLForConditionalGeneration(config).save_pretrained(path)
     _save_qwen_processor_parts(tokenizer, path)
     return path
 

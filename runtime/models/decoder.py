@@ -188,19 +188,26 @@ class DecoderModel(nn.Module):
                 images: tuple[list[int], torch.Tensor] | None = None):
         """The final hidden states; on a stage before the last, the (hidden, residual) it hands on, from the
         previous stage's `carried` ones when it is not the first. `images`: rows whose input is a picture's
-        encoder output (placed after the token embedding and its scale), and those outputs."""
+        encoder output (placed after the token embedding and its scale), and those outputs; an output wider than
+        the hidden states holds, after them, what the first layers' outputs gain at those rows (Qwen3-VL's deep
+        stack: the next layer's norm adds the residual)."""
         tables = {key: rotary(positions) for key, rotary in self.rotary.items()}
+        deep_stack = ()
         if carried is None:
             hidden, residual = self.embed_tokens(input_ids), None
             if self.embed_scale is not None:  # rounded to the weights' dtype first, as transformers does
                 hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
             if images is not None:
-                rows, embeds = images
-                hidden[torch.tensor(rows, device=hidden.device)] = embeds.to(hidden.dtype)
+                rows, embeds = torch.tensor(images[0], device=hidden.device), images[1].to(hidden.dtype)
+                width = hidden.shape[-1]
+                hidden[rows] = embeds[:, :width]
+                deep_stack = embeds[:, width:].split(width, dim=-1) if embeds.shape[-1] > width else ()
         else:
             hidden, residual = carried
         for i in self.stage_layers:
             hidden, residual = self.layers[i](hidden, residual, tables[self.rope_keys[i]], meta)
+            if i < len(deep_stack):
+                hidden[rows] += deep_stack[i]
         if self.norm is None:
             return hidden, residual
         hidden, _ = self.norm(hidden, residual)

@@ -1,7 +1,10 @@
-"""Qwen3.5's vision tower (Qwen3-VL's, without its deep-stack taps): 3D patches with a bias, a learned square grid of
-positions resized bilinearly to each picture's grid (corners aligned), the 2D rotary embedding of Qwen2.5-VL's
-tower, LayerNorm blocks attending over the whole picture, and a merger folding each 2 x 2 block of patches into one
-token. Module names mirror transformers' `Qwen3_5VisionModel`. It is not sharded: rank 0 runs it whole."""
+"""Qwen3-VL's and Qwen3.5's vision tower: 3D patches with a bias, a learned square grid of positions resized
+bilinearly to each picture's grid (corners aligned), the 2D rotary embedding of Qwen2.5-VL's tower, LayerNorm blocks
+attending over the whole picture, and a merger folding each 2 x 2 block of patches into one token. Qwen3-VL's also
+taps some blocks (`deepstack_visual_indexes`), each through a merger of its own: those rows are added to the
+language model's hidden states at the picture's tokens after its first layers (`DecoderModel`), so the tower's
+output per token is the merger's rows and then each tap's, side by side. Module names mirror transformers'
+`Qwen3VLVisionModel`. It is not sharded: rank 0 runs it whole."""
 
 import torch
 import torch.nn.functional as F
@@ -24,15 +27,20 @@ class VisionMLP(nn.Module):
 
 
 class PatchMerger(nn.Module):
-    def __init__(self, config: PretrainedConfig):
+    """Each 2 x 2 block of patches into one token; normed before the blocks are gathered, or (a deep-stack tap's,
+    `after_gather`) after."""
+
+    def __init__(self, config: PretrainedConfig, after_gather: bool = False):
         super().__init__()
         self.width = config.hidden_size * config.spatial_merge_size**2
-        self.norm = nn.LayerNorm(config.hidden_size, eps=1e-6)
+        self.after_gather = after_gather
+        self.norm = nn.LayerNorm(self.width if after_gather else config.hidden_size, eps=1e-6)
         self.linear_fc1 = nn.Linear(self.width, self.width)
         self.linear_fc2 = nn.Linear(self.width, config.out_hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_fc2(F.gelu(self.linear_fc1(self.norm(x).view(-1, self.width))))
+        x = self.norm(x.view(-1, self.width)) if self.after_gather else self.norm(x).view(-1, self.width)
+        return self.linear_fc2(F.gelu(self.linear_fc1(x)))
 
 
 class Qwen3_5VisionTower(nn.Module):
@@ -45,6 +53,9 @@ class Qwen3_5VisionTower(nn.Module):
         self.register_buffer("inv_freq", rotary_frequencies(config), persistent=False)
         self.blocks = nn.ModuleList(VisionBlock(config, layer_norm, VisionMLP(config)) for _ in range(config.depth))
         self.merger = PatchMerger(config)
+        self.taps = list(getattr(config, "deepstack_visual_indexes", None) or [])
+        if self.taps:
+            self.deepstack_merger_list = nn.ModuleList(PatchMerger(config, after_gather=True) for _ in self.taps)
 
     def forward(self, patches: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
         """One picture's merged-patch tokens [t x h x w / merge^2, out_hidden] from its patches [t x h x w, ...]
@@ -53,9 +64,12 @@ class Qwen3_5VisionTower(nn.Module):
         x = self.patch_embed(patches) + self._positions(t, h, w).to(self.pos_embed.weight.dtype)
         cos, sin = rotary_cos_sin(self.inv_freq, t, h, w, self.merge)
         whole = [0, x.shape[0]]
-        for block in self.blocks:
+        tapped = []
+        for i, block in enumerate(self.blocks):
             x = block(x, cos, sin, whole)
-        return self.merger(x)
+            if i in self.taps:
+                tapped.append(self.deepstack_merger_list[self.taps.index(i)](x))
+        return torch.cat([self.merger(x), *tapped], dim=-1)
 
     def _positions(self, t: int, h: int, w: int) -> torch.Tensor:
         """The learned positions resized to the picture's h x w patches, in the patches' block order."""

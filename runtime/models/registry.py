@@ -33,6 +33,7 @@ from runtime.models.qwen3_5 import (
     Qwen3_5MoeForConditionalGeneration,
 )
 from runtime.models.qwen3_moe import Qwen3MoeForCausalLM
+from runtime.models.qwen3_vl import Qwen3VLForConditionalGeneration
 from runtime.models.qwen3_next import Qwen3NextForCausalLM
 from runtime.models.seed_oss import SeedOssForCausalLM
 from runtime.models.smollm3 import SmolLM3ForCausalLM
@@ -51,8 +52,8 @@ _CAUSAL_LMS = (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Ernie4_5ForCausalLM
                GraniteForCausalLM, Llama4ForCausalLM, Llama4ForConditionalGeneration, MiniMaxM2ForCausalLM,
                Olmo2ForCausalLM, Olmo3ForCausalLM, Qwen2VLForConditionalGeneration,
                Qwen2_5_VLForConditionalGeneration, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration,
-               Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration, Qwen3NextForCausalLM, SeedOssForCausalLM,
-               SmolLM3ForCausalLM, *_EMBEDDABLE)
+               Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration, Qwen3NextForCausalLM,
+               Qwen3VLForConditionalGeneration, SeedOssForCausalLM, SmolLM3ForCausalLM, *_EMBEDDABLE)
 _FAMILIES: dict[str, type[CausalLM]] = {cls.__name__: cls for cls in (*_CAUSAL_LMS, *map(_base_model, _EMBEDDABLE))}
 
 

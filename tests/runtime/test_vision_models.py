@@ -1,6 +1,6 @@
 """Vision-language models against transformers' own classes: tiny random LLaVA (CLIP tower, projector, Qwen2),
-Qwen2-VL, Qwen2.5-VL (windowed tower, M-RoPE by sections) and Qwen3.5 (resized learned positions, interleaved
-M-RoPE, linear attention) checkpoints saved with their processors, prompted with one and two pictures; greedy tokens
+Qwen2-VL, Qwen2.5-VL (windowed tower, M-RoPE by sections), Qwen3-VL (resized learned positions, interleaved
+M-RoPE, deep-stack taps) and Qwen3.5 (Qwen3-VL's tower without taps, linear attention) checkpoints saved with their processors, prompted with one and two pictures; greedy tokens
 equal transformers' `generate` on the same pictures and text, with prefill chunks cutting through a picture's
 tokens, from the prefix cache on a repeated picture (where the model has one), and at TP=2; and they differ when
 the picture does."""
@@ -23,6 +23,7 @@ from testing.vision_checkpoints import (
     build_qwen2_5_vl_dir,
     build_qwen2_vl_dir,
     build_qwen3_5_dir,
+    build_qwen3_vl_dir,
     random_picture,
 )
 
@@ -79,7 +80,8 @@ def qwen_reference(path):
 
 
 FAMILIES = {"llava": (build_llava_dir, llava_reference), "qwen2_vl": (build_qwen2_vl_dir, qwen_reference),
-            "qwen2_5_vl": (build_qwen2_5_vl_dir, qwen_reference), "qwen3_5": (build_qwen3_5_dir, qwen_reference)}
+            "qwen2_5_vl": (build_qwen2_5_vl_dir, qwen_reference), "qwen3_vl": (build_qwen3_vl_dir, qwen_reference),
+            "qwen3_5": (build_qwen3_5_dir, qwen_reference)}
 CACHED = ["llava", "qwen2_5_vl"]  # Qwen3.5's linear-attention layers keep a state per sequence: no prefix cache
 
 
