@@ -46,13 +46,15 @@ class ChatHandler:
     async def pictures(self, messages: list[ChatMessage]) -> list[Image.Image]:
         """The pictures a conversation names, read and decoded (a text-only model is told so before any read)."""
         urls = image_urls(messages)
-        if urls and not self.engine.validator.takes_images:
+        if not urls:
+            return []
+        if not self.engine.validator.takes_images:
             raise OpenAIError(400, f"{urls[0][1]}: model {self.model_id} does not take images", urls[0][1])
         limit = self.engine.validator.images_per_prompt
         if len(urls) > limit:  # told before a picture is read
             raise OpenAIError(400, f"messages: {len(urls)} images, over the {limit} a prompt may hold "
                               "(limit_mm_per_prompt)", "messages")
-        return await self.media.images(urls) if urls else []
+        return await self.media.images(urls)
 
     def _prepare(self, req: ChatCompletionRequest, images: list[Image.Image]) -> ValidRequest:
         """Called on a worker thread: chat templates, tokenizing and image processing never hold up the replica's
