@@ -1,13 +1,13 @@
 """Qwen2-VL's vision tower: Qwen2.5-VL's patches, 2D rotary embedding and merger (`qwen2_5_vl_vision`), with
-LayerNorm blocks attending over the whole picture and a two-layer MLP. Its config names the tower's width
+LayerNorm blocks attending over the whole picture and CLIP's two-layer MLP. Its config names the tower's width
 `embed_dim` (its `hidden_size` is the language model's, which the merger projects to). Module names mirror
 transformers' `Qwen2VisionTransformerPretrainedModel`. It is not sharded: rank 0 runs it whole."""
 
 import torch
 from torch import nn
 from transformers import PretrainedConfig
-from transformers.activations import ACT2FN
 
+from runtime.models.clip_vision import VisionMLP
 from runtime.models.qwen2_5_vl_vision import (
     PatchEmbed,
     PatchMerger,
@@ -25,17 +25,6 @@ def tower_config(config: PretrainedConfig) -> PretrainedConfig:
                                config.hidden_size, "intermediate_size": config.embed_dim * config.mlp_ratio})
 
 
-class VisionMlp(nn.Module):
-    def __init__(self, config: PretrainedConfig):
-        super().__init__()
-        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.act = ACT2FN[config.hidden_act]
-        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
-
-
 class Qwen2VisionTower(nn.Module):
     def __init__(self, config: PretrainedConfig):
         super().__init__()
@@ -43,7 +32,7 @@ class Qwen2VisionTower(nn.Module):
         self.merge = config.spatial_merge_size
         self.patch_embed = PatchEmbed(config)
         self.register_buffer("inv_freq", rotary_frequencies(config), persistent=False)
-        self.blocks = nn.ModuleList(VisionBlock(config, layer_norm, VisionMlp(config)) for _ in range(config.depth))
+        self.blocks = nn.ModuleList(VisionBlock(config, layer_norm, VisionMLP(config)) for _ in range(config.depth))
         self.merger = PatchMerger(config, layer_norm)
 
     def forward(self, patches: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
