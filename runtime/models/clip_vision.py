@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
-from transformers.activations import ACT2FN
+
+from runtime.models.layers import activation
 
 
 class VisionEmbeddings(nn.Module):
@@ -43,7 +44,7 @@ class VisionAttention(nn.Module):
 class VisionMLP(nn.Module):
     def __init__(self, config: PretrainedConfig):
         super().__init__()
-        self.activation = ACT2FN[config.hidden_act]
+        self.activation = activation(config.hidden_act)
         self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
         self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
 

@@ -226,3 +226,12 @@ class GemmaRMSNorm(RMSNorm):
     def __init__(self, size: int, eps: float):
         super().__init__(size, eps)
         self.weight.weight_loader = lambda p, loaded: default_weight_loader(p, loaded.float() + 1)
+
+
+def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """transformers' activation of that name (a vision tower's). Imported when a tower is built: the module pulls in
+    transformers' modeling stack, which an engine serving text never needs (every process that imports the engine
+    would pay for it)."""
+    from transformers.activations import ACT2FN
+
+    return ACT2FN[name]

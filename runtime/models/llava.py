@@ -10,10 +10,10 @@ transformers still saves) or its newer one (`model.language_model.…`, `model.v
 import torch
 from torch import nn
 from transformers import PretrainedConfig
-from transformers.activations import ACT2FN
 
 from runtime.models.clip_vision import CLIPVisionTower
 from runtime.models.decoder import CausalLM
+from runtime.models.layers import activation
 from runtime.models.llama import LlamaForCausalLM
 from runtime.models.mistral import MistralForCausalLM
 from runtime.models.qwen2 import Qwen2ForCausalLM
@@ -37,7 +37,7 @@ class LlavaProjector(nn.Module):
         bias = getattr(config, "multimodal_projector_bias", True)
         vision, text = config.vision_config.hidden_size, config.text_config.hidden_size
         self.linear_1 = nn.Linear(vision * num_feature_layers, text, bias=bias)
-        self.act = ACT2FN[config.projector_hidden_act]
+        self.act = activation(config.projector_hidden_act)
         self.linear_2 = nn.Linear(text, text, bias=bias)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:

@@ -11,9 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
-from transformers.activations import ACT2FN
 
-from runtime.models.layers import RMSNorm
+from runtime.models.layers import RMSNorm, activation
 
 
 class PatchEmbed(nn.Module):
@@ -56,7 +55,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 class VisionMLP(nn.Module):
     def __init__(self, config: PretrainedConfig):
         super().__init__()
-        self.activation = ACT2FN[config.hidden_act]
+        self.activation = activation(config.hidden_act)
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size)

@@ -10,15 +10,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
-from transformers.activations import ACT2FN
 
-from runtime.models.qwen2_5_vl_vision import PatchEmbed, VisionBlock, layer_norm, rotary_cos_sin, rotary_frequencies
+from runtime.models.layers import activation
+from runtime.models.qwen2_5_vl_vision import (
+    PatchEmbed,
+    VisionBlock,
+    layer_norm,
+    rotary_cos_sin,
+    rotary_frequencies,
+)
 
 
 class VisionMLP(nn.Module):
     def __init__(self, config: PretrainedConfig):
         super().__init__()
-        self.activation = ACT2FN[config.hidden_act]
+        self.activation = activation(config.hidden_act)
         self.linear_fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
         self.linear_fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 from PIL import Image
-from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, PretrainedConfig
+from transformers import PretrainedConfig
 
 from runtime.multimodal.inputs import ImageInput
 
@@ -23,6 +23,9 @@ class ImageProcessing:
     def __init__(self, path: Path | str, family, checkpoint: PretrainedConfig):
         """`family`: the model's class (`runtime.models.vision_language.VisionLanguage`); `checkpoint`: its whole
         config."""
+        # imported here: transformers' processors pull in its modeling stack, which a text model never needs
+        from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
+
         self._split = family.split_image_tensors
         self._count = lambda tensors: family.image_token_counts(tensors, checkpoint)
         try:
