@@ -79,6 +79,12 @@ def build_llava_dir(path: Path, image_size: int = 28, patch_size: int = 7, seed:
 
 
 QWEN_VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+# what the Qwen checkpoints below share: a 2-layer language model of width 64, and a tower of width 32 over 4-pixel
+# patches in 2 x 2 merges
+_QWEN_TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=576, max_position_embeddings=2048, initializer_range=0.2)
+_QWEN_VISION = dict(num_heads=4, patch_size=4, spatial_merge_size=2, temporal_patch_size=2, initializer_range=0.2)
+_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 
 
 def build_qwen2_5_vl_dir(path: Path, seed: int = 0) -> Path:
@@ -86,57 +92,18 @@ def build_qwen2_5_vl_dir(path: Path, seed: int = 0) -> Path:
     within windows of 2 x 2 merged patches, the second over the whole picture), a Qwen2 language model rotating by
     M-RoPE; saved as Qwen publishes it, but for the processor's video half (it needs torchvision, which the CPU
     torch build here cannot load): the image processor and tokenizer."""
-    torch.manual_seed(seed)
-    tokenizer = _qwen_vision_tokenizer()
-    config = Qwen2_5_VLConfig(
-        text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=576, max_position_embeddings=2048, initializer_range=0.2,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
-        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=4, out_hidden_size=64,
-                           patch_size=4, spatial_merge_size=2, temporal_patch_size=2, window_size=16,
-                           fullatt_block_indexes=[1], initializer_range=0.2),
-        initializer_range=0.2, **_qwen_vision_ids(tokenizer))
-    Qwen2_5_VLForConditionalGeneration(config).save_pretrained(path)
-    _save_qwen_processor_parts(tokenizer, path)
-    return path
-
-
-def _qwen_vision_tokenizer():
-    tokenizer = build_tokenizer(512)
-    tokenizer.add_special_tokens({"additional_special_tokens": QWEN_VISION_TOKENS})
-    tokenizer.chat_template = VISION_CHATML.replace("{{ image_token }}", "<|vision_start|><|image_pad|><|vision_end|>")
-    return tokenizer
-
-
-def _qwen_vision_ids(tokenizer) -> dict[str, int]:
-    return {name: tokenizer.convert_tokens_to_ids(token) for name, token in zip(
-        ("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id"), QWEN_VISION_TOKENS)}
-
-
-def _save_qwen_processor_parts(tokenizer, path: Path) -> None:
-    """The tokenizer and the image processor (4-pixel patches, 2 x 2 merges, pictures up to 64 x 64 pixels)."""
-    tokenizer.save_pretrained(path)
-    Qwen2VLImageProcessorPil(patch_size=4, merge_size=2, temporal_patch_size=2, min_pixels=8 * 8,
-                             max_pixels=64 * 64).save_pretrained(path)
-    eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
-    GenerationConfig(eos_token_id=eos, bos_token_id=None).save_pretrained(path)
+    return _build_qwen(path, seed, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration,
+                       text=dict(rope_parameters={**_ROPE, "mrope_section": [2, 3, 3]}),
+                       vision=dict(depth=2, hidden_size=32, intermediate_size=64, out_hidden_size=64, window_size=16,
+                                   fullatt_block_indexes=[1]))
 
 
 def build_qwen2_vl_dir(path: Path, seed: int = 0) -> Path:
     """Qwen2-VL's shape at a tiny size: Qwen2.5-VL's (`build_qwen2_5_vl_dir`) with Qwen2-VL's tower (LayerNorm blocks
     over the whole picture; its width is `embed_dim`, `hidden_size` the language model's)."""
-    torch.manual_seed(seed)
-    tokenizer = _qwen_vision_tokenizer()
-    config = Qwen2VLConfig(
-        text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=576, max_position_embeddings=2048, initializer_range=0.2,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
-        vision_config=dict(depth=2, embed_dim=32, hidden_size=64, mlp_ratio=2, num_heads=4, patch_size=4,
-                           spatial_merge_size=2, temporal_patch_size=2, initializer_range=0.2),
-        initializer_range=0.2, **_qwen_vision_ids(tokenizer))
-    Qwen2VLForConditionalGeneration(config).save_pretrained(path)
-    _save_qwen_processor_parts(tokenizer, path)
-    return path
+    return _build_qwen(path, seed, Qwen2VLConfig, Qwen2VLForConditionalGeneration,
+                       text=dict(rope_parameters={**_ROPE, "mrope_section": [2, 3, 3]}),
+                       vision=dict(depth=2, embed_dim=32, hidden_size=64, mlp_ratio=2))
 
 
 def build_qwen3_5_dir(path: Path, seed: int = 0) -> Path:
@@ -144,41 +111,42 @@ def build_qwen3_5_dir(path: Path, seed: int = 0) -> Path:
     of each head by interleaved M-RoPE, and a 2-block tower over 4-pixel patches (a 4 x 4 grid of learned
     positions, resized to each picture), 2 x 2 merges; the processor's image half and tokenizer, as for
     Qwen2.5-VL."""
-    torch.manual_seed(seed)
-    tokenizer = _qwen_vision_tokenizer()
-    config = Qwen3_5Config(
-        text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=32, vocab_size=576, max_position_embeddings=2048,
-                         initializer_range=0.2, full_attention_interval=2, linear_num_key_heads=2,
-                         linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
-                                          "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
-        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=4, out_hidden_size=64,
-                           patch_size=4, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16,
-                           initializer_range=0.2),
-        initializer_range=0.2, **_qwen_vision_ids(tokenizer))
-    Qwen3_5ForConditionalGeneration(config).save_pretrained(path)
-    _save_qwen_processor_parts(tokenizer, path)
-    return path
+    return _build_qwen(path, seed, Qwen3_5Config, Qwen3_5ForConditionalGeneration,
+                       text=dict(head_dim=32, full_attention_interval=2, linear_num_key_heads=2,
+                                 linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                                 rope_parameters={**_ROPE, "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1],
+                                                  "mrope_interleaved": True}),
+                       vision=dict(depth=2, hidden_size=32, intermediate_size=64, out_hidden_size=64,
+                                   num_position_embeddings=16))
 
 
 def build_qwen3_vl_dir(path: Path, seed: int = 0) -> Path:
     """Qwen3-VL's shape at a tiny size: Qwen3's language model (q/k norms) rotating by interleaved M-RoPE, and
     Qwen3.5's tower (`build_qwen3_5_dir`) of 3 blocks tapped after the first two (deep stack)."""
+    return _build_qwen(path, seed, Qwen3VLConfig, Qwen3VLForConditionalGeneration,
+                       text=dict(head_dim=16, rope_parameters={**_ROPE, "mrope_section": [3, 3, 2],
+                                                               "mrope_interleaved": True}),
+                       vision=dict(depth=3, hidden_size=32, intermediate_size=64, out_hidden_size=64,
+                                   num_position_embeddings=16, deepstack_visual_indexes=[0, 1]))
+
+
+def _build_qwen(path: Path, seed: int, config_class, model_class, text: dict, vision: dict) -> Path:
+    """A Qwen vision-language checkpoint of `_QWEN_TEXT` and `_QWEN_VISION` with the family's fields over them,
+    saved with the tokenizer (the vision tokens added) and the image processor (pictures up to 64 x 64 pixels)."""
     torch.manual_seed(seed)
-    tokenizer = _qwen_vision_tokenizer()
-    config = Qwen3VLConfig(
-        text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=16, vocab_size=576, max_position_embeddings=2048,
-                         initializer_range=0.2,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [3, 3, 2],
-                                          "mrope_interleaved": True}),
-        vision_config=dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=4, out_hidden_size=64,
-                           patch_size=4, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16,
-                           deepstack_visual_indexes=[0, 1], initializer_range=0.2),
-        initializer_range=0.2, **_qwen_vision_ids(tokenizer))
-    Qwen3VLForConditionalGeneration(config).save_pretrained(path)
-    _save_qwen_processor_parts(tokenizer, path)
+    tokenizer = build_tokenizer(512)
+    tokenizer.add_special_tokens({"additional_special_tokens": QWEN_VISION_TOKENS})
+    tokenizer.chat_template = VISION_CHATML.replace("{{ image_token }}", "<|vision_start|><|image_pad|><|vision_end|>")
+    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in zip(
+        ("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id"), QWEN_VISION_TOKENS)}
+    config = config_class(text_config={**_QWEN_TEXT, **text}, vision_config={**_QWEN_VISION, **vision},
+                          initializer_range=0.2, **ids)
+    model_class(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    Qwen2VLImageProcessorPil(patch_size=4, merge_size=2, temporal_patch_size=2, min_pixels=8 * 8,
+                             max_pixels=64 * 64).save_pretrained(path)
+    eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    GenerationConfig(eos_token_id=eos, bos_token_id=None).save_pretrained(path)
     return path
 
 

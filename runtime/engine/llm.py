@@ -136,7 +136,7 @@ class LLM:
         else:
             validator, prompts = self.engine.validator, []
             for conversation in conversations:
-                messages, pictures = split_pictures(conversation, validator.images is not None)
+                messages, pictures = split_pictures(conversation, validator.takes_images)
                 text = render_chat(self.tokenizer, messages, tools, chat_template_kwargs)
                 ids, images = validator.process_images(text, pictures, add_special_tokens=False)
                 prompts.append({"prompt_token_ids": ids, "images": images} if images else ids)

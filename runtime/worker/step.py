@@ -79,7 +79,7 @@ class StepInputs:
     image_rows: list[int] = field(default_factory=list)
     image_embeds: torch.Tensor | None = None
     # M-RoPE: (first row, row positions, column positions) of rows whose three positions differ (a picture's; the
-    # time positions are `positions`)
+    # time positions are `rope_rows`)
     spatial_positions: list[tuple[int, list[int], list[int]]] = field(default_factory=list)
 
     @property
