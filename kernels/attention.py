@@ -95,7 +95,7 @@ def store_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
         rows.index_copy_(0, slot_mapping, new)
 
 
-def _read(flat: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def read_slots(flat: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Cache rows at `slots` in the queries' dtype (an FP8 cache's values widened; read as bytes, which torch's
     CPU index_select takes)."""
     if flat.dtype == torch.float8_e4m3fn:
@@ -119,13 +119,13 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         # 4-d [1, H, L, D]: with a batch dimension torch's CPU flash kernel takes masks and GQA (3-d falls back
         # to the slower math path)
         qp = q[span.start : span.end].transpose(0, 1)[None]
-        kp = _read(k_flat, span.slots, q.dtype).transpose(0, 1)[None]
-        vp = _read(v_flat, span.slots, q.dtype).transpose(0, 1)[None]
-        out[span.start : span.end] = _attention(qp, kp, vp, span.mask, scale, softcap, sinks)[0].transpose(0, 1)
+        kp = read_slots(k_flat, span.slots, q.dtype).transpose(0, 1)[None]
+        vp = read_slots(v_flat, span.slots, q.dtype).transpose(0, 1)[None]
+        out[span.start : span.end] = masked_attention(qp, kp, vp, span.mask, scale, softcap, sinks)[0].transpose(0, 1)
     return out
 
 
-def _attention(q, k, v, mask: torch.Tensor | None, scale: float, softcap: float | None,
+def masked_attention(q, k, v, mask: torch.Tensor | None, scale: float, softcap: float | None,
                sinks: torch.Tensor | None) -> torch.Tensor:
     """q [B, Hq, L, D] over k, v [B, Hkv, S, D]; `mask` (True: allowed) broadcasts to [B, 1, L, S], None: causal.
     SDPA where it applies; with a soft cap or sinks, the scores written out."""
@@ -161,18 +161,18 @@ def _attend_decode_group(q: torch.Tensor, k_flat, v_flat, group: DecodeGroup, sc
     num_kv_heads = k_flat.shape[1]
     length = group.suffix_slots.shape[1]
     slots = group.suffix_slots.reshape(-1)
-    k_suffix = _read(k_flat, slots, q.dtype).view(rows, length, num_kv_heads, head_dim)
-    v_suffix = _read(v_flat, slots, q.dtype).view(rows, length, num_kv_heads, head_dim)
+    k_suffix = read_slots(k_flat, slots, q.dtype).view(rows, length, num_kv_heads, head_dim)
+    v_suffix = read_slots(v_flat, slots, q.dtype).view(rows, length, num_kv_heads, head_dim)
     prefix = group.prefix_slots.shape[0]
     if prefix == 0:
-        out = _attention(q.unsqueeze(2), k_suffix.transpose(1, 2), v_suffix.transpose(1, 2), group.suffix_mask,
+        out = masked_attention(q.unsqueeze(2), k_suffix.transpose(1, 2), v_suffix.transpose(1, 2), group.suffix_mask,
                          scale, softcap, sinks)
         return out.squeeze(2)
     # query heads grouped under their KV head: [rows, Hkv, G, D]
     per_kv = num_heads // num_kv_heads
     qg = q.view(rows, num_kv_heads, per_kv, head_dim)
-    k_prefix = _read(k_flat, group.prefix_slots, q.dtype)  # [P, Hkv, D]
-    v_prefix = _read(v_flat, group.prefix_slots, q.dtype)
+    k_prefix = read_slots(k_flat, group.prefix_slots, q.dtype)  # [P, Hkv, D]
+    v_prefix = read_slots(v_flat, group.prefix_slots, q.dtype)
     # the prefix as one matmul over every row's queries: [Hkv, rows * G, P]
     q_by_head = qg.permute(1, 0, 2, 3).reshape(num_kv_heads, rows * per_kv, head_dim)
     s_prefix = torch.matmul(q_by_head, k_prefix.permute(1, 2, 0))

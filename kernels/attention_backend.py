@@ -12,8 +12,8 @@ layer then hands back to the same backend to store K/V and attend.
 """
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import torch
 
@@ -25,6 +25,9 @@ class AttentionMetadata:
     backend: "AttentionBackend"  # the backend that built it, the only one that can read it
     slot_mapping: torch.Tensor  # [num_tokens] where each new token's K/V is stored (negative: nowhere)
     num_decodes: int  # the batch's first rows are this many decodes, one token each
+    # a step of a model whose pictures' tokens attend both ways, with such pictures: their rows, attended again
+    # after the backend's causal attention (a `kernels.picture_attention.PictureAttention`, which imports this)
+    pictures: Any = field(default=None, kw_only=True)
 
 
 class AttentionBackend(ABC):

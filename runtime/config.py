@@ -128,6 +128,9 @@ class EngineConfig:
     # a vision-language model's pictures per prompt, at most (vLLM's name and shape: {"image": 4}); 0 serves it
     # text-only
     limit_mm_per_prompt: dict[str, int] | None = None
+    # what the checkpoint's processor is called with beside every prompt's pictures (vLLM's name), e.g. Gemma 3's
+    # {"do_pan_and_scan": true}
+    mm_processor_kwargs: dict | None = None
 
     def __post_init__(self) -> None:
         if self.device == "auto":

@@ -16,6 +16,9 @@ import torch
 from PIL import Image
 from transformers import (
     CLIPVisionConfig,
+    Gemma3Config,
+    Gemma3ForConditionalGeneration,
+    Gemma3Processor,
     GenerationConfig,
     LlavaConfig,
     LlavaForConditionalGeneration,
@@ -31,6 +34,7 @@ from transformers import (
     Qwen2Config,
 )
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from testing.model_factory import build_tokenizer
@@ -73,6 +77,43 @@ def build_llava_dir(path: Path, image_size: int = 28, patch_size: int = 7, seed:
                                vision_feature_select_strategy="default", num_additional_image_tokens=1,
                                chat_template=tokenizer.chat_template)
     processor.save_pretrained(path)
+    eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    GenerationConfig(eos_token_id=eos, bos_token_id=None).save_pretrained(path)
+    return path
+
+
+GEMMA3_VISION_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+                        "image_token": "<image_soft_token>"}
+
+
+def build_gemma3_dir(path: Path, seed: int = 0) -> Path:
+    """Gemma 3's shape at a tiny size: a 2-layer SigLIP tower over 56-pixel pictures in 7-pixel patches, averaged
+    2 x 2 into 16 tokens a picture, a sliding layer (window 8: shorter than a picture) and a full one. The prompt
+    writes <start_of_image>, which the processor spells out with the picture's soft tokens between the begin and
+    end tokens. Its projection is drawn at random (transformers starts it at zero) and its embeddings untied (tied,
+    a random model's next token is mostly its last)."""
+    torch.manual_seed(seed)
+    tokenizer = build_tokenizer(512)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(GEMMA3_VISION_TOKENS.values())})
+    tokenizer._set_model_specific_special_tokens(GEMMA3_VISION_TOKENS)  # boi_token, eoi_token, image_token
+    tokenizer.chat_template = VISION_CHATML.replace("{{ image_token }}", GEMMA3_VISION_TOKENS["boi_token"])
+    ids = {name: tokenizer.convert_tokens_to_ids(GEMMA3_VISION_TOKENS[token]) for name, token in (
+        ("boi_token_index", "boi_token"), ("eoi_token_index", "eoi_token"), ("image_token_index", "image_token"))}
+    text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, vocab_size=576, max_position_embeddings=2048, sliding_window=8,
+                layer_types=["sliding_attention", "full_attention"], initializer_range=0.2)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=56,
+                  patch_size=7, vision_use_head=False)
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=16, initializer_range=0.2,
+                          tie_word_embeddings=False,
+                          eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"), **ids)
+    model = Gemma3ForConditionalGeneration(config)
+    with torch.no_grad():
+        model.model.multi_modal_projector.mm_input_projection_weight.normal_(0, 0.2)
+    model.save_pretrained(path)
+    image_processor = Gemma3ImageProcessorPil(size={"height": 56, "width": 56})
+    Gemma3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_length=16,
+                    chat_template=tokenizer.chat_template).save_pretrained(path)
     eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
     GenerationConfig(eos_token_id=eos, bos_token_id=None).save_pretrained(path)
     return path

@@ -62,7 +62,7 @@ class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  adapters: AdapterSlots | None = None, max_num_seqs_per_owner: int | None = None,
                  max_num_seqs_background: int | None = None, state_slots: bool = False,
-                 scaled_rope: LengthScaledRope | None = None):
+                 scaled_rope: LengthScaledRope | None = None, whole_pictures: bool = False):
         self.adapters = adapters  # LoRA slots: a sequence is admitted only once its adapter has one
         self.max_num_seqs = max_num_seqs
         self.max_num_seqs_background = max_num_seqs_background or max(1, max_num_seqs // 16)
@@ -80,6 +80,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.free_state_slots = list(range(max_num_seqs)) if state_slots else None
         self.scaled_rope = scaled_rope
+        self.whole_pictures = whole_pictures  # a prefill chunk never ends inside a picture (its tokens attend both ways)
 
     def add(self, request: Request) -> None:
         for seq in request.seqs:
@@ -123,7 +124,7 @@ class Scheduler:
             if seq.draft_token_ids:
                 n = self._fit_drafts(seq, budget)
             else:
-                n = pending if pending <= budget else budget
+                n = self._chunk(seq, seq.num_computed_tokens, min(pending, budget))
             if n == 0:
                 continue  # a prompt computed whole that samples nothing: it finishes as its step completes
             while not blocks.try_grow(seq, seq.num_computed_tokens + n):
@@ -182,6 +183,15 @@ class Scheduler:
         to have been computed with other weights)."""
         for seq in sorted(self.running, key=BY_ORDER, reverse=True):
             self._preempt(seq)
+
+    def _chunk(self, seq: Sequence, start: int, n: int) -> int:
+        """The tokens from `start` a prefill chunk of at most `n` runs: with `whole_pictures`, it stops before a
+        picture it cannot hold whole (none, when it starts inside it)."""
+        if self.whole_pictures:
+            for image in seq.request.images:
+                if image.offset < start + n < image.end:
+                    return max(0, image.offset - start)
+        return n
 
     def _fit_drafts(self, seq: Sequence, budget: int) -> int:
         """The tokens `seq` runs within `budget` (> 0): those pending, then the draft tokens that fit."""
@@ -243,7 +253,9 @@ class Scheduler:
                     seq.rope_scale, seq.block_hashes = scale, []
             hits = self.blocks.cached_prefix(seq)
             cached = len(hits) * self.blocks.block_size
-            n = min(seq.num_tokens - cached, budget)
+            n = self._chunk(seq, cached, min(seq.num_tokens - cached, budget))
+            if n == 0:
+                break  # its next picture fits a later step's budget
             if not self.blocks.can_admit(hits, cached + n) or not self._pin(seq):
                 if self._in_background(seq) or not self._preempt_paused(scheduled):
                     break

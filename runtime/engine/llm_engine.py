@@ -75,7 +75,7 @@ class LLMEngine(EngineLifecycle):
         self.adapter_slots = AdapterSlots(config.max_loras) if config.enable_lora else None
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.adapter_slots, config.max_num_seqs_per_owner, config.max_num_seqs_background,
-                                   state_slots=stateful,
+                                   state_slots=stateful, whole_pictures=self.spec.pictures_attend_both_ways,
                                    scaled_rope=LengthScaledRope.of(self.spec.hf_config, self.spec.max_model_len))
         self.speculator = build_speculator(config, self.spec, self.tokenizer, self.eos_token_ids, self.runner)
         self.shared_tier = None

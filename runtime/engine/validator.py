@@ -56,7 +56,7 @@ class RequestValidator:
         if self.spec.takes_images:
             try:
                 self.images = ImageProcessing(self.spec.path, self.spec.model_class,
-                                              self.spec.hf_config.vision_language)
+                                              self.spec.hf_config.vision_language, config.mm_processor_kwargs)
             except OSError as e:  # a checkpoint saved without its processor's files
                 logger.warning("%s has no image processor (%s): it is served text-only", self.spec.path, e)
         self._grammars: GrammarCompiler | None = None

@@ -89,6 +89,8 @@ class Attention(nn.Module):
         meta.backend.store_kv(k, v, self.k_cache, self.v_cache, meta)
         out = meta.backend.attend(q, self.k_cache, self.v_cache, meta, self.scale, self.window, self.softcap,
                                   self.sinks)
+        if meta.pictures is not None:
+            meta.pictures.attend(out, q, self.k_cache, self.v_cache, self.scale, self.window, self.softcap, self.sinks)
         return out.reshape(-1, self.num_heads * self.head_dim)
 
     def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -229,6 +231,8 @@ class CausalLM(nn.Module):
     # a vision-language model: prompts may hold pictures, whose tokens' inputs its vision encoder computes
     # (`encode_images`; `runtime.multimodal`)
     takes_images = False
+    # a picture's tokens attend to each other both ways (Gemma 3: `kernels.picture_attention`)
+    pictures_attend_both_ways = False
     # positions rotate by three axes (M-RoPE: `rope_layout` gives a request's, `runtime.multimodal.mrope`)
     multimodal_rope = False
     # checkpoint projection -> (our fused parameter, its shard)

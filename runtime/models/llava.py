@@ -3,9 +3,7 @@ two-layer projector, and a language model of a family already served (Llama, Mis
 placeholder tokens take the projected hidden states of one (or several, concatenated) of the tower's layers, its
 class token dropped under the `default` feature strategy.
 
-Checkpoints name their tensors in one of two layouts: transformers' older one (`language_model.model.…`,
-`language_model.lm_head`, `vision_tower.vision_model.…`, `multi_modal_projector.…`: what llava-hf publishes and
-transformers still saves) or its newer one (`model.language_model.…`, `model.vision_tower.…`, `lm_head`)."""
+Checkpoints name their tensors in either of transformers' layouts (`vision_language.LLAVA_LAYOUT`)."""
 
 import torch
 from torch import nn
@@ -19,17 +17,6 @@ from runtime.models.mistral import MistralForCausalLM
 from runtime.models.qwen2 import Qwen2ForCausalLM
 from runtime.models.qwen3 import Qwen3ForCausalLM
 from runtime.models.vision_language import VisionLanguage
-
-_RENAMES = (  # checkpoint prefix -> ours, the first that matches
-    ("language_model.model.", "model."),
-    ("language_model.lm_head.", "lm_head."),
-    ("model.language_model.", "model."),
-    ("model.vision_tower.vision_model.", "vision_tower."),
-    ("model.vision_tower.", "vision_tower."),
-    ("vision_tower.vision_model.", "vision_tower."),
-    ("model.multi_modal_projector.", "multi_modal_projector."),
-)
-
 
 class LlavaProjector(nn.Module):
     def __init__(self, config: PretrainedConfig, num_feature_layers: int):
@@ -76,10 +63,7 @@ class LlavaMixin(VisionLanguage):
         return list(self.multi_modal_projector(features))
 
     def param_for(self, name: str) -> tuple[str | None, tuple]:
-        for prefix, ours in _RENAMES:
-            if name.startswith(prefix):
-                name = ours + name.removeprefix(prefix)
-                break
+        name = self.renamed(name)
         if name.startswith(("vision_tower.", "multi_modal_projector.")):
             return self._tower_param(name), ()
         return super().param_for(name)

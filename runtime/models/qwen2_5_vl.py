@@ -19,11 +19,9 @@ from runtime.models.vision_language import VisionLanguage
 from runtime.multimodal.inputs import ImageInput
 from runtime.multimodal.mrope import MRopeLayout
 
-_RENAMES = (("model.visual.", "visual."), ("model.language_model.", "model."))
-
-
 class QwenVisionLanguage(VisionLanguage):
     multimodal_rope = True
+    checkpoint_layout = (("model.visual.", "visual."), ("model.language_model.", "model."))
     tower: type  # the family's vision tower
     interleaved_rope = False  # M-RoPE's frequencies by sections, or interleaved (`MultimodalRotaryTables`)
     mrope_section = [16, 24, 24]  # where the config names none (transformers' default for the family)
@@ -57,10 +55,7 @@ class QwenVisionLanguage(VisionLanguage):
         return MRopeLayout.of(images, self.merge)
 
     def param_for(self, name: str) -> tuple[str | None, tuple]:
-        for prefix, ours in _RENAMES:
-            if name.startswith(prefix):
-                name = ours + name.removeprefix(prefix)
-                break
+        name = self.renamed(name)
         if name.startswith("visual."):
             return name if self.visual is not None else None, ()
         return super().param_for(name)

@@ -11,6 +11,7 @@ from runtime.models.ernie4_5_moe import Ernie4_5_MoeForCausalLM, Ernie4_5ForCaus
 from runtime.models.exaone4 import Exaone4ForCausalLM
 from runtime.models.gemma2 import Gemma2ForCausalLM
 from runtime.models.gemma3 import Gemma3ForCausalLM
+from runtime.models.gemma3_vl import Gemma3ForConditionalGeneration
 from runtime.models.glm4_moe import Glm4MoeForCausalLM
 from runtime.models.gpt_oss import GptOssForCausalLM
 from runtime.models.granite import GraniteForCausalLM
@@ -48,7 +49,8 @@ def _base_model(family: type[CausalLM]) -> type[CausalLM]:
 _EMBEDDABLE = (LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM,
                Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)
 _CAUSAL_LMS = (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Ernie4_5ForCausalLM, Ernie4_5_MoeForCausalLM,
-               Exaone4ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM,
+               Exaone4ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration,
+               Glm4MoeForCausalLM, GptOssForCausalLM,
                GraniteForCausalLM, Llama4ForCausalLM, Llama4ForConditionalGeneration, MiniMaxM2ForCausalLM,
                Olmo2ForCausalLM, Olmo3ForCausalLM, Qwen2VLForConditionalGeneration,
                Qwen2_5_VLForConditionalGeneration, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration,

@@ -50,6 +50,10 @@ class ModelSpec:
         text_only = family.takes_images and config.limit_mm_per_prompt["image"] == 0
         if text_only:  # no tower built or loaded
             hf_config.vision_language = None
+        elif family.pictures_attend_both_ways:  # a prefill chunk holds a picture whole
+            tokens = family.picture_tokens(checkpoint_config)
+            require(tokens <= config.max_num_batched_tokens, "max_num_batched_tokens",
+                    f"must hold a picture's {tokens} tokens: {family.__name__}'s attend to each other both ways")
         require(not config.enable_lora or family.supports_lora or text_only, "enable_lora",
                 f"LoRA is not supported for {family.__name__} models"
                 f"{' serving images (limit_mm_per_prompt image 0 serves it text-only)' if family.takes_images else ''}")
@@ -83,6 +87,10 @@ class ModelSpec:
     def takes_images(self) -> bool:
         """A vision-language model serving pictures (not text-only)."""
         return self.model_class.takes_images and self.hf_config.vision_language is not None
+
+    @property
+    def pictures_attend_both_ways(self) -> bool:
+        return self.takes_images and self.model_class.pictures_attend_both_ways
 
     @property
     def vocab_size(self) -> int:

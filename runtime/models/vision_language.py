@@ -13,8 +13,23 @@ from runtime.models.decoder import language_model_config
 from runtime.multimodal.processor import split_by_image
 
 
+# transformers' names for a vision-language checkpoint's parts, older (`language_model.model.…`, what LLaVA's and
+# Gemma 3's publishers ship and transformers still saves) and newer (`model.language_model.…`), mapped to ours:
+# the language model's as a causal LM's, the tower as `vision_tower.`, the projector as `multi_modal_projector.`
+LLAVA_LAYOUT = (  # checkpoint prefix -> ours, the first that matches
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+    ("model.language_model.", "model."),
+    ("model.vision_tower.vision_model.", "vision_tower."),
+    ("model.vision_tower.", "vision_tower."),
+    ("vision_tower.vision_model.", "vision_tower."),
+    ("model.multi_modal_projector.", "multi_modal_projector."),
+)
+
+
 class VisionLanguage:
     takes_images = True
+    checkpoint_layout: tuple[tuple[str, str], ...] = LLAVA_LAYOUT  # checkpoint prefix -> ours, the first that matches
     supports_lora = False  # adapters attach to the language model's layers only: not built for the tower
     split_image_tensors = staticmethod(split_by_image)  # the processor's tensors, one dict per picture
 
@@ -23,6 +38,14 @@ class VisionLanguage:
         text = language_model_config(config)
         text.vision_language = config  # what the tower is built from
         return text
+
+    @classmethod
+    def renamed(cls, name: str) -> str:
+        """A checkpoint tensor's name as ours (`checkpoint_layout`)."""
+        for prefix, ours in cls.checkpoint_layout:
+            if name.startswith(prefix):
+                return ours + name.removeprefix(prefix)
+        return name
 
     # A picture's placeholder tokens, from its tensors and the checkpoint's config: where the checkpoint's processor
     # cannot be loaded (`runtime.multimodal.processor`) and its steps are taken here

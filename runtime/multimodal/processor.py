@@ -1,7 +1,7 @@
 """A vision-language model's own processor (transformers' `AutoProcessor`, loaded from the checkpoint): a prompt's
 text with one placeholder per picture becomes token ids with each picture's placeholder tokens spelled out (as many
-as the processor counts for its size: `_get_num_multimodal_tokens`, which vLLM reads too), and each picture becomes
-the tensors its encoder reads.
+as its family counts from its tensors, checked against the processor's ids), and each picture becomes the tensors
+its encoder reads (an image may become several pictures: Gemma 3's pan-and-scan crops).
 
 A processor that cannot be loaded (Qwen's load a video processor, which needs torchvision: not every torch build
 has it) is replaced by its parts: the checkpoint's image processor and tokenizer, each placeholder repeated as many
@@ -20,9 +20,10 @@ logger = logging.getLogger(__name__)
 
 
 class ImageProcessing:
-    def __init__(self, path: Path | str, family, checkpoint: PretrainedConfig):
+    def __init__(self, path: Path | str, family, checkpoint: PretrainedConfig, options: dict | None = None):
         """`family`: the model's class (`runtime.models.vision_language.VisionLanguage`); `checkpoint`: its whole
-        config."""
+        config; `options`: what the processor is called with beside the pictures (`mm_processor_kwargs`)."""
+        self._options = options or {}
         # imported here: transformers' processors pull in its modeling stack, which a text model never needs
         from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
 
@@ -37,10 +38,8 @@ class ImageProcessing:
             self.processor = None
             self.tokenizer = AutoTokenizer.from_pretrained(path)
             self.image_processor = AutoImageProcessor.from_pretrained(path)
-            token_id = getattr(checkpoint, "image_token_id", None)
-            self.placeholder = self.tokenizer.convert_ids_to_tokens(
-                token_id if token_id is not None else checkpoint.image_token_index)
-        self.image_token_id = self.tokenizer.convert_tokens_to_ids(self.placeholder)
+            self.placeholder = self.tokenizer.convert_ids_to_tokens(image_token_id(checkpoint))
+        self.image_token_id = image_token_id(checkpoint)  # a picture's rows (Gemma 3 writes another placeholder)
         self._input_names = self.image_processor.model_input_names
 
     def process(self, text: str, images: list[Image.Image], add_special_tokens: bool = True
@@ -53,21 +52,26 @@ class ImageProcessing:
                              f"{len(images)} images")
         if self.processor is not None:
             batch = self.processor(text=[text], images=images, add_special_tokens=add_special_tokens,
-                                   return_tensors="pt")
-            ids = batch["input_ids"][0].tolist()
-            tensors = self._split({name: batch[name] for name in self._input_names if name in batch}, len(images))
-            counts = self.processor._get_num_multimodal_tokens(
-                image_sizes=[(i.height, i.width) for i in images]).num_image_tokens
+                                   return_tensors="pt", **self._options)
         else:
-            batch = self.image_processor(images=images, return_tensors="pt")
-            tensors = self._split({name: batch[name] for name in self._input_names if name in batch}, len(images))
-            counts = [self._count(t) for t in tensors]
+            batch = self.image_processor(images=images, return_tensors="pt", **self._options)
+        tensors = self._split({name: batch[name] for name in self._input_names if name in batch}, len(images))
+        counts = [self._count(t) for t in tensors]
+        if self.processor is not None:
+            ids = batch["input_ids"][0].tolist()
+        else:  # as the processor's `replace_image_token`
             pieces = text.split(self.placeholder)
             text = pieces[0] + "".join(self.placeholder * n + piece for n, piece in zip(counts, pieces[1:]))
             ids = self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
         spans = placeholder_spans(ids, self.image_token_id, counts)
         return ids, tuple(ImageInput(offset, length, ImageInput.hash_of(t), t)
                           for (offset, length), t in zip(spans, tensors))
+
+
+def image_token_id(checkpoint: PretrainedConfig) -> int:
+    """The token whose runs are the pictures' rows, as the checkpoint's config names it."""
+    token_id = getattr(checkpoint, "image_token_id", None)
+    return token_id if token_id is not None else checkpoint.image_token_index
 
 
 def placeholder_spans(ids: list[int], token_id: int, counts: list[int]) -> list[tuple[int, int]]:

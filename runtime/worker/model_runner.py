@@ -10,6 +10,7 @@ token, or every prompt token of the chunk), and nothing is sampled for them.
 import torch
 
 from kernels import AttentionMetadata, choose_attention_backend, tensor_on, to_device
+from kernels.picture_attention import PictureAttention, pictures_in_chunk
 from runtime.config import KV_CACHE_DTYPES, EngineConfig
 from runtime.core.scheduler import ScheduledBatch
 from runtime.core.sequence import Request, Sequence
@@ -247,6 +248,9 @@ class ModelRunner(RunnerWeights):
             drafts, token_ids, request = seq.draft_token_ids, seq.token_ids, seq.request
             if request.images and start < request.images[-1].end:
                 image_chunks.append((request, start, end, offset))
+                if self.model.pictures_attend_both_ways:
+                    inputs.picture_rows += pictures_in_chunk([(i.offset, i.end) for i in request.images], start, end,
+                                                             offset, seq.block_table)
             if n == 1:  # the rule: a decode (one token a step has no drafts)
                 if start < len(token_ids):
                     input_ids.append(token_ids[start])
@@ -376,6 +380,8 @@ class ModelRunner(RunnerWeights):
         block_size, backend = self.config.block_size, self.attention_backend
         meta = backend.build_metadata(inputs.query_lens, inputs.context_lens, inputs.block_tables, block_size,
                                       inputs.num_decodes, self.device)
+        if inputs.picture_rows:
+            meta.pictures = PictureAttention(inputs.picture_rows, block_size, self.device)
         chunk = self.model.attention_chunk_size
         if chunk is None:
             return meta

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kernels.picture_attention import PictureRows
 from runtime.core.kv_tier import KVMove
 from runtime.core.sequence import Request, Sequence
 from runtime.lora import LoRAAdapter
@@ -78,6 +79,8 @@ class StepInputs:
     # (`runtime.multimodal.encoder_cache`, on rank 0; sent to the other ranks with the rest)
     image_rows: list[int] = field(default_factory=list)
     image_embeds: torch.Tensor | None = None
+    # pictures whose tokens attend both ways (`runtime.models.decoder.CausalLM.pictures_attend_both_ways`)
+    picture_rows: list[PictureRows] = field(default_factory=list)
     # M-RoPE: (first row, row positions, column positions) of rows whose three positions differ (a picture's; the
     # time positions are `rope_rows`)
     spatial_positions: list[tuple[int, list[int], list[int]]] = field(default_factory=list)

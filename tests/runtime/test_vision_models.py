@@ -12,13 +12,14 @@ from transformers import (
     AutoModelForImageTextToText,
     AutoProcessor,
     AutoTokenizer,
-    LlavaForConditionalGeneration,
 )
 
 from runtime import LLM, InvalidInputError, LLMEngine, SamplingParams
 from runtime.config import EngineConfig
+from runtime.models.gemma3_vl import Gemma3ForConditionalGeneration
 from testing.model_factory import build_model_dir
 from testing.vision_checkpoints import (
+    build_gemma3_dir,
     build_llava_dir,
     build_qwen2_5_vl_dir,
     build_qwen2_vl_dir,
@@ -45,9 +46,11 @@ def without_eos(model):
     return model
 
 
-def llava_reference(path):
+def processor_reference(path):
+    """The checkpoint's processor and transformers' model class (LLaVA's, Gemma 3's: its processor gives the token
+    types that make a picture's tokens attend both ways)."""
     processor = AutoProcessor.from_pretrained(path)
-    model = without_eos(LlavaForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval())
+    model = without_eos(AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval())
 
     def generate(pictures: list) -> list[int]:
         text = processor.apply_chat_template(conversation(len(pictures)), add_generation_prompt=True)
@@ -79,10 +82,10 @@ def qwen_reference(path):
     return generate
 
 
-FAMILIES = {"llava": (build_llava_dir, llava_reference), "qwen2_vl": (build_qwen2_vl_dir, qwen_reference),
+FAMILIES = {"llava": (build_llava_dir, processor_reference), "gemma3": (build_gemma3_dir, processor_reference), "qwen2_vl": (build_qwen2_vl_dir, qwen_reference),
             "qwen2_5_vl": (build_qwen2_5_vl_dir, qwen_reference), "qwen3_vl": (build_qwen3_vl_dir, qwen_reference),
             "qwen3_5": (build_qwen3_5_dir, qwen_reference)}
-CACHED = ["llava", "qwen2_5_vl"]  # Qwen3.5's linear-attention layers keep a state per sequence: no prefix cache
+CACHED = ["llava", "gemma3", "qwen2_5_vl"]  # Qwen3.5's linear-attention layers keep a state per sequence: no prefix cache
 
 
 def _family(request, tmp_path_factory):
@@ -116,11 +119,21 @@ def _picture_indices(parts: list[dict]) -> list[int]:
     return indices
 
 
+# prefill chunks that cut through every picture's tokens (16 or 20), or, for Gemma 3 (whose pictures' tokens attend
+# both ways: a chunk holds a picture whole), stop before pictures
+SMALL_CHUNK = {"gemma3": 20}
+
+
+def small_chunk(request) -> int:
+    return SMALL_CHUNK.get(request.node.callspec.params["family"], 8)
+
+
 @pytest.mark.parametrize("pictures", [1, 2])
-@pytest.mark.parametrize("chunk", [2048, 8])  # 8: every picture's tokens (16 or 20) span several prefill chunks
-def test_greedy_equals_transformers(family, pictures, chunk):
+@pytest.mark.parametrize("whole", [True, False])
+def test_greedy_equals_transformers(request, family, pictures, whole):
     path, reference = family
     images = [random_picture(seed) for seed in range(pictures)]
+    chunk = 2048 if whole else small_chunk(request)
     llm = LLM(str(path), max_num_batched_tokens=chunk, **OPTIONS)
     assert chat(llm, images) == reference(images)
     assert llm.stats()["encoder_cache_images"] == 0  # every picture consumed, its output let go
@@ -160,10 +173,10 @@ def conversation_with(pictures: list) -> list[dict]:
     return [{"role": "user", "content": parts}]
 
 
-def test_tp2_equals_tp1(ray_cluster, family):
+def test_tp2_equals_tp1(request, ray_cluster, family):
     path, reference = family
     images = [random_picture(5), random_picture(6)]
-    llm = LLM(str(path), **OPTIONS, tensor_parallel_size=2, max_num_batched_tokens=8)
+    llm = LLM(str(path), **OPTIONS, tensor_parallel_size=2, max_num_batched_tokens=small_chunk(request))
     try:
         assert llm.chat(conversation_with(images), GREEDY)[0].outputs[0].token_ids == reference(images)
     finally:
@@ -230,3 +243,44 @@ def test_a_vision_model_served_text_only_builds_no_tower(llava):
         llm.chat(conversation_with([random_picture(1)]), GREEDY)
     with pytest.raises(InvalidInputError, match="limit_mm_per_prompt image 0 serves it text-only"):
         LLM(str(llava), **OPTIONS, pipeline_parallel_size=2)
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory):
+    path = build_gemma3_dir(tmp_path_factory.mktemp("gemma3"))
+    return path, processor_reference(path)
+
+
+def test_gemma3_pictures_attend_both_ways(gemma3, monkeypatch):
+    """Transformers' answer needs each picture's tokens to see each other both ways: served causally, the same
+    pictures answer otherwise."""
+    path, reference = gemma3
+    images = [random_picture(1), random_picture(2)]
+    assert chat(LLM(str(path), **OPTIONS), images) == reference(images)
+    monkeypatch.setattr(Gemma3ForConditionalGeneration, "pictures_attend_both_ways", False)
+    assert chat(LLM(str(path), **OPTIONS), images) != reference(images)
+
+
+def test_gemma3_prefix_hit_ending_inside_a_picture(gemma3):
+    """A cached prefix that ends inside a picture (the next prompt shares it up to the picture's end): the rest of
+    the picture's queries see its cached tokens and its new ones, as transformers computes the whole prompt."""
+    path, _ = gemma3
+    llm = LLM(str(path), **OPTIONS, block_size=16)
+    picture = random_picture(3)
+    first = [{"role": "user", "content": [{"type": "image", "image": picture}, {"type": "text", "text": "red"}]}]
+    second = [{"role": "user", "content": [{"type": "image", "image": picture}, {"type": "text", "text": "blue"}]}]
+    llm.chat(first, GREEDY)
+    out = llm.chat(second, GREEDY)[0]
+    text = llm.tokenizer.apply_chat_template(second, tokenize=False, add_generation_prompt=True)
+    image = llm.engine.validator.process_images(text, [picture])[1][0]
+    assert image.offset < out.num_cached_tokens < image.end  # the hit ends inside the picture
+    processor = AutoProcessor.from_pretrained(path)
+    model = without_eos(AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval())
+    inputs = processor(text=[text], images=[picture], return_tensors="pt")
+    expected = model.generate(**inputs, max_new_tokens=GREEDY.max_tokens, do_sample=False)
+    assert out.outputs[0].token_ids == expected[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+def test_gemma3_needs_a_chunk_that_holds_a_picture(gemma3):
+    with pytest.raises(InvalidInputError, match="must hold a picture's 16 tokens"):
+        LLM(str(gemma3[0]), **OPTIONS, max_num_batched_tokens=15)
