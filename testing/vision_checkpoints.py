@@ -7,6 +7,7 @@ the image token where a message's content lists a picture (as the families' own 
 
 import base64
 import io
+import json
 import struct
 import zlib
 from pathlib import Path
@@ -19,6 +20,8 @@ from transformers import (
     Gemma3Config,
     Gemma3ForConditionalGeneration,
     Gemma3Processor,
+    Mistral3Config,
+    Mistral3ForConditionalGeneration,
     GenerationConfig,
     LlavaConfig,
     LlavaForConditionalGeneration,
@@ -35,6 +38,7 @@ from transformers import (
 )
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from testing.model_factory import build_tokenizer
@@ -114,6 +118,36 @@ def build_gemma3_dir(path: Path, seed: int = 0) -> Path:
     image_processor = Gemma3ImageProcessorPil(size={"height": 56, "width": 56})
     Gemma3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_length=16,
                     chat_template=tokenizer.chat_template).save_pretrained(path)
+    eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    GenerationConfig(eos_token_id=eos, bos_token_id=None).save_pretrained(path)
+    return path
+
+
+PIXTRAL_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
+
+
+def build_mistral3_dir(path: Path, seed: int = 0) -> Path:
+    """Mistral 3's shape at a tiny size: a 2-layer Pixtral tower over 4-pixel patches, merged 2 x 2, read at its
+    last layer, and a Mistral language model; pictures resized to at most 48 pixels a side, in multiples of 8.
+    Saved as Mistral publishes it, processor_config.json included; transformers' Pixtral processor needs
+    torchvision (which the CPU torch build here cannot load), so its image processor is saved alone."""
+    torch.manual_seed(seed)
+    tokenizer = build_tokenizer(512)
+    tokenizer.add_special_tokens({"additional_special_tokens": PIXTRAL_TOKENS})
+    tokenizer.chat_template = VISION_CHATML.replace("{{ image_token }}", "[IMG]")
+    text = dict(model_type="mistral", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=576,
+                max_position_embeddings=2048, initializer_range=0.2)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=64,
+                  patch_size=4, head_dim=8)
+    config = Mistral3Config(text_config=text, vision_config=vision, spatial_merge_size=2, vision_feature_layer=-1,
+                            image_token_index=tokenizer.convert_tokens_to_ids("[IMG]"), initializer_range=0.2)
+    Mistral3ForConditionalGeneration(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    PixtralImageProcessorPil(patch_size={"height": 8, "width": 8}, size={"longest_edge": 48}).save_pretrained(path)
+    (path / "processor_config.json").write_text(json.dumps({
+        "processor_class": "PixtralProcessor", "patch_size": 4, "spatial_merge_size": 2, "image_token": "[IMG]",
+        "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}))
     eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
     GenerationConfig(eos_token_id=eos, bos_token_id=None).save_pretrained(path)
     return path

@@ -37,14 +37,14 @@ class VisionAttention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bounds: list[int]) -> torch.Tensor:
         """Attention within each segment [bounds[i], bounds[i + 1]) of the patches."""
         q, k, v = self.qkv(x).view(x.shape[0], 3, self.num_heads, -1).unbind(1)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        q, k = rotate_halves(q, cos, sin), rotate_halves(k, cos, sin)
         out = torch.cat([F.scaled_dot_product_attention(q[a:b].transpose(0, 1), k[a:b].transpose(0, 1),
                                                         v[a:b].transpose(0, 1)).transpose(0, 1)
                          for a, b in zip(bounds, bounds[1:])])
         return self.proj(out.reshape(x.shape[0], -1))
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """The rotary embedding over whole heads (halves), in float32 as transformers applies it."""
     h = x.float()
     half = h.shape[-1] // 2
@@ -53,12 +53,14 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class VisionMLP(nn.Module):
-    def __init__(self, config: PretrainedConfig):
+    """The gated MLP of Qwen2.5-VL's tower (and, without biases, Pixtral's)."""
+
+    def __init__(self, config: PretrainedConfig, bias: bool = True):
         super().__init__()
         self.activation = activation(config.hidden_act)
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.activation(self.gate_proj(x)) * self.up_proj(x))

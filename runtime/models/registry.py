@@ -20,6 +20,7 @@ from runtime.models.llava import LLAVA_FAMILIES
 from runtime.models.llama4 import Llama4ForCausalLM, Llama4ForConditionalGeneration
 from runtime.models.minimax_m2 import MiniMaxM2ForCausalLM
 from runtime.models.mistral import MistralForCausalLM
+from runtime.models.mistral3 import Mistral3ForConditionalGeneration
 from runtime.models.mixtral import MixtralForCausalLM
 from runtime.models.olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
 from runtime.models.phi3 import Phi3ForCausalLM
@@ -52,6 +53,7 @@ _CAUSAL_LMS = (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Ernie4_5ForCausalLM
                Exaone4ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration,
                Glm4MoeForCausalLM, GptOssForCausalLM,
                GraniteForCausalLM, Llama4ForCausalLM, Llama4ForConditionalGeneration, MiniMaxM2ForCausalLM,
+               Mistral3ForConditionalGeneration,
                Olmo2ForCausalLM, Olmo3ForCausalLM, Qwen2VLForConditionalGeneration,
                Qwen2_5_VLForConditionalGeneration, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration,
                Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration, Qwen3NextForCausalLM,

@@ -47,8 +47,14 @@ class VisionLanguage:
                 return ours + name.removeprefix(prefix)
         return name
 
-    # A picture's placeholder tokens, from its tensors and the checkpoint's config: where the checkpoint's processor
-    # cannot be loaded (`runtime.multimodal.processor`) and its steps are taken here
+    # A picture's placeholder tokens, from its tensors and the checkpoint's config
     image_token_counts: Callable[[dict[str, torch.Tensor], PretrainedConfig], int]
+
+    @classmethod
+    def picture_tokens_of(cls, tensors: dict[str, torch.Tensor], checkpoint: PretrainedConfig, image_token: str
+                          ) -> list[str]:
+        """The tokens a picture is spelled out as, as its processor's `replace_image_token` writes them (checked
+        against the processor's ids, or written so where it cannot be loaded: `runtime.multimodal.processor`)."""
+        return [image_token] * cls.image_token_counts(tensors, checkpoint)
     # Each picture's placeholder rows, [tokens, the language model's hidden size]
     encode_images: Callable[[list[dict[str, torch.Tensor]]], list[torch.Tensor]]

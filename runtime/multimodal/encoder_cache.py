@@ -40,12 +40,12 @@ class EncoderCache:
             if request in self.failed:  # its rows keep their placeholders' embeddings; its output is dropped
                 continue
             for i, image in enumerate(request.images):
-                lo, hi = max(start, image.offset), min(end, image.end)
-                if lo >= hi:
+                if not (image.offset < end and start < image.end):
                     continue
-                pieces.append(self._outputs[request][i][lo - image.offset : hi - image.offset])
-                rows.extend(range(first + lo - start, first + hi - start))
-                if hi == image.end:
+                positions, output_rows = image.rows_within(start, end)
+                pieces.append(self._outputs[request][i][output_rows])
+                rows.extend(first + p - start for p in positions)
+                if end >= image.end:
                     consumed.append((request, i))
         for request, i in consumed:
             held = self._outputs.get(request)
@@ -75,9 +75,9 @@ class EncoderCache:
 
     def _store(self, pictures: list[tuple[Request, int]], outputs: list[torch.Tensor]) -> None:
         for (request, i), output in zip(pictures, outputs, strict=True):
-            expected = request.images[i].length
+            expected = request.images[i].num_rows
             if output.shape[0] != expected:
-                raise ValueError(f"the encoder gave {output.shape[0]} rows for a picture of {expected} tokens")
+                raise ValueError(f"the encoder gave {output.shape[0]} rows for a picture of {expected}")
         for (request, i), output in zip(pictures, outputs):
             self._outputs.setdefault(request, {})[i] = output
         self.images_encoded += len(pictures)

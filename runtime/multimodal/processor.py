@@ -28,7 +28,7 @@ class ImageProcessing:
         from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
 
         self._split = family.split_image_tensors
-        self._count = lambda tensors: family.image_token_counts(tensors, checkpoint)
+        self._spelled = lambda tensors: family.picture_tokens_of(tensors, checkpoint, self.image_token)
         try:
             self.processor = AutoProcessor.from_pretrained(path)
             self.tokenizer, self.image_processor = self.processor.tokenizer, self.processor.image_processor
@@ -40,6 +40,7 @@ class ImageProcessing:
             self.image_processor = AutoImageProcessor.from_pretrained(path)
             self.placeholder = self.tokenizer.convert_ids_to_tokens(image_token_id(checkpoint))
         self.image_token_id = image_token_id(checkpoint)  # a picture's rows (Gemma 3 writes another placeholder)
+        self.image_token = self.tokenizer.convert_ids_to_tokens(self.image_token_id)
         self._input_names = self.image_processor.model_input_names
 
     def process(self, text: str, images: list[Image.Image], add_special_tokens: bool = True
@@ -56,16 +57,16 @@ class ImageProcessing:
         else:
             batch = self.image_processor(images=images, return_tensors="pt", **self._options)
         tensors = self._split({name: batch[name] for name in self._input_names if name in batch}, len(images))
-        counts = [self._count(t) for t in tensors]
+        spelled = [self._spelled(t) for t in tensors]
         if self.processor is not None:
             ids = batch["input_ids"][0].tolist()
         else:  # as the processor's `replace_image_token`
             pieces = text.split(self.placeholder)
-            text = pieces[0] + "".join(self.placeholder * n + piece for n, piece in zip(counts, pieces[1:]))
+            text = pieces[0] + "".join("".join(tokens) + piece for tokens, piece in zip(spelled, pieces[1:]))
             ids = self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
-        spans = placeholder_spans(ids, self.image_token_id, counts)
-        return ids, tuple(ImageInput(offset, length, ImageInput.hash_of(t), t)
-                          for (offset, length), t in zip(spans, tensors))
+        spans = placeholder_spans(ids, self.image_token_id, [self.tokenizer.convert_tokens_to_ids(t) for t in spelled])
+        return ids, tuple(ImageInput(offset, length, ImageInput.hash_of(t), t, gaps)
+                          for (offset, length, gaps), t in zip(spans, tensors))
 
 
 def image_token_id(checkpoint: PretrainedConfig) -> int:
@@ -74,19 +75,21 @@ def image_token_id(checkpoint: PretrainedConfig) -> int:
     return token_id if token_id is not None else checkpoint.image_token_index
 
 
-def placeholder_spans(ids: list[int], token_id: int, counts: list[int]) -> list[tuple[int, int]]:
-    """(first position, length) of each picture's run of `token_id` in `ids`, the pictures `counts[i]` tokens each
-    (two pictures with nothing between them make one run of both)."""
+def placeholder_spans(ids: list[int], token_id: int, pictures: list[list[int]]
+                      ) -> list[tuple[int, int, tuple[int, ...]]]:
+    """(first position, length, gaps) of each picture's tokens in `ids`: `pictures[i]` spelled out from the next
+    `token_id` on (two pictures with nothing between them make one run of both); gaps: where its tokens are not
+    `token_id`."""
     spans, position = [], 0
-    for count in counts:
+    for spelled in pictures:
         try:
             start = ids.index(token_id, position)
         except ValueError:
-            raise ValueError(f"the processor wrote image tokens for {len(spans)} of {len(counts)} images") from None
-        if ids[start : start + count] != [token_id] * count:
-            raise ValueError(f"image {len(spans)}'s tokens are not the {count} its processor counts")
-        spans.append((start, count))
-        position = start + count
+            raise ValueError(f"the processor wrote image tokens for {len(spans)} of {len(pictures)} images") from None
+        if ids[start : start + len(spelled)] != spelled:
+            raise ValueError(f"image {len(spans)}'s tokens are not the {len(spelled)} its processor counts")
+        spans.append((start, len(spelled), tuple(i for i, token in enumerate(spelled) if token != token_id)))
+        position = start + len(spelled)
     return spans
 
 

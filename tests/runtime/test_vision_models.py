@@ -1,7 +1,9 @@
 """Vision-language models against transformers' own classes: tiny random LLaVA (CLIP tower, projector, Qwen2),
-Qwen2-VL, Qwen2.5-VL (windowed tower, M-RoPE by sections), Qwen3-VL (resized learned positions, interleaved
-M-RoPE, deep-stack taps) and Qwen3.5 (Qwen3-VL's tower without taps, linear attention) checkpoints saved with their processors, prompted with one and two pictures; greedy tokens
-equal transformers' `generate` on the same pictures and text, with prefill chunks cutting through a picture's
+Gemma 3 (SigLIP, pictures' tokens attending both ways), Mistral 3 (Pixtral's tower, pictures spelled out row by
+row with breaks), Qwen2-VL, Qwen2.5-VL (windowed tower, M-RoPE by sections), Qwen3-VL (resized learned positions,
+interleaved M-RoPE, deep-stack taps) and Qwen3.5 (Qwen3-VL's tower without taps, linear attention) checkpoints
+saved with their processors, prompted with one and two pictures; greedy tokens equal transformers' `generate` on
+the same pictures and text, with prefill chunks cutting through (or, for Gemma 3, stopping before) a picture's
 tokens, from the prefix cache on a repeated picture (where the model has one), and at TP=2; and they differ when
 the picture does."""
 
@@ -21,6 +23,7 @@ from testing.model_factory import build_model_dir
 from testing.vision_checkpoints import (
     build_gemma3_dir,
     build_llava_dir,
+    build_mistral3_dir,
     build_qwen2_5_vl_dir,
     build_qwen2_vl_dir,
     build_qwen3_5_dir,
@@ -82,10 +85,36 @@ def qwen_reference(path):
     return generate
 
 
-FAMILIES = {"llava": (build_llava_dir, processor_reference), "gemma3": (build_gemma3_dir, processor_reference), "qwen2_vl": (build_qwen2_vl_dir, qwen_reference),
+def pixtral_reference(path):
+    """Mistral 3's processor, by its steps (transformers' Pixtral processor needs torchvision): each picture row by
+    row, a row's [IMG] tokens (one per 8 x 8 pixels: 4-pixel patches merged 2 x 2) then [IMG_BREAK], the last
+    break an [IMG_END]."""
+    tokenizer, images = AutoTokenizer.from_pretrained(path), AutoImageProcessor.from_pretrained(path)
+    model = without_eos(AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval())
+
+    def spelled(height: int, width: int) -> str:
+        tokens = (["[IMG]"] * (width // 8) + ["[IMG_BREAK]"]) * (height // 8)
+        return "".join(tokens[:-1] + ["[IMG_END]"])
+
+    def generate(pictures: list) -> list[int]:
+        text = tokenizer.apply_chat_template(conversation(len(pictures)), tokenize=False, add_generation_prompt=True)
+        tensors = images(images=pictures, return_tensors="pt")
+        pieces = text.split("[IMG]")
+        text = pieces[0] + "".join(spelled(*size) + piece
+                                   for size, piece in zip(tensors["image_sizes"].tolist(), pieces[1:]))
+        ids = tokenizer(text, return_tensors="pt")["input_ids"]
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **tensors, do_sample=False,
+                             max_new_tokens=GREEDY.max_tokens)
+        return out[0, ids.shape[1]:].tolist()
+
+    return generate
+
+
+FAMILIES = {"llava": (build_llava_dir, processor_reference), "gemma3": (build_gemma3_dir, processor_reference),
+            "mistral3": (build_mistral3_dir, pixtral_reference), "qwen2_vl": (build_qwen2_vl_dir, qwen_reference),
             "qwen2_5_vl": (build_qwen2_5_vl_dir, qwen_reference), "qwen3_vl": (build_qwen3_vl_dir, qwen_reference),
             "qwen3_5": (build_qwen3_5_dir, qwen_reference)}
-CACHED = ["llava", "gemma3", "qwen2_5_vl"]  # Qwen3.5's linear-attention layers keep a state per sequence: no prefix cache
+CACHED = ["llava", "gemma3", "mistral3", "qwen2_5_vl"]  # Qwen3.5's linear-attention layers keep a state per sequence: no prefix cache
 
 
 def _family(request, tmp_path_factory):
