@@ -53,6 +53,17 @@ class BatchAPI:
     async def delete_file(self, file_id: str, owner: str | None) -> dict:
         return await asyncio.to_thread(self.files.delete, file_id, owner)
 
+    async def image_bytes(self, file_id: str, owner: str | None, max_bytes: int, param: str) -> bytes:
+        """An uploaded picture's bytes (a Responses `input_image` by `file_id`): a missing or foreign file, or one
+        over `max_bytes`, is a 400 naming `param`, refused before it is read."""
+        try:
+            meta = await self.get_file(file_id, owner)
+        except OpenAIError:
+            raise OpenAIError(400, f"{param}: no file with id {file_id!r}", param) from None
+        if meta["bytes"] > max_bytes:
+            raise OpenAIError(400, f"{param}: the image is over the {max_bytes} bytes allowed", param)
+        return b"".join([chunk async for chunk in await self.file_content(file_id, owner)])
+
     async def file_content(self, file_id: str, owner: str | None) -> AsyncIterator[bytes]:
         """The file's bytes as a stream; a missing or foreign file raises its 404 here, before streaming."""
         chunks = await asyncio.to_thread(self.files.content, file_id, owner)

@@ -17,7 +17,10 @@ from deployments.errors import OpenAIError
 from deployments.storage import MissingObjectError, ObjectStore
 from deployments.storage.usage import OwnerUsage, Quota
 
-PURPOSES = {"batch", "batch_output"}
+# a batch's input (JSONL, its lines checked as it arrives) and output; pictures for Responses' input_image (OpenAI's
+# "vision" and "user_data": any bytes, read when a request names them)
+PURPOSES = {"batch", "batch_output", "vision", "user_data"}
+UPLOAD_PURPOSES = ("batch", "vision", "user_data")  # batch_output files are the server's own, made under its limits
 
 
 _OWNERS_INDEXED = "file-owners.json"
@@ -49,7 +52,8 @@ class FileStore:
         """Store an upload; raises OpenAIError (400/413) when it breaks a limit or is empty, or (`within_quota`: a
         client's upload) its owner's quota."""
         if purpose not in PURPOSES:
-            raise OpenAIError(400, f"purpose: expected 'batch', got {purpose!r}", "purpose")
+            raise OpenAIError(400, f"purpose: expected one of {', '.join(UPLOAD_PURPOSES)}, got {purpose!r}",
+                              "purpose")
         file_id = file_id or f"file-{uuid.uuid4().hex}"
         room = None
         if within_quota and self.limits.per_key is not None:

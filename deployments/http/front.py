@@ -46,7 +46,8 @@ class OpenAIFront:
             batches.start_manager()
         stored = Quota(config.max_stored_responses_per_key, config.max_stored_response_bytes_per_key)
         return cls(config, ApiKeys(config.api_keys), models, BodyParser(models, config.max_request_bytes), batches,
-                   ResponsesAPI(ResponseStore(open_store(config.storage_uri), stored)))
+                   ResponsesAPI(ResponseStore(open_store(config.storage_uri), stored), batches,
+                                config.max_image_bytes))
 
     async def generation(self, request: Request, model: type[BaseModel]
                          ) -> tuple[BaseModel, ModelClient, str | None]:

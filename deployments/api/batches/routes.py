@@ -1,4 +1,4 @@
-"""The Files API (uploads of batch input, batch output read back) and the Batches API."""
+"""The Files API (uploads of batch input and of pictures, batch output read back) and the Batches API."""
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
@@ -6,6 +6,7 @@ from fastapi.responses import StreamingResponse
 from deployments.api.batches.protocol import BatchCreateRequest
 from deployments.api.ids import path_id
 from deployments.api.routing import Front, json_body, query_limit, query_order
+from deployments.batch.files import UPLOAD_PURPOSES
 from deployments.errors import OpenAIError
 from deployments.http.front import OpenAIFront
 
@@ -14,7 +15,7 @@ router = APIRouter()
 
 @router.post("/v1/files", openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {
     "schema": {"type": "object", "required": ["file", "purpose"], "properties": {
-        "file": {"type": "string", "format": "binary"}, "purpose": {"type": "string", "enum": ["batch"]}}}}}}})
+        "file": {"type": "string", "format": "binary"}, "purpose": {"type": "string", "enum": list(UPLOAD_PURPOSES)}}}}}}})
 async def upload_file(request: Request, front: OpenAIFront = Front):
     owner = front.auth.owner(request)  # a caller without a key learns nothing, not even what the route expects
     if "multipart/form-data" not in request.headers.get("content-type", ""):
@@ -23,8 +24,8 @@ async def upload_file(request: Request, front: OpenAIFront = Front):
     upload, purpose = form.get("file"), form.get("purpose")
     if upload is None or isinstance(upload, str):
         raise OpenAIError(400, "file: a file part is required", "file")
-    if purpose != "batch":  # batch_output files are the server's own, made under its limits
-        raise OpenAIError(400, f"purpose: expected 'batch', got {purpose!r}", "purpose")
+    if purpose not in UPLOAD_PURPOSES:
+        raise OpenAIError(400, f"purpose: expected one of {', '.join(UPLOAD_PURPOSES)}, got {purpose!r}", "purpose")
     return await front.batches.upload(upload, purpose, owner)
 
 

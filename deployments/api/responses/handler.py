@@ -5,6 +5,7 @@ put before the new input; a stored response keeps that conversation plus its
 own reply, so the next turn needs only its id.
 """
 
+import base64
 from collections.abc import AsyncIterator
 
 from pydantic import ValidationError
@@ -15,15 +16,19 @@ from deployments.api.ids import new_id
 from deployments.api.pagination import cursor_page
 from deployments.api.responses.events import ResponseEvents
 from deployments.api.responses.output import output_items, response_object, response_usage, status_of, turn_messages
-from deployments.api.responses.protocol import ResponsesRequest
+from deployments.api.responses.protocol import ImagePart, MessageItem, ResponsesRequest
 from deployments.api.responses.store import ResponseStore
+from deployments.batch.api import BatchAPI
 from deployments.clients import ModelClient
 from deployments.errors import OpenAIError, StreamError, from_validation_error
 
 
 class ResponsesAPI:
-    def __init__(self, store: ResponseStore):
+    def __init__(self, store: ResponseStore, files: BatchAPI, max_image_bytes: int):
+        """`files`: the Files API, which `input_image` parts may name uploads of (at most `max_image_bytes`)."""
         self.store = store
+        self.files = files
+        self.max_image_bytes = max_image_bytes
 
     async def create(self, req: ResponsesRequest, model: ModelClient, model_id: str, owner: str | None) -> dict:
         history, chat = await self._prepare(req, owner)
@@ -83,6 +88,7 @@ class ResponsesAPI:
         """The earlier turns' messages, and the chat request of this one."""
         if req.store:  # refused before any work when the key keeps as many as its quota allows
             await self.store.check_room(owner)
+        await self._read_files(req, owner)
         history = []
         if req.previous_response_id is not None:
             history = (await self.store.load(owner, req.previous_response_id, "previous_response_id"))["messages"]
@@ -90,6 +96,16 @@ class ResponsesAPI:
             return history, req.to_chat(history)
         except ValidationError as e:
             raise _in_responses_terms(from_validation_error(e)) from None
+
+    async def _read_files(self, req: ResponsesRequest, owner: str | None) -> None:
+        """Each `input_image` given by `file_id` takes the upload's bytes as a data URL (its reader bounds them)."""
+        for i, item in enumerate(req.input):
+            for j, part in enumerate(item.content if isinstance(item, MessageItem) and
+                                     not isinstance(item.content, str) else ()):
+                if isinstance(part, ImagePart) and part.file_id is not None:
+                    data = await self.files.image_bytes(part.file_id, owner, self.max_image_bytes,
+                                                        f"input[{i}].content[{j}].file_id")
+                    part.image_url = "data:application/octet-stream;base64," + base64.b64encode(data).decode()
 
     async def _save(self, req: ResponsesRequest, owner: str | None, response: dict, history: list[dict]) -> None:
         if req.store:

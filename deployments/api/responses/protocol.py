@@ -33,7 +33,9 @@ class TextPart(RequestModel):
 
 
 class ImagePart(RequestModel):
-    """`input_image` in a user turn, by URL (data:, or http(s) and s3:// where the server allows them)."""
+    """`input_image` in a user turn, by URL (data:, or http(s) and s3:// where the server allows them), or by the
+    `file_id` of a picture uploaded to the Files API (read into `image_url` before the turn runs:
+    `ResponsesAPI._read_files`)."""
 
     type: Literal["input_image"]
     image_url: str | None = None
@@ -41,10 +43,10 @@ class ImagePart(RequestModel):
     detail: Literal["auto", "low", "high"] | None = None
 
     @model_validator(mode="after")
-    def _by_url(self):
-        if self.image_url is None:
+    def _by_url_or_file(self):
+        if (self.image_url is None) == (self.file_id is None):
             raise ValueError("input_image: send the picture as image_url (a data: URL, or a URL the server may "
-                             "read); file_id is not supported")
+                             "read) or as the file_id of an upload, one of them")
         return self
 
 
@@ -225,7 +227,8 @@ class ResponsesRequest(SamplingFields):
             if isinstance(item, MessageItem):
                 kind = "output_text" if item.role == "assistant" else "input_text"
                 parts = [{"type": kind, "text": item.content}] if isinstance(item.content, str) else \
-                    [p.model_dump(include={"type", "image_url", "detail"}) if isinstance(p, ImagePart)
+                    [p.model_dump(include={"type", "file_id" if p.file_id else "image_url", "detail"})
+                     if isinstance(p, ImagePart)
                      else p.model_dump(include={"type", "text"}) for p in item.content]
                 if item.role == "assistant":
                     parts = [{**p, "annotations": []} for p in parts]

@@ -83,7 +83,7 @@ def serve_in_process(model: ScriptedModel, tmp_path, api_key: str | list[str] | 
     quota = Quota(config.max_files_per_key, config.max_file_bytes_per_key)
     batches = BatchAPI(storage, "test", {}, FileLimits(1 << 20, 10, quota), BatchLimits(1, 1 << 10, 10))
     front = OpenAIFront(config, ApiKeys(config.api_keys), models, BodyParser(models, config.max_request_bytes),
-                        batches, ResponsesAPI(ResponseStore(open_store(storage))))
+                        batches, ResponsesAPI(ResponseStore(open_store(storage)), batches, config.max_image_bytes))
     return TestClient(build_app(front))
 
 

@@ -1,6 +1,6 @@
 """Pictures through the served app, on a tiny LLaVA: the `openai` SDK's chat (whole and streamed, data: URLs, an
-allowed http URL, an allowed s3:// URI), the `anthropic` SDK's image blocks, the Responses API's input_image and a
-batch file with image lines each answer as the offline engine does; every kind of bad picture is a 400 in the API's
+allowed http URL, an allowed s3:// URI), the `anthropic` SDK's image blocks, the Responses API's input_image (by URL
+and by the file_id of an upload) and a batch file with image lines each answer as the offline engine does; every kind of bad picture is a 400 in the API's
 shape, after which the next request is served."""
 
 import base64
@@ -138,6 +138,29 @@ def test_anthropic_and_responses_take_pictures(vision_app, offline):
         {"role": "user", "content": [{"type": "input_text", "text": "Describe "},
                                      {"type": "input_image", "image_url": data_url(picture)}]}])
     assert response.output_text == text
+
+
+def test_responses_take_an_uploaded_picture_by_file_id(vision_app, offline):
+    """A picture uploaded to the Files API (purpose vision) answers as the same picture sent inline; its input item
+    names the file; an unknown file id is a 400 naming the part, and the next request is served."""
+    client = openai.Client(base_url=f"{vision_app}/v1", api_key="None", max_retries=0)
+    picture = random_picture(7)
+    text, _ = offline("Describe ", [picture])
+    uploaded = client.files.create(file=("cat.png", encoded(picture)), purpose="vision")
+    assert uploaded.purpose == "vision" and uploaded.bytes == len(encoded(picture))
+    content = [{"type": "input_text", "text": "Describe "}, {"type": "input_image", "file_id": uploaded.id}]
+    response = client.responses.create(model=MODEL, max_output_tokens=12, temperature=0,
+                                       input=[{"role": "user", "content": content}])
+    assert response.output_text == text
+    items = client.responses.input_items.list(response.id).data
+    assert items[0].content[1].model_dump(exclude_none=True) == {"type": "input_image", "file_id": uploaded.id}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=MODEL, max_output_tokens=12, input=[{"role": "user", "content": [
+            {"type": "input_text", "text": "Describe "}, {"type": "input_image", "file_id": "file-missing"}]}])
+    assert e.value.body["param"] == "input[0].content[1].file_id", e.value.body
+    assert "no file with id 'file-missing'" in e.value.body["message"]
+    assert client.responses.create(model=MODEL, max_output_tokens=12, temperature=0,
+                                   input=[{"role": "user", "content": content}]).output_text == text
 
 
 def test_a_batch_of_image_lines(vision_app, offline):
