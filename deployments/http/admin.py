@@ -39,6 +39,9 @@ class PauseRequest(AdminRequest):
 
 class UpdateWeightsRequest(AdminRequest):
     model_path: str = Field(min_length=1)  # a checkpoint directory of the served model's architecture and shapes
+    # SGLang's: what the trainer names these weights (replicas given the same name share KV blocks through the
+    # shared tier); none: the checkpoint's fingerprint
+    weight_version: str | None = Field(None, min_length=1)
 
 
 class WeightGroupRequest(AdminRequest):
@@ -59,6 +62,7 @@ class DistributedWeightsRequest(AdminRequest):
     names: list[str] = Field(min_length=1)
     dtypes: list[str] = Field(min_length=1)
     shapes: list[list[int]] = Field(min_length=1)
+    weight_version: str | None = Field(None, min_length=1)  # as UpdateWeightsRequest's; none: the replica's own
 
 
 class LoadLoraRequest(AdminRequest):
@@ -108,9 +112,9 @@ _OPERATIONS = {
     "/pause": (PauseRequest, "pause", ("mode",)),
     "/resume": (AdminRequest, "resume", ()),
     "/reset_prefix_cache": (AdminRequest, "reset_prefix_cache", ()),
-    "/update_weights_from_disk": (UpdateWeightsRequest, "update_weights", ("model_path",)),
+    "/update_weights_from_disk": (UpdateWeightsRequest, "update_weights", ("model_path", "weight_version")),
     "/update_weights_from_distributed": (DistributedWeightsRequest, "update_weights_from_distributed",
-                                         ("names", "dtypes", "shapes")),
+                                         ("names", "dtypes", "shapes", "weight_version")),
     "/sleep": (AdminRequest, "sleep", ()),
     "/wake_up": (AdminRequest, "wake_up", ()),
 }

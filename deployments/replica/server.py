@@ -221,7 +221,8 @@ class LLMServer:
 
     async def lifecycle_state(self) -> dict:
         stats = self.engine.stats()
-        return {"paused": stats["paused"], "asleep": stats["asleep"], "kv_cache_bytes": stats["kv_cache_bytes"]}
+        return {"paused": stats["paused"], "asleep": stats["asleep"], "kv_cache_bytes": stats["kv_cache_bytes"],
+                "weight_version": stats["weight_version"]}
 
     async def on_every_replica(self, method: str, *args) -> list:
         """Direct streaming (this replica answers HTTP): `method` on every replica of this deployment."""

@@ -23,7 +23,7 @@ from hashlib import blake2b
 
 from runtime.core.kv_tier import KVMove, TierHit, TierIndex
 from runtime.core.sequence import Sequence
-from runtime.multimodal.inputs import image_hashes_in
+from runtime.multimodal.inputs import ImageInput, image_hashes_in
 
 FREED = -1  # a block-table entry whose block was freed: no attention reads it again
 
@@ -40,7 +40,8 @@ class Block:
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool,
-                 sliding_window: int | None = None, share_prefixes: bool = True, tier: TierIndex | None = None):
+                 sliding_window: int | None = None, share_prefixes: bool = True, tier: TierIndex | None = None,
+                 weights_version: str = ""):
         self.block_size = block_size
         # False: no sequence starts from blocks another computed, not even a sibling (a model whose layers keep
         # a state per sequence, which blocks cannot restore)
@@ -51,7 +52,8 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # oldest first
         self._cached: dict[int, int] = {}  # block hash -> block id
-        self._epoch = 0  # starts every hash chain: `reset_prefix_cache` moves it on
+        # starts every hash chain: the same in every replica holding the same weights (runtime.models.weights_identity)
+        self.weights_version = weights_version
         self.hit_tokens = 0  # prompt tokens served from cache, over the manager's life
         self.queried_tokens = 0  # prompt tokens looked up
 
@@ -200,11 +202,14 @@ class BlockManager:
         if self.tier is not None:
             self.tier.clear()
 
+    def new_weights(self, version: str) -> None:
+        """The weights changed (to `version`): every prefix's chain starts anew, and the cached ones are forgotten
+        (the engine recomputes every sequence, its memoised hashes dropped)."""
+        self.weights_version = version
+        self.reset_prefix_cache()
+
     def reset_prefix_cache(self) -> None:
-        """Forget every cached prefix, as after a change of weights: no block computed before is hit again. Blocks
-        in use stay with their sequences; a block such a sequence fills later registers under the old chain,
-        which no new sequence hashes to."""
-        self._epoch += 1
+        """Forget every cached prefix (the weights stay: a block computed later under the same chain is hit)."""
         for block in self.blocks:
             block.hash = block.token_ids = None
         self._cached.clear()
@@ -269,24 +274,34 @@ class BlockManager:
         return tuple(seq.token_ids[index * self.block_size : (index + 1) * self.block_size])
 
     def chain_start(self, adapter: str | None, rope_scale: float | None = None) -> str:
-        """Where a prefix's hash chain starts: the cache's epoch and the LoRA adapter (the same tokens under
-        another adapter have other keys and values), and a length-scaled RoPE's scale (rotated otherwise, its
-        blocks never match a sequence rotated by another)."""
-        return f"{self._epoch}|{adapter}" + (f"|rope scale {rope_scale}" if rope_scale else "")
+        """Where a prefix's hash chain starts: the weights' version and the LoRA adapter (the same tokens under
+        other weights or another adapter have other keys and values), and a length-scaled RoPE's scale (rotated
+        otherwise, its blocks never match a sequence rotated by another)."""
+        return f"{self.weights_version}|{adapter}" + (f"|rope scale {rope_scale}" if rope_scale else "")
 
     def _hash(self, seq: Sequence, index: int) -> int:
         """Hash of block `index` of `seq`, chained from its parent's (memoised on the sequence). Without prefix
         caching only siblings (n > 1) share: the chain starts at the request."""
         hashes = seq.block_hashes
-        while len(hashes) <= index:
-            i = len(hashes)
+        if len(hashes) <= index:
             adapter = seq.request.adapter
-            start = self.chain_start(adapter.name if adapter is not None else None, seq.rope_scale) \
+            parent = hashes[-1] if hashes else self.chain_start(adapter.name if adapter is not None else None,
+                                                                seq.rope_scale) \
                 if self.enable_prefix_caching else f"request {seq.request.request_id}"
-            images = seq.request.images
-            pictures = image_hashes_in(images, i * self.block_size, (i + 1) * self.block_size) if images else ()
-            hashes.append(block_hash(hashes[i - 1] if i else start, self._tokens(seq, i), pictures))
+            hashes += hash_chain(parent, seq.token_ids, self.block_size, seq.request.images, len(hashes), index + 1)
         return hashes[index]
+
+
+def hash_chain(parent: int | str, token_ids: list[int], block_size: int, images: tuple[ImageInput, ...],
+               first: int, end: int) -> list[int]:
+    """The hashes of blocks `first` .. `end` - 1 of `token_ids`, chained from `parent` (block `first` - 1's hash,
+    or where the chain starts)."""
+    hashes = []
+    for i in range(first, end):
+        pictures = image_hashes_in(images, i * block_size, (i + 1) * block_size) if images else ()
+        parent = block_hash(parent, tuple(token_ids[i * block_size : (i + 1) * block_size]), pictures)
+        hashes.append(parent)
+    return hashes
 
 
 def block_hash(parent: int | str, token_ids: tuple[int, ...], pictures: tuple[int, ...] = ()) -> int:

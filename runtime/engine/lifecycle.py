@@ -6,13 +6,15 @@ Each runs on the engine's own thread between two steps (and while no other threa
 returns the deltas it produced, with their text (the step still in flight under async scheduling, completed
 first; the requests a pause with mode "abort" ended). New weights and
 sleep send every running sequence back to wait: it is recomputed from its first token, its output so far kept,
-so no token after the change reads keys and values of the old weights; and the prefix cache is reset, so no
-block computed before is hit again. While paused or asleep the engine takes requests but runs no step.
+so no token after the change reads keys and values of the old weights; and the weights' version changes (the
+trainer's name for them, or the new checkpoint's fingerprint), so no block computed before is hit again, here or
+from the shared tier. A prefix-cache reset and sleep keep the version. While paused or asleep the engine takes requests but runs no step.
 """
 
 from pathlib import Path
 
 from runtime.errors import InvalidInputError
+from runtime.models.weights_identity import checkpoint_fingerprint, updated_version
 from runtime.outputs import RequestDelta
 from runtime.worker.weight_transfer import BACKENDS
 
@@ -50,9 +52,12 @@ class EngineLifecycle:
         self.block_manager.reset_prefix_cache()
         return []
 
-    def update_weights(self, model_path: str) -> list[RequestDelta]:
-        """Load a checkpoint of the served model's architecture and shapes (a trainer's new weights)."""
-        return self._new_weights("model_path", lambda: self.runner.load_weights_from(Path(model_path)))
+    def update_weights(self, model_path: str, weight_version: str | None = None) -> list[RequestDelta]:
+        """Load a checkpoint of the served model's architecture and shapes (a trainer's new weights), named
+        `weight_version` (else by its fingerprint)."""
+        path, serving = Path(model_path), self.spec.serving
+        return self._new_weights("model_path", lambda: self.runner.load_weights_from(path), lambda: (
+            updated_version(serving, weight_version) if weight_version else checkpoint_fingerprint(path, serving)))
 
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                   backend: str = "gloo") -> list[RequestDelta]:
@@ -63,13 +68,14 @@ class EngineLifecycle:
         self.runner.join_weight_group(master_address, master_port, rank_offset, world_size, backend)
         return []
 
-    def update_weights_from_distributed(self, names: list[str], dtypes: list[str],
-                                        shapes: list[list[int]]) -> list[RequestDelta]:
-        """Receive every checkpoint tensor (by name, dtype and shape, in the order the trainer broadcasts them) and
-        run on them, as `update_weights` runs on a checkpoint's."""
+    def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
+                                        weight_version: str | None = None) -> list[RequestDelta]:
+        """Receive checkpoint tensors (by name, dtype and shape, in the order the trainer broadcasts them) and run
+        on them, as `update_weights` runs on a checkpoint's; `weight_version`: what the trainer names the update."""
         if not len(names) == len(dtypes) == len(shapes):
             raise InvalidInputError("names", "names, dtypes and shapes must have one entry per tensor")
-        return self._new_weights("names", lambda: self.runner.load_weights_from_group(names, dtypes, shapes))
+        return self._new_weights("names", lambda: self.runner.load_weights_from_group(names, dtypes, shapes),
+                                 lambda: updated_version(self.block_manager.weights_version, weight_version))
 
     def sleep(self) -> list[RequestDelta]:
         self._changes_weights("sleep")
@@ -93,16 +99,20 @@ class EngineLifecycle:
             self.adapter_slots.forget_adapter(name)
         return []
 
-    def _new_weights(self, param: str, load) -> list[RequestDelta]:
-        """Run on new weights, which `load` gives the runner: every running sequence recomputes on them, and no
-        cached block of the old ones is hit again. `param`: what a refusal names."""
+    def _new_weights(self, param: str, load, version) -> list[RequestDelta]:
+        """Run on new weights, which `load` gives the runner and `version()` names: every running sequence
+        recomputes on them, and no block of the old ones is hit again, here or (through the shared tier) by a
+        replica holding the new ones. `param`: what a refusal names."""
         self._changes_weights("update weights")
         if self.asleep:
             raise InvalidInputError(param, "the engine is asleep: wake it up first")
         deltas = self._settle()
         self._recompute_all()
         load()
-        self.block_manager.reset_prefix_cache()
+        self.block_manager.new_weights(version())
+        for request in self.requests.values():
+            for seq in request.seqs:
+                seq.block_hashes = []  # chained from the old version
         return deltas
 
     def _changes_weights(self, what: str) -> None:

@@ -40,9 +40,9 @@ class LLM:
     def wake_up(self) -> None:
         self.engine.wake_up()
 
-    def update_weights(self, model_path: str) -> None:
-        """Load new weights: a checkpoint of this model's architecture and shapes."""
-        self.engine.update_weights(model_path)
+    def update_weights(self, model_path: str, weight_version: str | None = None) -> None:
+        """Load new weights: a checkpoint of this model's architecture and shapes (named `weight_version`)."""
+        self.engine.update_weights(model_path, weight_version)
 
     def reset_prefix_cache(self) -> None:
         self.engine.reset_prefix_cache()

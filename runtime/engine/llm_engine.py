@@ -70,8 +70,8 @@ class LLMEngine(EngineLifecycle):
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
                                           config.enable_prefix_caching and not stateful,
                                           kv_window(self.spec.hf_config, self.spec.max_model_len),
-                                          share_prefixes=not stateful,
-                                          tier=tier)
+                                          share_prefixes=not stateful, tier=tier,
+                                          weights_version=self.spec.weights_version)
         self.adapter_slots = AdapterSlots(config.max_loras) if config.enable_lora else None
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.adapter_slots, config.max_num_seqs_per_owner, config.max_num_seqs_background,
@@ -390,8 +390,8 @@ class LLMEngine(EngineLifecycle):
             "prefix_cache_hit_tokens": bm.hit_tokens,
             "prefix_cache_queried_tokens": bm.queried_tokens,
             "lora_adapters_loaded": [n for n in self.adapter_slots.names if n] if self.adapter_slots else [],
-            "paused": self.paused,
-            "asleep": self.asleep,
+            "paused": self.paused, "asleep": self.asleep,
+            "weight_version": bm.weights_version,
             "kv_cache_bytes": self.runner.kv_cache_bytes,
             **self.runner.encoder_cache.stats(),
             **(bm.tier.stats(self.runner.kv_tier.block_bytes) if bm.tier is not None else {}),

@@ -1,6 +1,7 @@
 """The KV tier shared by the engines of a cluster (`kv_shared_tier`): prompts' full blocks, published by the
 engine that computed them into Ray's object store, and found by any engine of the same tier name through one
-directory actor, keyed by the blocks' chained hashes (the same in every process) and confirmed by their tokens.
+directory actor, keyed by the blocks' chained hashes (the same in every process holding the same weights: the
+chain starts from their version) and confirmed by their tokens.
 
 An engine publishes a prompt's blocks once its prefill ends (prompts of at least `min_prompt_tokens`): they are
 read out of the KV pool and put in the object store off the engine's thread. Before a request is queued, the
@@ -21,8 +22,8 @@ import ray
 import torch
 
 from runtime.config import SharedTierConfig
-from runtime.core.block_manager import BlockManager, block_hash
-from runtime.multimodal.inputs import ImageInput, image_hashes_in
+from runtime.core.block_manager import BlockManager, hash_chain
+from runtime.multimodal.inputs import ImageInput
 
 logger = logging.getLogger(__name__)
 
@@ -115,12 +116,9 @@ class SharedTier:
     def hashes(self, prompt: list[int], adapter: str | None, images: tuple[ImageInput, ...] = ()
                ) -> tuple[list[int], list[tuple[int, ...]]]:
         """The hashes and tokens of `prompt`'s full blocks (`_blocks_of`), chained as an admission chains them."""
-        hashes, parent, tokens = [], self.blocks.chain_start(adapter), self._blocks_of(prompt)
-        size = self.blocks.block_size
-        for i, block in enumerate(tokens):
-            parent = block_hash(parent, block, image_hashes_in(images, i * size, (i + 1) * size) if images else ())
-            hashes.append(parent)
-        return hashes, tokens
+        tokens = self._blocks_of(prompt)
+        return hash_chain(self.blocks.chain_start(adapter), prompt, self.blocks.block_size, images, 0,
+                          len(tokens)), tokens
 
     def publish(self, prompt: list[int], prefix_hashes, read_blocks, block_ids: list[int]) -> None:
         """A prompt whose prefill just ended: its full blocks (`block_ids`, read by `read_blocks`) into the tier,

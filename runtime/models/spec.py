@@ -19,6 +19,7 @@ from runtime.models import CausalLM, model_class
 from runtime.models.files import resolve_model_path
 from runtime.models.quantization import Quantization
 from runtime.models.rotary import max_context
+from runtime.models.weights_identity import checkpoint_fingerprint
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ class ModelSpec:
     tokenizer: str  # the tokenizer's directory or Hub id
     model_class: type[CausalLM]  # the family's implementation (runtime.models.registry)
     quantization: Quantization | None = None  # a quantized checkpoint's scheme (runtime.models.quantization)
+    serving: str = ""  # how its weights are served: dtype, KV cache dtype, quantization, tensor-parallel size
+    weights_version: str = ""  # the checkpoint's fingerprint as served (runtime.models.weights_identity)
 
     @classmethod
     def resolve(cls, config: EngineConfig) -> "ModelSpec":
@@ -64,8 +67,10 @@ class ModelSpec:
                 f"{family.__name__} serving images runs as one pipeline stage (tensor parallel shards it; "
                 "limit_mm_per_prompt image 0 serves it text-only)")
         quantization = Quantization.from_config(checkpoint_config, config.quantization)
-        return cls(path, hf_config, _dtype(config, hf_config), max_model_len, config.tokenizer or str(path), family,
-                   quantization)
+        dtype = _dtype(config, hf_config)
+        serving = f"{dtype}|{config.kv_cache_dtype}|{config.quantization}|tp{config.tensor_parallel_size}"
+        return cls(path, hf_config, dtype, max_model_len, config.tokenizer or str(path), family, quantization,
+                   serving, checkpoint_fingerprint(path, serving))
 
     @contextmanager
     def building(self, device: torch.device) -> Iterator[None]:

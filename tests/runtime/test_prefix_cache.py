@@ -1,4 +1,4 @@
-"""Prefix caching: hits are reported, change no token, and survive eviction pressure."""
+"""Prefix caching: hits are reported, change no token, survive eviction pressure, and go on a reset."""
 
 from runtime import LLM, SamplingParams
 from testing.model_factory import kv_cache_bytes
@@ -60,3 +60,15 @@ def test_n_completions_share_prompt_blocks(qwen2_model):
         assert len(out.outputs) == 4
         assert llm.engine.stats()["prefix_cache_hit_tokens"] == 3 * 96  # siblings 2..4 reuse sibling 1's blocks
         assert len({tuple(c.token_ids) for c in out.outputs}) > 1
+
+
+def test_a_reset_forgets_every_cached_prefix(qwen2_model):
+    """With the weights unchanged: the prompt cached before the reset is computed again after it, then cached."""
+    llm = LLM(str(qwen2_model), max_model_len=256, block_size=16)
+    prompt = list(range(5, 105))
+    first = llm.generate([prompt], GREEDY)[0]
+    assert llm.generate([prompt], GREEDY)[0].num_cached_tokens == 96
+    llm.reset_prefix_cache()
+    again = llm.generate([prompt], GREEDY)[0]
+    assert again.num_cached_tokens == 0 and again.outputs[0].token_ids == first.outputs[0].token_ids
+    assert llm.generate([prompt], GREEDY)[0].num_cached_tokens == 96

@@ -1,6 +1,7 @@
 """The KV tier shared by the engines of a Ray cluster (`kv_shared_tier`): a prompt one engine computed is a cache
-hit on another, offline and in a server's engine; the tokens are the same as without the tier; tiers of other
-names, short prompts and blocks whose publisher died are not served."""
+hit on another, offline and in a server's engine, between replicas holding the same weights only; the tokens are
+the same as without the tier; tiers of other names, short prompts and blocks whose publisher died are not
+served."""
 
 import asyncio
 import random
@@ -12,6 +13,7 @@ import ray
 from runtime import LLM, AsyncLLMEngine, SamplingParams
 from runtime.engine.shared_kv import DIRECTORY_PREFIX
 from testing.helpers import wait_until
+from testing.model_factory import build_model_dir
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 FULL_BLOCKS = (1000 - 1) // 16 * 16  # a 1,000-token prompt's blocks but the one holding its last token
@@ -59,6 +61,34 @@ def test_a_prompt_one_engine_computed_is_a_hit_on_another(name, qwen2_model, pro
     [short] = a.generate([prompt[:200]], GREEDY)  # under min_prompt_tokens: a hit on a's pool, not published
     a.engine.shared_tier.flush()
     assert short.num_cached_tokens == 192 and ray.get(directory.stats.remote())["blocks"] == FULL_BLOCKS // 16
+
+
+def test_blocks_are_shared_only_between_replicas_holding_the_same_weights(name, qwen2_model, prompts, tmp_path):
+    """One replica updated from a trainer's checkpoint never takes the other's blocks of the old weights; once both
+    hold the update (or a replica starts on that checkpoint) they share again. A trainer's named versions (SGLang's
+    weight_version) are shared as named; a prefix-cache reset changes nothing."""
+    (prompt, _), _ = prompts
+    trained = build_model_dir(tmp_path / "trained", "qwen2", seed=1)
+    expected = LLM(str(trained), max_model_len=1100).generate([prompt], GREEDY)[0].outputs[0].token_ids
+    a, b = LLM(str(qwen2_model), **_options(name)), LLM(str(qwen2_model), **_options(name))
+
+    def run(llm: LLM) -> tuple[list[int], int]:
+        [out] = llm.generate([prompt], GREEDY)
+        llm.engine.shared_tier.flush()
+        return out.outputs[0].token_ids, out.num_cached_tokens
+
+    a.update_weights(str(trained))
+    old, _ = run(b)  # published under the old weights
+    assert old != expected and run(a) == (expected, 0)  # 0 cross-weights hits
+    b.update_weights(str(trained))
+    assert run(b) == (expected, FULL_BLOCKS)  # both hold the update: a's blocks serve b
+    assert run(LLM(str(trained), **_options(name))) == (expected, FULL_BLOCKS)  # so does a replica started on it
+    a.update_weights(str(qwen2_model), weight_version="step-7")
+    b.update_weights(str(qwen2_model), weight_version="step-8")
+    b.reset_prefix_cache()
+    assert run(a) == (old, 0) and run(b) == (old, 0)  # other names: not shared, though the weights are the same
+    b.update_weights(str(qwen2_model), weight_version="step-7")
+    assert run(b) == (old, FULL_BLOCKS)
 
 
 def test_a_servers_engine_fetches_before_queueing(name, qwen2_model, prompts):
