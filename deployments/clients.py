@@ -97,6 +97,11 @@ class RemoteModel:
         carry(req)
         return await _reply(lambda: self.handle.completions.remote(req, request_id, priority, owner))
 
+    async def prefill(self, method: str, req: ChatCompletionRequest | CompletionRequest) -> None:
+        """A prefill replica's part of a disaggregated request (deployments/disaggregated.py)."""
+        carry(req)
+        await _reply(lambda: self.handle.prefill.remote(method, req))
+
     async def generate(self, req: GenerateRequest, owner: str | None = None) -> dict | list:
         carry(req)
         return await _reply(lambda: self.handle.generate.remote(req, owner))

@@ -1,14 +1,16 @@
 """Prefill/decode disaggregation (`llm_configs[].prefill_config`): a model served by two deployments, in Ray
 Serve LLM's `build_pd_openai_app` shape. A generation request goes first to a prefill replica, which computes
 its prompt alone (one token, thrown away) and so publishes the prompt's blocks to the KV tier both deployments
-share (runtime.engine.shared_kv); then to a decode replica, which fetches those blocks before queueing the
-request and answers it. Long prefills then run beside other prefills, not between a decode replica's steps.
+share (runtime.engine.shared_kv), answering once the tier's directory holds them; then to a decode replica, which
+fetches those blocks before queueing the request and answers it. Long prefills then run beside other prefills, not between a decode replica's steps.
 
 A prefill that fails (its replica lost, the tier unreachable) is logged and passed over: the decode replica
 computes the prompt itself, and the request is answered all the same. Chat and completions are disaggregated;
-SGLang's /generate, embeddings and the rest go to the decode deployment alone.
+SGLang's /generate, embeddings and the rest go to the decode deployment alone; the admin routes (pause, sleep,
+weight updates, adapters) reach both.
 """
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 
@@ -38,9 +40,22 @@ class DisaggregatedModel:
         update = {name: fields[name].get_default(call_default_factory=True) for name in _RESET if name in fields}
         one_token = req.model_copy(update={**update, **_ONE_TOKEN})
         try:
-            await getattr(self.prefill, method)(one_token)
+            await self.prefill.prefill(method, one_token)
         except Exception as e:  # the decode replica computes the prompt instead
             logger.warning("prefill failed, decoding without it: %r", e)
+
+    async def on_every_replica(self, method: str, *args) -> list:
+        """An admin operation on every replica of both deployments (the prefill replicas' weights, pause and sleep
+        follow the decode replicas'). A trainer's weight group numbers the prefill replicas' ranks after the
+        decode replicas'."""
+        prefill_args = args
+        if method == "join_weight_group":
+            master_address, master_port, rank_offset, world_size, backend = args
+            decode_ranks = sum(state["ranks"] for state in await self.decode.on_every_replica("lifecycle_state"))
+            prefill_args = (master_address, master_port, rank_offset + decode_ranks, world_size, backend)
+        decode, prefill = await asyncio.gather(self.decode.on_every_replica(method, *args),
+                                               self.prefill.on_every_replica(method, *prefill_args))
+        return decode + prefill
 
     async def chat(self, req, *args, **kwargs) -> dict:
         await self._prefilled("chat", req)

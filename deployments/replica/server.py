@@ -41,6 +41,8 @@ from runtime.engine.startup_heap import freeze_startup_heap
 
 logger = logging.getLogger("ray.serve")
 
+PUBLISH_TIMEOUT_S = 10.0  # a disaggregated prefill's wait for its blocks to reach the shared tier's directory
+
 class LLMServer:
     def __init__(self, config: LLMConfig, otlp_traces_endpoint: str | None = None, media: MediaPolicy = MediaPolicy()):
         """`otlp_traces_endpoint`: where this replica's spans go (deployments/tracing.py); None: it makes none.
@@ -99,6 +101,19 @@ class LLMServer:
         self._serves("generate")
         with continued(req):
             return await _reply(self.completion_handler.complete(req, request_id or new_id("cmpl-"), priority, owner))
+
+    async def prefill(self, method: str, req: ChatCompletionRequest | CompletionRequest) -> None:
+        """A disaggregated request's prefill (deployments/disaggregated.py): its prompt computed here, returning once
+        the shared tier's directory holds the prompt's blocks (or `PUBLISH_TIMEOUT_S` has passed: the decode
+        replica then computes what it cannot fetch)."""
+        await getattr(self, method)(req)
+        tier = self.engine.engine.shared_tier
+        if tier is not None:
+            try:
+                await asyncio.wait_for(asyncio.to_thread(tier.flush), PUBLISH_TIMEOUT_S)
+            except TimeoutError:
+                logger.warning("model %s: the prompt's blocks took over %s s to publish", self.model_id,
+                               PUBLISH_TIMEOUT_S)
 
     async def generate(self, req: GenerateRequest, owner: str | None = None) -> dict | list:
         self._serves("generate")
@@ -222,7 +237,7 @@ class LLMServer:
     async def lifecycle_state(self) -> dict:
         stats = self.engine.stats()
         return {"paused": stats["paused"], "asleep": stats["asleep"], "kv_cache_bytes": stats["kv_cache_bytes"],
-                "weight_version": stats["weight_version"]}
+                "weight_version": stats["weight_version"], "ranks": self.engine.engine.config.world_size}
 
     async def on_every_replica(self, method: str, *args) -> list:
         """Direct streaming (this replica answers HTTP): `method` on every replica of this deployment."""

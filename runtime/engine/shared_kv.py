@@ -60,8 +60,9 @@ class KVDirectory:
         self.entries: OrderedDict[int, tuple[tuple[int, ...], list, int, int]] = OrderedDict()
         self.bytes = 0
 
-    def publish(self, hashes: list[int], token_ids: list[tuple[int, ...]], boxed: list, block_bytes: int) -> None:
-        """Blocks `hashes` of one published object (`boxed[0]`, its ObjectRef, boxed so Ray passes the reference)."""
+    def publish(self, hashes: list[int], token_ids: list[tuple[int, ...]], boxed: list, block_bytes: int) -> int:
+        """Blocks `hashes` of one published object (`boxed[0]`, its ObjectRef, boxed so Ray passes the reference);
+        how many of them the directory holds after it has made room."""
         for index, (key, tokens) in enumerate(zip(hashes, token_ids)):  # the newest copy of a block wins
             old = self.entries.pop(key, None)
             self.bytes += block_bytes - (old[3] if old is not None else 0)
@@ -69,6 +70,7 @@ class KVDirectory:
         while self.bytes > self.capacity and self.entries:
             *_, dropped = self.entries.popitem(last=False)[1]
             self.bytes -= dropped
+        return sum(key in self.entries and self.entries[key][1] is boxed for key in hashes)
 
     def lookup(self, hashes: list[int]) -> list[tuple[tuple[int, ...], list, int]]:
         """The longest run of `hashes`, from the first, that the tier holds: (tokens, boxed ref, index) each."""
@@ -132,8 +134,8 @@ class SharedTier:
 
     def _put(self, hashes, tokens, data: torch.Tensor) -> None:
         try:
-            self.directory.publish.remote(hashes, tokens, [ray.put(data)], self.block_bytes)
-            self.published_blocks += len(hashes)
+            self.published_blocks += ray.get(self.directory.publish.remote(hashes, tokens, [ray.put(data)],
+                                                                           self.block_bytes), timeout=LOOKUP_TIMEOUT_S)
         except Exception:  # the tier is an optimisation: an engine serves on without it
             logger.exception("publishing %d KV blocks to the shared tier failed", len(hashes))
 
@@ -171,7 +173,7 @@ class SharedTier:
         return FetchedBlocks(hashes[: len(found)], tokens[: len(found)], data)
 
     def flush(self) -> None:
-        """Wait for the blocks being published."""
+        """Wait until the directory holds the blocks being published (or their publishing failed)."""
         self._publisher.submit(lambda: None).result()
 
     def shutdown(self) -> None:
