@@ -60,9 +60,10 @@ class ExperimentalConfigs(StrictModel):
 
 class LoraConfig(StrictModel):
     """Ray Serve LLM's names: adapters are `<dynamic_lora_loading_path>/<name>/` in PEFT's format, and a
-    request names one as `model: "<model_id>:<name>"`."""
+    request names one as `model: "<model_id>:<name>"` (or `<name>`: deployments/replica/adapters.py)."""
 
-    dynamic_lora_loading_path: StorageUri
+    # default: the app's storage_uri, under lora-adapters/<model_id>/ (where /v1/load_lora_adapter puts them)
+    dynamic_lora_loading_path: StorageUri | None = None
     max_num_adapters_per_replica: int = Field(4, ge=1)  # the engine's adapter slots
     max_lora_rank: int = Field(16, ge=1)
 
@@ -241,6 +242,14 @@ class AppConfig(StrictModel):
         ids = [c.model_id for c in self.llm_configs]
         if len(ids) != len(set(ids)):
             raise ValueError(f"model ids must be unique, got {ids}")
+        return self
+
+    @model_validator(mode="after")
+    def _adapters_in_the_apps_storage(self):
+        for config in self.llm_configs:
+            lora = config.lora_config
+            if lora is not None and lora.dynamic_lora_loading_path is None:
+                lora.dynamic_lora_loading_path = f"{self.storage_uri.rstrip('/')}/lora-adapters/{config.model_id}"
         return self
 
     @model_validator(mode="after")

@@ -57,8 +57,10 @@ def parse_line(raw: bytes, endpoint: str, models: set[str], seen: set[str], max_
     model = body.get("model")
     if model is None and len(models) == 1:
         model = next(iter(models))
-    # `<model_id>:<adapter>` runs on the model's replicas, which look the adapter up
-    base = model if model in models else next((m for m in models if adapter_name(model, m)), None)
+    # `<model_id>:<adapter>` runs on the model's replicas, which look the adapter up (a bare adapter name is the
+    # ingress's to resolve: not in a batch line)
+    base = model if model in models else next((m for m in models if isinstance(model, str) and
+                                               model.startswith(m + ":") and adapter_name(model, m)), None)
     if base is None:
         raise LineError(f"body.model: unknown model {model!r}; available: {sorted(models)}", custom_id)
     try:

@@ -146,7 +146,7 @@ async def is_sleeping(request: Request, model: str | None = None, front: OpenAIF
 async def load_lora_adapter(request: Request, front: OpenAIFront = Front):
     """vLLM's: the adapter is copied under the model's `dynamic_lora_loading_path`, where every replica finds it,
     and each replica's engine reads it (refused, and removed again, if one cannot run it); requests name it
-    `<model_id>:<lora_name>`."""
+    `<model_id>:<lora_name>`, or `<lora_name>` where no other model or adapter has that name."""
     body, source = await _adapter_route(request, front, LoadLoraRequest)
     await asyncio.to_thread(source.stage, body.lora_name, body.lora_path)
     try:
@@ -154,6 +154,7 @@ async def load_lora_adapter(request: Request, front: OpenAIFront = Front):
     except OpenAIError:
         await asyncio.to_thread(source.remove, body.lora_name)
         raise
+    await front.models.list_adapters()  # requests may name it bare from now on
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
 
@@ -163,6 +164,7 @@ async def unload_lora_adapter(request: Request, front: OpenAIFront = Front):
     naming it are 404s."""
     body, source = await _adapter_route(request, front, UnloadLoraRequest)
     await asyncio.to_thread(source.remove, body.lora_name)
+    await front.models.list_adapters()
     await front.models.client(source.model_id).on_every_replica("forget_adapter", body.lora_name)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 

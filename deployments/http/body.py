@@ -42,6 +42,7 @@ class BodyParser:
         # share; a small one on it (parsing it costs less than the hop to a thread)
         large = len(raw) > _SMALL_BODY_BYTES
         data = await off_loop(_load, raw) if large else _load(raw)
+        await self.models.find(data.get("model"))
         await self._check_conversation_fits(data)
         known = {name for name, f in model.model_fields.items() for name in (name, f.alias) if name}
         request.state.ignored_fields = sorted(key for key in data if key not in known)

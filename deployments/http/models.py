@@ -2,12 +2,16 @@
 model cards /v1/models lists."""
 
 import asyncio
+import math
 import time
 
 from deployments.app_config import AppConfig
 from deployments.clients import ModelClient
 from deployments.errors import OpenAIError, model_not_found
 from deployments.replica.adapters import adapter_name, adapters_of
+
+
+RELIST_S = 1.0  # the least time between two listings of the adapters prompted by unknown model names
 
 
 class ModelRegistry:
@@ -18,6 +22,8 @@ class ModelRegistry:
         self.lora_paths = {c.model_id: c.lora_config.dynamic_lora_loading_path.rstrip("/")
                            for c in config.llm_configs if c.lora_config}
         self.created = int(time.time())
+        self.bare_names: dict[str, str] = {}  # an adapter's bare name -> its model, where just one model has it
+        self._listed_at = -math.inf  # when the adapters were last listed for their bare names
         self._max_model_len: dict[str, int] = {}
         self._described: dict[str, dict] = {}  # each model's architecture and quantization, asked once
 
@@ -33,10 +39,29 @@ class ModelRegistry:
             raise OpenAIError(400, f"model: required when serving several models: {sorted(self.clients)}", "model")
         if model in self.clients:
             return model
-        base = next((m for m in self.clients if adapter_name(model, m)), None)
+        base = next((m for m in self.clients if model.startswith(m + ":") and adapter_name(model, m)), None)
+        base = base or self.bare_names.get(model)
         if base is None:
             raise model_not_found(model)
         return base
+
+    async def find(self, model: object) -> None:
+        """Before a request naming `model` is answered: where it names neither a model nor a known adapter, list
+        the adapters again (another ingress may have loaded it; at most once every `RELIST_S`)."""
+        if not isinstance(model, str) or model in self.clients or model in self.bare_names or ":" in model \
+                or time.monotonic() - self._listed_at < RELIST_S:
+            return
+        self._listed_at = time.monotonic()
+        await self.list_adapters()
+
+    async def list_adapters(self) -> None:
+        """Every model's adapters, for their bare names (a name two models' adapters share names neither)."""
+        owners: dict[str, list[str]] = {}
+        for model_id, source in self.adapters.items():
+            for name in await asyncio.to_thread(source.names):
+                owners.setdefault(name, []).append(model_id)
+        self.bare_names = {name: models[0] for name, models in owners.items()
+                           if len(models) == 1 and name not in self.clients}
 
     def reply_name(self, model: str | None) -> str:
         """The model a reply names: the one the request named (an adapter's reply names the adapter, as the chat

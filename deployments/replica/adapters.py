@@ -1,6 +1,8 @@
-"""LoRA adapters named by requests: `model: "<model_id>:<adapter>"`.
+"""LoRA adapters named by requests: `model: "<model_id>:<adapter>"`, or the adapter's bare name where no other
+model and no other model's adapter has it (vLLM's way: `model: "<adapter>"`).
 
-An adapter's PEFT files live under the model's `lora_config.dynamic_lora_loading_path`
+An adapter's PEFT files live under the model's `lora_config.dynamic_lora_loading_path` (by default the app's
+storage, under `lora-adapters/<model_id>/`)
 (`file://` or `s3://`, through the same object-store layer as batch files, so
 boto3's credential chain applies) and are fetched once per replica into a
 local directory, which the engine then reads. Fetching runs on the request's
@@ -25,10 +27,14 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def adapter_name(model: str | None, model_id: str) -> str | None:
-    """The adapter a request's `model` names for the model `model_id` (None: the base model itself)."""
-    if not isinstance(model, str) or model == model_id or not model.startswith(model_id + ":"):
+    """The adapter a request's `model` names for the model `model_id`: `<model_id>:<adapter>`, or the adapter's bare
+    name, as vLLM's clients name it (the ingress sends a replica only names of its model's adapters:
+    `ModelRegistry.model_id`); None: the base model itself."""
+    if not isinstance(model, str) or model == model_id:
         return None
-    return model[len(model_id) + 1:]
+    if model.startswith(model_id + ":"):
+        return model[len(model_id) + 1:]
+    return model if ":" not in model else None
 
 
 class ModelAdapters:

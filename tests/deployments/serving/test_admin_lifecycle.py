@@ -1,12 +1,13 @@
 """The admin routes on a two-replica app: each reaches every replica; only the admin key opens them; a LoRA
-adapter loaded through vLLM's route gives the offline engine's tokens with it on both replicas, and unloaded is a
-404; new weights from disk, or broadcast by a trainer process, give both replicas a fresh engine's tokens on
+adapter loaded through vLLM's route (kept in the app's storage) gives the offline engine's tokens with it on both
+replicas, named as `<model>:<name>` or, as vLLM's clients name it, by its bare name, and unloaded is a 404; new weights from disk, or broadcast by a trainer process, give both replicas a fresh engine's tokens on
 them."""
 
 import asyncio
 import subprocess
 import sys
 
+import openai
 import pytest
 import requests
 from ray import serve
@@ -28,8 +29,7 @@ ADMIN_KEY = "admin-key-0123456789"
 def admin_app(server, tmp_path_factory):
     args = app_args(server.model_dir, f"file://{tmp_path_factory.mktemp('admin-storage')}")
     args["llm_configs"][0]["deployment_config"] = {"num_replicas": 2}
-    args["llm_configs"][0]["lora_config"] = {
-        "dynamic_lora_loading_path": f"file://{tmp_path_factory.mktemp('admin-adapters')}", "max_lora_rank": 16}
+    args["llm_configs"][0]["lora_config"] = {"max_lora_rank": 16}  # adapters kept in the app's storage
     args.update(admin_api_key=ADMIN_KEY, api_key="user-key")
     with another_app(server, "admin", args) as url:
         yield url
@@ -68,9 +68,15 @@ def test_lora_adapters_load_and_unload_on_every_replica(server, admin_app, tmp_p
     expected = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
                             lora_request=LoRARequest("fresh", str(tmp_path / "fresh")))[0].outputs[0].text
     assert _replica_texts(prompt, f"{MODEL_ID}:fresh") == [expected] * 2 != _replica_texts(prompt)
+    sdk = openai.Client(base_url=f"{admin_app}/v1", api_key="user-key", max_retries=0)
+    bare = sdk.completions.create(model="fresh", prompt=prompt, max_tokens=8, temperature=0,
+                                  extra_body={"ignore_eos": True})  # vLLM's flow: the adapter by its lora_name
+    assert (bare.model, bare.choices[0].text) == ("fresh", expected)
     unloaded = _admin(admin_app, "v1/unload_lora_adapter", {"lora_name": "fresh"})
     assert unloaded.status_code == 200 and unloaded.text == "Success: LoRA adapter 'fresh' removed successfully."
     assert _admin(admin_app, "v1/unload_lora_adapter", {"lora_name": "fresh"}).status_code == 404
+    with pytest.raises(openai.NotFoundError):
+        sdk.completions.create(model="fresh", prompt=prompt, max_tokens=8)
     gone = requests.post(f"{admin_app}/v1/completions", json={"model": f"{MODEL_ID}:fresh", "prompt": "hi"},
                          headers={"Authorization": "Bearer user-key"})
     assert gone.status_code == 404
