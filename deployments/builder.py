@@ -12,6 +12,7 @@ from deployments.http.ingress import OpenAIIngress
 from deployments.prefix_router import PrefixAwareRouter
 from deployments.replica.direct_server import DirectLLMServer
 from deployments.replica.server import LLMServer
+from runtime.worker.placement import check_placement
 from runtime.worker.rank_workers import placement_strategy
 
 
@@ -101,6 +102,11 @@ def _replica(config: LLMConfig, server_class: type, prefix_routing: bool = True,
         options.setdefault("placement_group_bundles", [rank_bundle] * ranks)
         options.setdefault("placement_group_strategy",
                            placement_strategy(config.engine_kwargs.get("pipeline_parallel_size", 1)))
+    if "placement_group_bundles" in options and ray.is_initialized():  # else Serve waits for them forever
+        kwargs = config.engine_kwargs
+        check_placement(options["placement_group_bundles"], options.get("placement_group_strategy", "PACK"),
+                        f"tensor_parallel_size {kwargs.get('tensor_parallel_size', 1)} x pipeline_parallel_size "
+                        f"{kwargs.get('pipeline_parallel_size', 1)} of model {config.model_id}")
     return serve.deployment(server_class).options(ray_actor_options=actor_options, **options)
 
 

@@ -17,6 +17,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from runtime.config import EngineConfig
 from runtime.models.spec import ModelSpec
+from runtime.worker.placement import check_placement
 
 WORKER_PREFIX = "rank-worker-"
 
@@ -57,8 +58,10 @@ class RankWorkers:
         group = get_current_placement_group()
         self._own_group = None
         if group is None:
-            group = self._own_group = placement_group([bundle(config)] * config.world_size,
-                                                      strategy=placement_strategy(config.pipeline_parallel_size))
+            bundles, strategy = [bundle(config)] * config.world_size, placement_strategy(config.pipeline_parallel_size)
+            check_placement(bundles, strategy, f"tensor_parallel_size {config.tensor_parallel_size} x "
+                                               f"pipeline_parallel_size {config.pipeline_parallel_size}")
+            group = self._own_group = placement_group(bundles, strategy=strategy)
             ray.get(group.ready(), timeout=120)
         resources = {"num_gpus": 1, "num_cpus": 0} if config.device == "cuda" else {"num_cpus": 1}
         tag = uuid.uuid4().hex[:8]
