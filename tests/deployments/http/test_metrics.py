@@ -1,5 +1,5 @@
-"""/metrics carries Ray-exported request, latency, token and cache figures that move with traffic, vLLM's under
-vLLM's names."""
+"""/metrics carries Ray-exported request, latency, token and cache figures that move by what traffic sent, vLLM's
+under vLLM's names."""
 
 import re
 
@@ -25,27 +25,37 @@ def _total(samples: dict[str, float], name: str, **labels) -> float:
                if k.split("{")[0] == name and all(f'{lk}="{lv}"' in k for lk, lv in labels.items()))
 
 
-def test_metrics_move_after_requests(server):
+def test_metrics_count_what_was_sent(server):
+    """Three chats: each counter moves by exactly what their replies say (requests, first tokens, finishes,
+    prompt, generated and cached tokens), once Ray has exported them."""
     before = _samples(server.base_url)
     client = openai.Client(base_url=server.openai_url, api_key="None")
     system = "You are a meticulous assistant that answers in short sentences. " * 6
-    for question in ("one", "two", "three"):
-        client.chat.completions.create(model=MODEL_ID, max_tokens=4, messages=[
-            {"role": "system", "content": system}, {"role": "user", "content": question}])
+    replies = [client.chat.completions.create(model=MODEL_ID, max_tokens=4, messages=[
+        {"role": "system", "content": system}, {"role": "user", "content": question}])
+        for question in ("one", "two", "three")]
+    cached = sum(r.usage.prompt_tokens_details.cached_tokens for r in replies)
+    expected = {
+        ("vllm:time_to_first_token_seconds_count", ()): 3,
+        ("ray_rayllm_requests_total", (("route", "/v1/chat/completions"), ("status", "200"))): 3,
+        ("vllm:request_success_total", (("finished_reason", "length"),)): 3,
+        ("vllm:prompt_tokens_total", ()): sum(r.usage.prompt_tokens for r in replies),
+        ("vllm:generation_tokens_total", ()): sum(r.usage.completion_tokens for r in replies),
+        ("ray_rayllm_cached_prompt_tokens_total", ()): cached,
+        ("vllm:prefix_cache_hits_total", ()): cached,
+    }
+    assert cached > 0  # the system prompt's blocks were hit
 
-    def moved():
+    def moved_by(after: dict) -> dict:
+        return {key: _total(after, key[0], **dict(key[1])) - _total(before, key[0], **dict(key[1]))
+                for key in expected}
+
+    def exported() -> dict | None:
         after = _samples(server.base_url)
-        ttft = _total(after, "vllm:time_to_first_token_seconds_count")
-        cached = _total(after, "ray_rayllm_cached_prompt_tokens_total")
-        requests_ok = _total(after, "ray_rayllm_requests_total", route="/v1/chat/completions", status="200")
-        return (ttft >= _total(before, "vllm:time_to_first_token_seconds_count") + 3
-                and cached > _total(before, "ray_rayllm_cached_prompt_tokens_total")
-                and requests_ok >= _total(before, "ray_rayllm_requests_total", route="/v1/chat/completions",
-                                          status="200") + 3
-                and _total(after, "vllm:prefix_cache_hits_total") > _total(before, "vllm:prefix_cache_hits_total")
-                and after)
+        return after if all(moved_by(after)[key] >= value for key, value in expected.items()) else None
 
-    after = wait_until(moved, timeout=60, every=1)  # Ray exports on an interval
+    after = wait_until(exported, timeout=60, every=1)
+    assert moved_by(after) == expected  # Ray exports on an interval: waited for, then exact
     names = {k.split("{")[0] for k in after}
     assert {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
             "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:e2e_request_latency_seconds_bucket",
