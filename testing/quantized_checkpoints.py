@@ -1,9 +1,11 @@
 """Quantized copies of a test checkpoint, written by compressed-tensors (the library llm-compressor saves
 through) as llm-compressor's data-free path does: the preset scheme applied to every projection but the LM
-head, min-max scales and zero points, compressed and saved with the scheme in `config.json`.
+head, min-max scales and zero points (a static input scheme's, FP8's, from a calibration text), compressed and
+saved with the scheme in `config.json`.
 
 `reference_model` loads one back as the oracle: transformers' compressed-tensors integration (decompressing
-the weights), with compressed-tensors' own input quantization on every projection the scheme quantizes.
+the weights), with compressed-tensors' own input quantization on every projection the scheme quantizes (at the
+checkpoint's `input_scale` where it is static).
 `write_mxfp4_gpt_oss` and `mxfp4_reference_model` do the same for gpt-oss's MXFP4 experts;
 `write_fine_grained_fp8` and `fine_grained_fp8_reference_model` for DeepSeek's FP8 layout, through
 transformers' FineGrainedFP8 integration; `fp8_kv_reference_model` is the oracle of an FP8 KV cache.
@@ -34,6 +36,7 @@ from safetensors.torch import load_file, save_file
 from transformers import (
     AttentionInterface,
     AutoModelForCausalLM,
+    AutoTokenizer,
     CompressedTensorsConfig,
     FineGrainedFP8Config,
     Mxfp4Config,
@@ -42,8 +45,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.quantizers.quantizer_finegrained_fp8 import FineGrainedFP8HfQuantizer
 
 _EXPERT = re.compile(r"\.experts\.\d+\.\w+\.weight$")
-SCHEMES = ("W4A16", "W4A16_ASYM", "W8A16", "W8A8", "FP8_DYNAMIC", "FP8_BLOCK")
-QUANTIZES_ACTIVATIONS = {"W8A8", "FP8_DYNAMIC", "FP8_BLOCK"}
+# FP8: static per-tensor input scales, calibrated (`_calibrate_input_scales`)
+SCHEMES = ("W4A16", "W4A16_ASYM", "W8A16", "W8A8", "FP8", "FP8_DYNAMIC", "FP8_BLOCK")
+QUANTIZES_ACTIVATIONS = {"W8A8", "FP8", "FP8_DYNAMIC", "FP8_BLOCK"}
 
 
 def write_quantized(base: Path, out: Path, scheme: str) -> Path:
@@ -51,11 +55,16 @@ def write_quantized(base: Path, out: Path, scheme: str) -> Path:
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     config = QuantizationConfig(config_groups={"group_0": preset_name_to_scheme(scheme, ["Linear"])},
                                 ignore=["lm_head"], quantization_status="initialized")
+    _calibrate_input_scales(model, config, base)
     apply_quantization_config(model, config)
     for module in model.modules():
         args = getattr(getattr(module, "quantization_scheme", None), "weights", None)
         if args is not None:
             _set_min_max_qparams(module, args)
+        args = getattr(getattr(module, "quantization_scheme", None), "input_activations", None)
+        if args is not None and not args.dynamic:
+            low, high = module.calibrated
+            module.input_scale.data = calculate_qparams(low, high, args)[0].reshape(module.input_scale.shape)
     compressor = ModelCompressor.from_pretrained_model(model)
     compressor.compress_model(model)
     model.save_pretrained(out)
@@ -104,7 +113,37 @@ def reference_model(path: Path) -> torch.nn.Module:
     if inputs:
         apply_quantization_config(model, QuantizationConfig(config_groups=inputs, ignore=raw["ignore"],
                                                             quantization_status="frozen"))
+        scales = {name.removesuffix(".input_scale"): tensor for file in path.glob("*.safetensors")
+                  for name, tensor in load_file(file).items() if name.endswith(".input_scale")}
+        for name, module in model.named_modules():  # static scales: the checkpoint's (dynamic ones have none)
+            if name in scales:
+                module.input_scale.data = scales[name].to(module.input_scale.dtype).reshape(module.input_scale.shape)
     return model.eval()
+
+
+def _calibrate_input_scales(model: torch.nn.Module, config: QuantizationConfig, base: Path) -> None:
+    """Where the scheme quantizes inputs with static scales: each projection's input minimum and maximum over a
+    calibration text (llm-compressor's min-max observer over its calibration set), kept as `calibrated`."""
+    args = config.config_groups["group_0"].input_activations
+    if args is None or args.dynamic:
+        return
+    seen: dict[torch.nn.Module, list[torch.Tensor]] = {}
+
+    def observe(module, inputs):
+        x = inputs[0]
+        low, high = x.amin().reshape(1), x.amax().reshape(1)
+        seen[module] = [low, high] if module not in seen else [seen[module][0].minimum(low),
+                                                                seen[module][1].maximum(high)]
+
+    hooks = [m.register_forward_pre_hook(observe) for n, m in model.named_modules()
+             if isinstance(m, torch.nn.Linear) and n != "lm_head"]
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    with torch.no_grad():
+        model(**tokenizer(" ".join(f"calibration text {i}, some words" for i in range(40)), return_tensors="pt"))
+    for hook in hooks:
+        hook.remove()
+    for module, observed in seen.items():
+        module.calibrated = observed
 
 
 def _set_min_max_qparams(module: torch.nn.Module, args: QuantizationArgs) -> None:

@@ -35,7 +35,7 @@ MAX_TOKENS = 16
 SHAPE = {"arch": "qwen3", "hidden_size": 256, "intermediate_size": 512, "num_heads": 4, "num_kv_heads": 2,
          "head_dim": 64}
 # resident bytes of the quantized projections against the same matrices in bfloat16
-LARGEST_SHARE_OF_BF16 = {"W4A16": 0.35, "W4A16_ASYM": 0.35, "W8A16": 0.6, "W8A8": 0.6, "FP8_DYNAMIC": 0.6,
+LARGEST_SHARE_OF_BF16 = {"W4A16": 0.35, "W4A16_ASYM": 0.35, "W8A16": 0.6, "W8A8": 0.6, "FP8": 0.6, "FP8_DYNAMIC": 0.6,
                          "FP8_BLOCK": 0.6}
 
 
