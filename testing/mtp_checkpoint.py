@@ -1,5 +1,6 @@
-"""A DeepSeek-V3 checkpoint with a multi-token-prediction layer, as DeepSeek saves one (transformers writes
-none), and the prediction layer's own reference: transformers' DeepSeek-V3 with that one layer."""
+"""A DeepSeek-V3 (or GLM-4.5) checkpoint with a multi-token-prediction layer, as DeepSeek and Zhipu save one
+(transformers writes none), and the prediction layer's own reference: transformers' model of the family with that
+one layer."""
 
 from pathlib import Path
 

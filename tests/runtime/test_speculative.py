@@ -264,17 +264,18 @@ def test_a_draft_model_beside_a_target_whose_every_layer_slides_is_refused(tmp_p
     assert speculating.stats()["spec_num_draft_tokens"] > 0
 
 
-@pytest.fixture(scope="module")
-def mtp_model(tmp_path_factory):
-    """A tiny DeepSeek-V3 with a multi-token-prediction layer after its last decoder layer."""
-    source = build_model_dir(tmp_path_factory.mktemp("deepseek_v3"), "deepseek_v3", **FAMILIES["deepseek_v3"])
-    return add_mtp_layer(source, tmp_path_factory.mktemp("deepseek_v3_mtp"))
+@pytest.fixture(scope="module", params=["deepseek_v3", "glm4_moe"])
+def mtp_model(request, tmp_path_factory):
+    """A tiny DeepSeek-V3, or GLM-4.5, with a multi-token-prediction layer after its last decoder layer."""
+    family = request.param
+    source = build_model_dir(tmp_path_factory.mktemp(family), family, **FAMILIES[family])
+    return add_mtp_layer(source, tmp_path_factory.mktemp(f"{family}_mtp"))
 
 
 def test_the_checkpoints_prediction_layer_drafts_and_plain_decodings_tokens_come_out(mtp_model):
     """Prompts of up to 95 tokens prefilled in chunks of 32, the prediction layer catching up on each chunk; its
-    first draft after a prompt is transformers' (its decoder layer as a one-layer DeepSeek-V3 over the target's
-    hidden states); greedy and seeded tokens are plain decoding's."""
+    first draft after a prompt is transformers' (its decoder layer as a one-layer model of the family over the
+    target's hidden states); greedy and seeded tokens are plain decoding's."""
     options = {"dtype": "float32", "max_model_len": 256, "max_num_batched_tokens": 32}
     plain = LLM(str(mtp_model), **options)
     prompts = hybrid_prompts(plain.tokenizer)
