@@ -13,7 +13,8 @@ home is too busy too, the less loaded of two random replicas takes it.
 A request for a LoRA adapter (`model: "<model_id>:<adapter>"`) is homed by
 its adapter instead, so an adapter's requests meet on the replica that has
 it loaded; its chunk hashes start from the adapter's name, as the engine's
-prefix cache keys them.
+prefix cache keys them. A chat's pictures are part of its text, each as its
+URL's hash.
 """
 
 import hashlib
@@ -22,7 +23,7 @@ from collections import OrderedDict
 
 from ray.serve.request_router import PendingRequest, ReplicaID, ReplicaResult, RequestRouter, RunningReplica
 
-from deployments.api.chat.protocol import ChatCompletionRequest
+from deployments.api.chat.protocol import ChatCompletionRequest, ChatMessage, ImagePart
 from deployments.api.completions.protocol import CompletionRequest
 from deployments.api.generate.protocol import GenerateRequest
 
@@ -66,7 +67,7 @@ class PrefixAwareRouter(RequestRouter):
         """The prompt's chunk hashes and its home key: its adapter, else its first chunk (once per request)."""
         if self._last[0] is not pending_request:
             request = pending_request.args[0] if pending_request.args else None
-            text = _prompt_text(request)
+            text = route_text(request)
             model = getattr(request, "model", None)
             adapter = model if isinstance(model, str) and ":" in model else None
             home = adapter or (text[:CHUNK_CHARS] if len(text) >= CHUNK_CHARS else "")
@@ -93,10 +94,20 @@ def prefix_hashes(text: str, adapter: str | None = None) -> list[int]:
     return hashes
 
 
-def _prompt_text(request) -> str:
+def _content(message: ChatMessage) -> str:
+    """A message's text, a picture written as its URL's hash (the same picture in the same place is the same
+    prefix, as the engine's block hashes take pictures in; a data: URL's hash is computed once, as Python caches
+    a string's)."""
+    if not isinstance(message.content, list):
+        return message.content or ""
+    return "".join(f"<image {hash(part.image_url.url):x}>" if isinstance(part, ImagePart) else part.text
+                   for part in message.content)
+
+
+def route_text(request) -> str:
     """The text that decides the route: the first prompt of the request ("" when there is none)."""
     if isinstance(request, ChatCompletionRequest):
-        return "".join(f"<{m.role}>{m.template_dict()['content']}" for m in request.messages)
+        return "".join(f"<{m.role}>{_content(m)}" for m in request.messages)
     if isinstance(request, CompletionRequest):
         prompts = request.prompts()
     elif isinstance(request, GenerateRequest):
