@@ -166,6 +166,9 @@ class AppConfig(StrictModel):
     otlp_traces_endpoint: str | None = None
     # the engine lifecycle's admin routes (deployments/http/admin.py) take it as a bearer token; off while unset
     admin_api_key: str | None = Field(None, min_length=16)
+    # with API keys: each key's requests share cached prefixes only with that key's (their cache_salt starts with
+    # the key's); false lets every key hit a shared system prompt's blocks (and learn, by timing, what others sent)
+    cache_salt_by_key: bool = True
     max_request_bytes: int = Field(16 * 1024 * 1024, gt=0)
     # HTTP bounds (deployments/http/request_limits.py, key_admission.py): headers; a body's minimum rate after a
     # grace; with API keys, a key's requests in flight and waiting (past them, a 429), shared out among the

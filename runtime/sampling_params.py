@@ -40,6 +40,8 @@ class SamplingParams:
     # does not apply to them
     prompt_logprobs_temperature: float = 1.0
     structured_output: Constraint | None = None  # JSON schema, regex or EBNF the output must match
+    # vLLM's: starts its prefix's hash chain, so only requests of the same salt share KV blocks (a tenant's)
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

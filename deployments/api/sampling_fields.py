@@ -93,6 +93,8 @@ class SamplingFields(RequestModel):
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    # vLLM's: only requests of the same salt share cached prefixes (the app may salt every request by its API key)
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -183,6 +185,7 @@ class SamplingFields(RequestModel):
             logprobs=logprobs,
             structured_output=structured_output,
             prompt_logprobs_temperature=self.prompt_logprobs_temperature or 1.0,
+            cache_salt=self.cache_salt,
             **extra,
         )
 

@@ -54,5 +54,12 @@ class OpenAIFront:
         """A generation route's parsed body, the client of the model it names, and the caller's owner id (the
         engine shares its seats fairly among owners)."""
         owner = self.auth.owner(request)
-        body = await self.body.parse(request, model)
+        body = self.salted(await self.body.parse(request, model), owner)
         return body, self.models.client(body.model), owner
+
+    def salted(self, body: BaseModel, owner: str | None) -> BaseModel:
+        """`body` with its cache salt prefixed by its API key's (`cache_salt_by_key`): no key's request hits a
+        prefix another key's computed, whatever salt it names."""
+        if self.config.cache_salt_by_key and owner is not None and "cache_salt" in type(body).model_fields:
+            body.cache_salt = f"key {owner}" + (f"|{body.cache_salt}" if body.cache_salt else "")
+        return body

@@ -273,11 +273,13 @@ class BlockManager:
     def _tokens(self, seq: Sequence, index: int) -> tuple[int, ...]:
         return tuple(seq.token_ids[index * self.block_size : (index + 1) * self.block_size])
 
-    def chain_start(self, adapter: str | None, rope_scale: float | None = None) -> str:
+    def chain_start(self, adapter: str | None, rope_scale: float | None = None, salt: str | None = None) -> str:
         """Where a prefix's hash chain starts: the weights' version and the LoRA adapter (the same tokens under
-        other weights or another adapter have other keys and values), and a length-scaled RoPE's scale (rotated
-        otherwise, its blocks never match a sequence rotated by another)."""
-        return f"{self.weights_version}|{adapter}" + (f"|rope scale {rope_scale}" if rope_scale else "")
+        other weights or another adapter have other keys and values), a length-scaled RoPE's scale (rotated
+        otherwise, its blocks never match a sequence rotated by another), and the request's cache salt (a tenant's:
+        no other tenant's request hits its blocks, in the pool or any tier)."""
+        return f"{self.weights_version}|{adapter}" + (f"|rope scale {rope_scale}" if rope_scale else "") + \
+            (f"|salt {salt}" if salt else "")
 
     def _hash(self, seq: Sequence, index: int) -> int:
         """Hash of block `index` of `seq`, chained from its parent's (memoised on the sequence). Without prefix
@@ -286,7 +288,7 @@ class BlockManager:
         if len(hashes) <= index:
             adapter = seq.request.adapter
             parent = hashes[-1] if hashes else self.chain_start(adapter.name if adapter is not None else None,
-                                                                seq.rope_scale) \
+                                                                seq.rope_scale, seq.params.cache_salt) \
                 if self.enable_prefix_caching else f"request {seq.request.request_id}"
             hashes += hash_chain(parent, seq.token_ids, self.block_size, seq.request.images, len(hashes), index + 1)
         return hashes[index]

@@ -109,7 +109,7 @@ class LLMEngine(EngineLifecycle):
     def fetch_shared(self, valid: ValidRequest):
         """The blocks of `valid`'s prompt that the shared tier has and this engine lacks (any thread may ask)."""
         adapter = valid.adapter.name if valid.adapter is not None else None
-        return self.shared_tier.fetch(valid.prompt_token_ids, adapter, valid.images)
+        return self.shared_tier.fetch(valid.prompt_token_ids, adapter, valid.images, valid.params.cache_salt)
 
     def import_blocks(self, fetched) -> None:  # blocks from the shared tier, into the offload tier
         if fetched is not None:

@@ -115,11 +115,11 @@ class SharedTier:
         size = self.blocks.block_size
         return [tuple(prompt[i * size : (i + 1) * size]) for i in range((len(prompt) - 1) // size)]
 
-    def hashes(self, prompt: list[int], adapter: str | None, images: tuple[ImageInput, ...] = ()
-               ) -> tuple[list[int], list[tuple[int, ...]]]:
+    def hashes(self, prompt: list[int], adapter: str | None, images: tuple[ImageInput, ...] = (),
+               salt: str | None = None) -> tuple[list[int], list[tuple[int, ...]]]:
         """The hashes and tokens of `prompt`'s full blocks (`_blocks_of`), chained as an admission chains them."""
         tokens = self._blocks_of(prompt)
-        return hash_chain(self.blocks.chain_start(adapter), prompt, self.blocks.block_size, images, 0,
+        return hash_chain(self.blocks.chain_start(adapter, salt=salt), prompt, self.blocks.block_size, images, 0,
                           len(tokens)), tokens
 
     def publish(self, prompt: list[int], prefix_hashes, read_blocks, block_ids: list[int]) -> None:
@@ -139,13 +139,13 @@ class SharedTier:
         except Exception:  # the tier is an optimisation: an engine serves on without it
             logger.exception("publishing %d KV blocks to the shared tier failed", len(hashes))
 
-    def fetch(self, prompt: list[int], adapter: str | None, images: tuple[ImageInput, ...] = ()
-              ) -> FetchedBlocks | None:
+    def fetch(self, prompt: list[int], adapter: str | None, images: tuple[ImageInput, ...] = (),
+              salt: str | None = None) -> FetchedBlocks | None:
         """The blocks of `prompt` that the tier has past those the engine holds already, each confirmed by its
         tokens. Prompts under `min_prompt_tokens` are not looked up (nor published): a round trip saved."""
         if len(prompt) < self.config.min_prompt_tokens:
             return None
-        hashes, tokens = self.hashes(prompt, adapter, images)
+        hashes, tokens = self.hashes(prompt, adapter, images, salt)
         held = 0
         while held < len(hashes) and self.blocks.holds(hashes[held], tokens[held]):
             held += 1

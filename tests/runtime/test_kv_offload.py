@@ -134,3 +134,21 @@ def test_what_the_tier_cannot_hold_is_refused_at_start(qwen2_model):
         LLM(str(qwen2_model), max_model_len=256, kv_offloading_size=2**-30)
     with pytest.raises(InvalidInputError, match="kv_shared_tier: fetches into the offload tier"):
         LLM(str(qwen2_model), max_model_len=256, kv_shared_tier={"size_gib": 1})
+
+
+def test_an_offloaded_block_is_served_for_its_own_cache_salt_only(qwen2_model):
+    """The same prompt under two salts: the blocks offloaded under the first are no hit for the second."""
+    prompt, others = _prompts(1, seed=5)[0], _prompts(6, seed=6)
+    llm = LLM(str(qwen2_model), max_model_len=256, kv_cache_bytes=kv_cache_bytes(qwen2_model, POOL_BLOCKS),
+              kv_offloading_size=_gib(qwen2_model, 72))
+
+    def run(salt):
+        params = SamplingParams(temperature=0, max_tokens=GREEDY.max_tokens, ignore_eos=True, cache_salt=salt)
+        [out] = llm.generate([prompt], params)
+        return out.outputs[0].token_ids, out.num_cached_tokens
+
+    tokens, _ = run("a")
+    _one_by_one(llm, others, GREEDY)  # push its blocks out of the pool, into the tier
+    assert run("b") == (tokens, 0)
+    _one_by_one(llm, others, GREEDY)
+    assert run("a") == (tokens, 96)

@@ -72,3 +72,17 @@ def test_a_reset_forgets_every_cached_prefix(qwen2_model):
     again = llm.generate([prompt], GREEDY)[0]
     assert again.num_cached_tokens == 0 and again.outputs[0].token_ids == first.outputs[0].token_ids
     assert llm.generate([prompt], GREEDY)[0].num_cached_tokens == 96
+
+
+def test_requests_of_another_cache_salt_never_share_a_prefix(qwen2_model):
+    """vLLM's cache_salt: the same prompt under another salt is computed anew (same tokens), under its own a hit."""
+    llm = LLM(str(qwen2_model), max_model_len=256, block_size=16)
+    prompt = list(range(5, 105))
+
+    def run(salt):
+        [out] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, cache_salt=salt))
+        return out.outputs[0].token_ids, out.num_cached_tokens
+
+    tokens, _ = run("tenant-a")
+    assert run("tenant-b") == (tokens, 0) and run(None) == (tokens, 0)
+    assert run("tenant-a") == run("tenant-b") == (tokens, 96)

@@ -91,6 +91,21 @@ def test_blocks_are_shared_only_between_replicas_holding_the_same_weights(name, 
     assert run(b) == (old, FULL_BLOCKS)
 
 
+def test_a_cache_salt_is_a_tenants_own_in_the_shared_tier(name, qwen2_model, prompts):
+    (prompt, _), (expected, _) = prompts
+    a, b = LLM(str(qwen2_model), **_options(name)), LLM(str(qwen2_model), **_options(name))
+
+    def run(llm: LLM, salt: str) -> tuple[list[int], int]:
+        params = SamplingParams(temperature=0, max_tokens=GREEDY.max_tokens, ignore_eos=True, cache_salt=salt)
+        [out] = llm.generate([prompt], params)
+        llm.engine.shared_tier.flush()
+        return out.outputs[0].token_ids, out.num_cached_tokens
+
+    assert run(a, "tenant-a") == (expected, 0)
+    assert run(b, "tenant-b") == (expected, 0)  # a's blocks are not b's tenant's
+    assert run(b, "tenant-a") == (expected, FULL_BLOCKS)
+
+
 def test_a_servers_engine_fetches_before_queueing(name, qwen2_model, prompts):
     (_, prompt), (_, expected) = prompts
     publisher = LLM(str(qwen2_model), **_options(name))

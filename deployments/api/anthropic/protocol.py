@@ -162,6 +162,7 @@ class CountTokensRequest(RequestModel):
     ignore_eos: bool | None = None
     regex: str | None = None
     ebnf: str | None = None
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)  # vLLM's, as on the chat route
 
     @model_validator(mode="after")
     def _tool_choice_names_a_tool(self):
@@ -189,7 +190,7 @@ class CountTokensRequest(RequestModel):
                                 "stream": self.stream, "continue_final_message": prefill}
         if self.stream:  # usage on every chunk: message_start carries the input tokens
             chat["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
-        for name in ("temperature", "top_p", "top_k", "seed", "ignore_eos", "regex", "ebnf"):
+        for name in ("temperature", "top_p", "top_k", "seed", "ignore_eos", "regex", "ebnf", "cache_salt"):
             if getattr(self, name) is not None:
                 chat[name] = getattr(self, name)
         if self.stop_sequences:

@@ -51,7 +51,8 @@ class ScriptedModel:
         return {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": MODEL,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "logprobs": None,
                              "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4,
+                          "prompt_tokens_details": {"cached_tokens": 0}}}
 
     async def chat_stream(self, req, owner=None):
         self.requests.append(req)
@@ -272,3 +273,25 @@ def test_a_reply_body_too_large_to_build_whole_must_be_streamed(tmp_path, stream
     assert reply.status_code == status, reply.text
     if not stream:
         assert "stream it" in reply.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("by_key", [True, False])
+def test_each_keys_requests_carry_its_cache_salt(tmp_path, by_key):
+    """With API keys, chat, Anthropic Messages and Responses requests reach the model salted by their key (the
+    request's own salt after it); the operator may turn that off, leaving each request's own salt."""
+    model = ScriptedModel([])
+    client = serve_in_process(model, tmp_path, api_key=["sk-a", "sk-b"], cache_salt_by_key=by_key)
+    for key, salt in (("sk-a", None), ("sk-b", None), ("sk-a", "team-1")):
+        headers = {"Authorization": f"Bearer {key}"}
+        client.post("/v1/chat/completions", json={**CHAT, **({"cache_salt": salt} if salt else {})}, headers=headers)
+    client.post("/v1/messages", headers={"x-api-key": "sk-b"}, json={
+        "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "x"}], "cache_salt": "s"})
+    client.post("/v1/responses", headers={"Authorization": "Bearer sk-a"}, json={"model": MODEL, "input": "x"})
+    salts = [r.cache_salt for r in model.requests]
+    keys = ApiKeys(["sk-a", "sk-b"])
+    owners = {key: keys.known_owner({"authorization": f"Bearer {key}"}) for key in ("sk-a", "sk-b")}
+    if by_key:
+        assert salts == [f"key {owners['sk-a']}", f"key {owners['sk-b']}", f"key {owners['sk-a']}|team-1",
+                         f"key {owners['sk-b']}|s", f"key {owners['sk-a']}"]
+    else:
+        assert salts == [None, None, "team-1", "s", None]
