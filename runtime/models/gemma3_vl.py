@@ -38,13 +38,9 @@ class Gemma3Projector(nn.Module):
 class Gemma3ForConditionalGeneration(VisionLanguage, Gemma3ForCausalLM):
     pictures_attend_both_ways = True
 
-    def __init__(self, config: PretrainedConfig, max_positions: int):
-        super().__init__(config, max_positions)
-        checkpoint = config.vision_language
-        self.vision_tower = self.multi_modal_projector = None
-        if checkpoint is not None:  # not served text-only
-            self.vision_tower = SiglipVisionTower(checkpoint.vision_config)
-            self.multi_modal_projector = Gemma3Projector(checkpoint)
+    def build_tower(self, checkpoint: PretrainedConfig) -> None:
+        self.vision_tower = SiglipVisionTower(checkpoint.vision_config)
+        self.multi_modal_projector = Gemma3Projector(checkpoint)
 
     @staticmethod
     def picture_tokens(checkpoint: PretrainedConfig) -> int:

@@ -16,7 +16,7 @@ from runtime.models.llama import LlamaForCausalLM
 from runtime.models.mistral import MistralForCausalLM
 from runtime.models.qwen2 import Qwen2ForCausalLM
 from runtime.models.qwen3 import Qwen3ForCausalLM
-from runtime.models.vision_language import VisionLanguage
+from runtime.models.vision_language import VisionLanguage, feature_layers
 
 class LlavaProjector(nn.Module):
     def __init__(self, config: PretrainedConfig, num_feature_layers: int):
@@ -34,16 +34,8 @@ class LlavaProjector(nn.Module):
 class LlavaMixin(VisionLanguage):
     """What LLaVA adds to its language model's family (`llava_of`)."""
 
-    def __init__(self, config: PretrainedConfig, max_positions: int):
-        super().__init__(config, max_positions)
-        checkpoint = config.vision_language
-        self.vision_tower = self.multi_modal_projector = None
-        if checkpoint is None:  # served text-only
-            return
-        layers = checkpoint.vision_feature_layer
-        vision_layers = checkpoint.vision_config.num_hidden_layers
-        self.feature_layers = [layers] if isinstance(layers, int) else list(layers)
-        self.feature_layers = [i if i >= 0 else vision_layers + 1 + i for i in self.feature_layers]
+    def build_tower(self, checkpoint: PretrainedConfig) -> None:
+        self.feature_layers = feature_layers(checkpoint)
         self.drop_class_token = checkpoint.vision_feature_select_strategy == "default"
         self.vision_tower = CLIPVisionTower(checkpoint.vision_config, max(self.feature_layers))
         self.multi_modal_projector = LlavaProjector(checkpoint, len(self.feature_layers))

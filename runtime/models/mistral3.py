@@ -17,7 +17,7 @@ from runtime.models.layers import RMSNorm
 from runtime.models.llava import LlavaProjector
 from runtime.models.mistral import MistralForCausalLM
 from runtime.models.pixtral_vision import PixtralVisionTower
-from runtime.models.vision_language import VisionLanguage
+from runtime.models.vision_language import VisionLanguage, feature_layers
 
 # transformers' PixtralProcessor's defaults, which Mistral's checkpoints keep
 IMAGE_BREAK, IMAGE_END = "[IMG_BREAK]", "[IMG_END]"
@@ -40,15 +40,8 @@ class Mistral3Projector(LlavaProjector):
 
 
 class Mistral3ForConditionalGeneration(VisionLanguage, MistralForCausalLM):
-    def __init__(self, config: PretrainedConfig, max_positions: int):
-        super().__init__(config, max_positions)
-        checkpoint = config.vision_language
-        self.vision_tower = self.multi_modal_projector = None
-        if checkpoint is None:  # served text-only
-            return
-        layers = checkpoint.vision_feature_layer
-        depth = checkpoint.vision_config.num_hidden_layers
-        self.feature_layers = [i if i >= 0 else depth + 1 + i for i in ([layers] if isinstance(layers, int) else layers)]
+    def build_tower(self, checkpoint: PretrainedConfig) -> None:
+        self.feature_layers = feature_layers(checkpoint)
         self.patch_size = checkpoint.vision_config.patch_size
         self.vision_tower = PixtralVisionTower(checkpoint.vision_config, max(self.feature_layers))
         self.multi_modal_projector = Mistral3Projector(checkpoint, len(self.feature_layers))

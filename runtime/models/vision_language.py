@@ -27,11 +27,29 @@ LLAVA_LAYOUT = (  # checkpoint prefix -> ours, the first that matches
 )
 
 
+def feature_layers(checkpoint: PretrainedConfig) -> list[int]:
+    """The tower's layers whose hidden states the projector reads (`vision_feature_layer`: one or several, counted
+    from the end where negative; 0 is the embeddings)."""
+    layers = checkpoint.vision_feature_layer
+    depth = checkpoint.vision_config.num_hidden_layers
+    return [i if i >= 0 else depth + 1 + i for i in ([layers] if isinstance(layers, int) else layers)]
+
+
 class VisionLanguage:
     takes_images = True
     checkpoint_layout: tuple[tuple[str, str], ...] = LLAVA_LAYOUT  # checkpoint prefix -> ours, the first that matches
     supports_lora = False  # adapters attach to the language model's layers only: not built for the tower
     split_image_tensors = staticmethod(split_by_image)  # the processor's tensors, one dict per picture
+
+    def __init__(self, config: PretrainedConfig, max_positions: int):
+        super().__init__(config, max_positions)
+        self.vision_tower = self.multi_modal_projector = None  # served text-only, none is built
+        if config.vision_language is not None:
+            self.build_tower(config.vision_language)
+
+    def build_tower(self, checkpoint: PretrainedConfig) -> None:
+        """Build the vision tower and projector from the checkpoint's whole config (a family whose tower has
+        another name builds it in its own `__init__`)."""
 
     @classmethod
     def text_config(cls, config: PretrainedConfig) -> PretrainedConfig:

@@ -2,8 +2,10 @@
 under vLLM's names."""
 
 import re
+import time
 
 import openai
+import ray
 import requests
 
 from testing.helpers import wait_until
@@ -25,10 +27,25 @@ def _total(samples: dict[str, float], name: str, **labels) -> float:
                if k.split("{")[0] == name and all(f'{lk}="{lv}"' in k for lk, lv in labels.items()))
 
 
+def _settled(base_url: str) -> dict[str, float]:
+    """/metrics once the ingress's chat counter has held still for longer than Ray's export interval: the
+    requests earlier tests sent are all counted, so what moves after is this test's."""
+    seen = {"value": None, "since": time.monotonic()}
+
+    def still() -> dict | None:
+        samples = _samples(base_url)
+        value = _total(samples, "ray_rayllm_requests_total", route="/v1/chat/completions")
+        if value != seen["value"]:
+            seen.update(value=value, since=time.monotonic())
+        return samples if time.monotonic() - seen["since"] > ray._config.metrics_report_interval_ms() / 1000 else None
+
+    return wait_until(still, timeout=120, every=1)
+
+
 def test_metrics_count_what_was_sent(server):
     """Three chats: each counter moves by exactly what their replies say (requests, first tokens, finishes,
     prompt, generated and cached tokens), once Ray has exported them."""
-    before = _samples(server.base_url)
+    before = _settled(server.base_url)
     client = openai.Client(base_url=server.openai_url, api_key="None")
     system = "You are a meticulous assistant that answers in short sentences. " * 6
     replies = [client.chat.completions.create(model=MODEL_ID, max_tokens=4, messages=[
