@@ -212,3 +212,11 @@ def bound_logprobs(entries: int, product: str, stream: bool) -> None:
     if not stream and entries > MAX_REPLY_LOGPROB_ENTRIES:
         raise ValueError(f"{product} is over {MAX_REPLY_LOGPROB_ENTRIES:,} logprob entries for one reply body; "
                          "stream it (stream: true) or ask for fewer")
+
+
+def salted_by_owner(body, owner: str | None):
+    """`body` with its cache salt prefixed by its API key's owner id (`cache_salt_by_key`): no key's request hits
+    a prefix another key's computed, whatever salt it names. A body without the field, or no owner: as it is."""
+    if owner is not None and "cache_salt" in type(body).model_fields:
+        body.cache_salt = f"key {owner}" + (f"|{body.cache_salt}" if body.cache_salt else "")
+    return body

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 
+from deployments.api.sampling_fields import salted_by_owner
 from deployments.batch.capacity import Capacity
 from deployments.batch.files import FileStore
 from deployments.batch.index import state_key
@@ -49,8 +50,10 @@ class BatchLimits:
     `seats`) times its running replicas."""
 
     def __init__(self, concurrency: int = 64, max_line_bytes: int = 1 << 20, max_lines: int = 50_000,
-                 request_retries: int = 3, seats: dict[str, int] | None = None, max_active_per_key: int = 100):
+                 request_retries: int = 3, seats: dict[str, int] | None = None, max_active_per_key: int = 100,
+                 salt_by_key: bool = True):
         self.concurrency = concurrency
+        self.salt_by_key = salt_by_key  # each line's cache salt prefixed by its batch's key (`cache_salt_by_key`)
         self.max_active_per_key = max_active_per_key  # an API key's unfinished batches
         self.seats = seats or {}
         self.window = 2 * concurrency
@@ -281,6 +284,8 @@ class BatchJob:
                 "code": "invalid_request", "message": f"line {line_no}: {e}", "line": line_no})))
             window.results.append(done)
             return
+        if self.limits.salt_by_key:
+            salted_by_owner(request.body, self.progress.owner)
         slots = self.slots(request.model)
         while self._uncommitted > max(_AHEAD_WINDOWS * self.limits.window, 2 * slots.limit):
             self._room.clear()

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from deployments.api.responses.handler import ResponsesAPI
 from deployments.api.responses.store import ResponseStore
+from deployments.api.sampling_fields import salted_by_owner
 from deployments.app_config import AppConfig, replica_name
 from deployments.batch.api import BatchAPI
 from deployments.batch.files import FileLimits
@@ -39,7 +40,8 @@ class OpenAIFront:
         file_limits = FileLimits(config.max_file_bytes, config.max_file_lines,
                                  Quota(config.max_files_per_key, config.max_file_bytes_per_key))
         batch_limits = BatchLimits(max_line_bytes=config.max_batch_line_bytes, max_lines=config.max_file_lines,
-                                   seats=config.batch_seats(), max_active_per_key=config.max_active_batches_per_key)
+                                   seats=config.batch_seats(), max_active_per_key=config.max_active_batches_per_key,
+                                   salt_by_key=config.cache_salt_by_key)
         batches = BatchAPI(config.storage_uri, app_name, {model_id: replica_name(model_id) for model_id in clients},
                            file_limits, batch_limits)
         if config.start_batch_manager:
@@ -58,8 +60,5 @@ class OpenAIFront:
         return body, self.models.client(body.model), owner
 
     def salted(self, body: BaseModel, owner: str | None) -> BaseModel:
-        """`body` with its cache salt prefixed by its API key's (`cache_salt_by_key`): no key's request hits a
-        prefix another key's computed, whatever salt it names."""
-        if self.config.cache_salt_by_key and owner is not None and "cache_salt" in type(body).model_fields:
-            body.cache_salt = f"key {owner}" + (f"|{body.cache_salt}" if body.cache_salt else "")
-        return body
+        """`body`, salted by its API key where the app says so (`cache_salt_by_key`)."""
+        return salted_by_owner(body, owner) if self.config.cache_salt_by_key else body

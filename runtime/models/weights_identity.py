@@ -3,15 +3,17 @@ which starts every prefix's hash chain, so a KV block shared between replicas is
 same weights): a fingerprint of the checkpoint as loaded, then each update's version.
 
 The fingerprint reads the checkpoint's config, each weight file's name and size, and samples of its bytes spread
-across the whole file (every `_STRIDE` bytes), not every byte: a checkpoint differing from another only between
-samples would take its name. A trainer that names its updates (`weight_version`) needs no fingerprint."""
+evenly across the whole file (every `_STRIDE` bytes, at most `_SAMPLES` a file), not every byte: a checkpoint
+differing from another only between samples would take its name. A trainer that names its updates
+(`weight_version`) needs no fingerprint."""
 
 import uuid
 from hashlib import blake2b
 from pathlib import Path
 
 _SAMPLE = 4096  # bytes read at each sample
-_STRIDE = 8 << 20  # between samples: a 16 GB checkpoint reads 8 MB
+_STRIDE = 8 << 20  # the least distance between two samples
+_SAMPLES = 64  # at most, a file
 
 
 def checkpoint_fingerprint(path: Path, serving: str) -> str:
@@ -25,7 +27,7 @@ def checkpoint_fingerprint(path: Path, serving: str) -> str:
             size = file.stat().st_size
             digest.update(f"{file.name}:{size}".encode())
             with file.open("rb") as f:
-                for offset in range(0, size, _STRIDE):
+                for offset in range(0, size, max(_STRIDE, -(-size // _SAMPLES))):
                     f.seek(offset)
                     digest.update(f.read(_SAMPLE))
     return digest.hexdigest()

@@ -353,3 +353,31 @@ def test_a_waiter_cancelled_after_a_grant_passed_over_it_leaves_quietly():
         assert capacity.used == 1
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("owner, salt_by_key, expected", [("k1", True, ["key k1", "key k1|own"]),
+                                                         ("k1", False, [None, "own"]), (None, True, [None, "own"])])
+def test_a_batchs_lines_are_salted_by_its_key(tmp_path, owner, salt_by_key, expected):
+    """As the ingress salts a key's requests (`cache_salt_by_key`), the batch job salts its key's lines."""
+    import asyncio
+
+    from deployments.batch.files import FileLimits, FileStore
+    from deployments.batch.job import BatchJob, BatchLimits
+    from deployments.storage import open_store
+
+    store = open_store(f"file://{tmp_path}")
+    lines = [json.loads(line) for line in _chat_lines(2).decode().splitlines()]
+    lines[1]["body"]["cache_salt"] = "own"
+    store.put(FileStore.content_key("file-in"), "".join(json.dumps(line) + "\n" for line in lines).encode())
+    state = new_batch("file-in", "/v1/chat/completions", 3600, "1h", None, FileStore.content_key("file-in"), owner)
+    state.batch.status = "in_progress"
+    salts = {}
+
+    async def send(request, request_id):
+        salts[request.custom_id] = request.body.cache_salt
+        return {"id": request_id, "choices": [], "usage": {}}
+
+    job = BatchJob(state, store, FileStore(store, FileLimits(1 << 20, 100)), {"m"}, send,
+                   BatchLimits(salt_by_key=salt_by_key))
+    asyncio.run(asyncio.wait_for(job.run(), timeout=30))
+    assert [salts["c-0"], salts["c-1"]] == expected
