@@ -168,8 +168,15 @@ def _below_min_tokens(seq: Sequence) -> bool:
     return seq.num_output_tokens + seq.num_in_flight < seq.params.min_tokens
 
 
+# what a logprob of -inf (or NaN: an over-sharpened distribution) is reported as, vLLM's stand-in: the replies are
+# JSON, which has no infinities
+LOGPROB_FLOOR = -9999.0
+
+
 def token_logprob(logprobs: torch.Tensor, token_id: int, num_top: int) -> TokenLogprob:
-    """The logprob and rank of `token_id` in one row of log-probabilities, with the top `num_top`."""
+    """The logprob and rank of `token_id` in one row of log-probabilities, with the top `num_top` (each at least
+    `LOGPROB_FLOOR`)."""
+    logprobs = logprobs.nan_to_num(nan=LOGPROB_FLOOR, posinf=0.0).clamp(min=LOGPROB_FLOOR)
     chosen = logprobs[token_id]
     rank = int((logprobs > chosen).sum()) + 1
     top = []

@@ -2,6 +2,8 @@
 with nothing sampled, beside requests that generate, with async scheduling too; prompt logprobs at a temperature
 are transformers' log_softmax(logits / T)."""
 
+import math
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -64,3 +66,15 @@ def test_a_decode_shaped_step_holding_a_prompt_that_samples_nothing_is_not_graph
         engine.step()
     decode_shaped = [s for s in seen if s.num_decodes == len(s.query_lens)]
     assert [(s.query_lens, s.one_sampled_row_each) for s in decode_shaped[:2]] == [([1, 1], False), ([1], True)]
+
+
+def test_logprobs_of_an_over_sharpened_distribution_are_finite(qwen2_model):
+    """A temperature so small that every other token's logprob is -inf (or NaN): each is reported as -9999, as
+    vLLM reports it, so the reply stays JSON (which has no infinities)."""
+    llm = LLM(str(qwen2_model), max_model_len=256)
+    params = SamplingParams(max_tokens=3, temperature=1e-30, logprobs=4, prompt_logprobs=4,
+                            prompt_logprobs_temperature=1e-30)
+    [out] = llm.generate([[5, 6, 7, 8, 9]], params)
+    entries = [e for e in out.prompt_logprobs if e is not None] + out.outputs[0].logprobs
+    values = [lp for e in entries for lp in [e.logprob, *(v for _, v in e.top)]]
+    assert all(math.isfinite(v) and v >= -9999.0 for v in values) and -9999.0 in values
