@@ -52,8 +52,7 @@ class BatchLimits:
     def __init__(self, concurrency: int = 64, max_line_bytes: int = 1 << 20, max_lines: int = 50_000,
                  request_retries: int = 3, seats: dict[str, int] | None = None, max_active_per_key: int = 100,
                  salt_by_key: bool = True):
-        self.concurrency = concurrency
-        self.salt_by_key = salt_by_key  # each line's cache salt prefixed by its batch's key (`cache_salt_by_key`)
+        self.concurrency, self.salt_by_key = concurrency, salt_by_key  # salt_by_key: `cache_salt_by_key`
         self.max_active_per_key = max_active_per_key  # an API key's unfinished batches
         self.seats = seats or {}
         self.window = 2 * concurrency
