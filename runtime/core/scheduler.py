@@ -80,7 +80,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.free_state_slots = list(range(max_num_seqs)) if state_slots else None
         self.scaled_rope = scaled_rope
-        self.whole_pictures = whole_pictures  # a prefill chunk never ends inside a picture (its tokens attend both ways)
+        # a prefill chunk never ends inside a picture (its tokens attend both ways)
+        self.whole_pictures = whole_pictures
 
     def add(self, request: Request) -> None:
         for seq in request.seqs:

@@ -1,15 +1,14 @@
-"""What reinforcement-learning frameworks (verl, OpenRLHF, slime) drive a serving engine through between rollouts,
-as vLLM and SGLang offer it: pause and resume generation, new weights from a checkpoint, a prefix-cache reset,
-and sleep (weights and KV cache released, the process kept) and wake up; and a LoRA adapter unloaded.
+"""What reinforcement-learning frameworks (verl, OpenRLHF, slime) drive a serving engine through between rollouts, as
+vLLM and SGLang offer it: pause and resume generation, new weights from a checkpoint, a prefix-cache reset, and sleep
+(weights and KV cache released, the process kept) and wake up; and a LoRA adapter unloaded.
 
-Each runs on the engine's own thread between two steps (and while no other thread applies the text stage), and
-returns the deltas it produced, with their text (the step still in flight under async scheduling, completed
-first; the requests a pause with mode "abort" ended). New weights and
-sleep send every running sequence back to wait: it is recomputed from its first token, its output so far kept,
-so no token after the change reads keys and values of the old weights; and the weights' version changes (the
-trainer's name for them, or the new checkpoint's fingerprint), so no block computed before is hit again, here or
-from the shared tier. A prefix-cache reset and sleep keep the version. While paused or asleep the engine takes requests but runs no step.
-"""
+Each runs on the engine's own thread between two steps (and while no other thread applies the text stage), and returns
+the deltas it produced, with their text (the step still in flight under async scheduling, completed first; the requests
+a pause with mode "abort" ended). New weights and sleep send every running sequence back to wait: it is recomputed from
+its first token, its output so far kept, so no token after the change reads keys and values of the old weights; and the
+weights' version changes (the trainer's name for them, or the new checkpoint's fingerprint), so no block computed before
+is hit again, here or from the shared tier. A prefix-cache reset and sleep keep the version. While paused or asleep the
+engine takes requests but runs no step."""
 
 from pathlib import Path
 

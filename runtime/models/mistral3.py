@@ -1,8 +1,8 @@
 """Mistral 3 (`Mistral3ForConditionalGeneration`: Mistral Small 3.1 and 3.2, Magistral Small): Pixtral's tower
 (`pixtral_vision`) read at `vision_feature_layer`, a projector that norms the patches, merges each 2 x 2 block of
-them into one (a learned linear map of the four), and projects them through two layers, and a Mistral language
-model. A picture is spelled out row by row: a row's [IMG] tokens then [IMG_BREAK], the last row ending in
-[IMG_END]; the breaks and the end keep their own embeddings (the picture's `gaps`). Transformers' Pixtral processor needs
+them into one (a learned linear map of the four), and projects them through two layers, and a Mistral language model.
+A picture is spelled out row by row: a row's [IMG] tokens then [IMG_BREAK], the last row ending in [IMG_END]; the
+breaks and the end keep their own embeddings (the picture's `gaps`). Transformers' Pixtral processor needs
 torchvision; where it cannot be loaded the checkpoint's image processor and tokenizer take its steps, spelling
 pictures out as its `replace_image_token` does. Checkpoints name their tensors in either of transformers' layouts
 (`vision_language.LLAVA_LAYOUT`)."""

@@ -27,7 +27,8 @@ class PixtralAttention(nn.Module):
 
         q = rotate_halves(heads(self.q_proj(x)), cos, sin)
         k = rotate_halves(heads(self.k_proj(x)), cos, sin)
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), heads(self.v_proj(x)).transpose(0, 1))
+        v = heads(self.v_proj(x))
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1))
         return self.o_proj(out.transpose(0, 1).reshape(x.shape))
 
 

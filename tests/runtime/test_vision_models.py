@@ -114,7 +114,8 @@ FAMILIES = {"llava": (build_llava_dir, processor_reference), "gemma3": (build_ge
             "mistral3": (build_mistral3_dir, pixtral_reference), "qwen2_vl": (build_qwen2_vl_dir, qwen_reference),
             "qwen2_5_vl": (build_qwen2_5_vl_dir, qwen_reference), "qwen3_vl": (build_qwen3_vl_dir, qwen_reference),
             "qwen3_5": (build_qwen3_5_dir, qwen_reference)}
-CACHED = ["llava", "gemma3", "mistral3", "qwen2_5_vl"]  # Qwen3.5's linear-attention layers keep a state per sequence: no prefix cache
+# Qwen3.5's linear-attention layers keep a state per sequence: no prefix cache
+CACHED = ["llava", "gemma3", "mistral3", "qwen2_5_vl"]
 
 
 def _family(request, tmp_path_factory):

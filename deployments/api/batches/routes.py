@@ -15,7 +15,8 @@ router = APIRouter()
 
 @router.post("/v1/files", openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {
     "schema": {"type": "object", "required": ["file", "purpose"], "properties": {
-        "file": {"type": "string", "format": "binary"}, "purpose": {"type": "string", "enum": list(UPLOAD_PURPOSES)}}}}}}})
+        "file": {"type": "string", "format": "binary"},
+        "purpose": {"type": "string", "enum": list(UPLOAD_PURPOSES)}}}}}}})
 async def upload_file(request: Request, front: OpenAIFront = Front):
     owner = front.auth.owner(request)  # a caller without a key learns nothing, not even what the route expects
     if "multipart/form-data" not in request.headers.get("content-type", ""):

@@ -1,7 +1,7 @@
-"""The admin routes on a two-replica app: each reaches every replica; only the admin key opens them; a LoRA
-adapter loaded through vLLM's route (kept in the app's storage) gives the offline engine's tokens with it on both
-replicas, named as `<model>:<name>` or, as vLLM's clients name it, by its bare name, and unloaded is a 404; new weights from disk, or broadcast by a trainer process, give both replicas a fresh engine's tokens on
-them."""
+"""The admin routes on a two-replica app: each reaches every replica; only the admin key opens them; a LoRA adapter
+loaded through vLLM's route (kept in the app's storage) gives the offline engine's tokens with it on both replicas,
+named as `<model>:<name>` or, as vLLM's clients name it, by its bare name, and unloaded is a 404; new weights from
+disk, or broadcast by a trainer process, give both replicas a fresh engine's tokens on them."""
 
 import asyncio
 import subprocess

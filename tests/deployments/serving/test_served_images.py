@@ -1,7 +1,7 @@
-"""Pictures through the served app, on a tiny LLaVA: the `openai` SDK's chat (whole and streamed, data: URLs, an
-allowed http URL, an allowed s3:// URI), the `anthropic` SDK's image blocks, the Responses API's input_image (by URL
-and by the file_id of an upload) and a batch file with image lines each answer as the offline engine does; every kind of bad picture is a 400 in the API's
-shape, after which the next request is served."""
+"""Pictures through the served app, on a tiny LLaVA: the `openai` SDK's chat (whole and streamed, data: URLs, an allowed
+http URL, an allowed s3:// URI), the `anthropic` SDK's image blocks, the Responses API's input_image (by URL and by
+the file_id of an upload) and a batch file with image lines each answer as the offline engine does; every kind of bad
+picture is a 400 in the API's shape, after which the next request is served."""
 
 import base64
 import http.server
