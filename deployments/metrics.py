@@ -1,11 +1,12 @@
 """Metrics through Ray's metrics API, so Ray's Prometheus export (and KubeRay's scraping) carries them.
 
-Names start with `rayllm_` (Ray's exporter adds its `ray_` prefix). Each process records its own: the HTTP
+Names start with `rayllm_` (Ray's exporter adds its `ray_` prefix). Serve's metric classes: a figure recorded in a
+replica carries its `application`, `deployment` and `replica` labels. Each process records its own: the HTTP
 side counts requests (http/metrics.py), a replica times its engine's streams and reports its gauges
 (replica/metrics.py), the batch manager counts batch outcomes (`count_batch`).
 """
 
-from ray.util.metrics import Counter
+from ray.serve.metrics import Counter
 
 _metrics: dict = {}
 

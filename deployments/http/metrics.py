@@ -3,7 +3,7 @@ Prometheus (this node's export from Ray, filtered to our metric families, vLLM's
 
 import ray
 import requests
-from ray.util.metrics import Counter
+from ray.serve.metrics import Counter
 
 from deployments.metrics import metric
 

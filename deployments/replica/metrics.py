@@ -5,7 +5,7 @@ ours (`rayllm_...`) where it has not."""
 import time
 from dataclasses import dataclass, field
 
-from ray.util.metrics import Counter, Gauge, Histogram
+from ray.serve.metrics import Counter, Gauge, Histogram
 
 from deployments.metrics import metric
 from runtime import RequestDelta

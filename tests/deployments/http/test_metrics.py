@@ -23,6 +23,8 @@ def _samples(base_url: str) -> dict[str, float]:
 
 
 def _total(samples: dict[str, float], name: str, **labels) -> float:
+    """The shared app's figures only: apps other tests ran beside it stop being exported once deleted."""
+    labels.setdefault("application", "default")
     return sum(v for k, v in samples.items()
                if k.split("{")[0] == name and all(f'{lk}="{lv}"' in k for lk, lv in labels.items()))
 
