@@ -8,7 +8,7 @@ from ray import serve
 from ray.serve import Application, Deployment
 
 from deployments.app_config import AppConfig, LLMConfig, parse_app_config, replica_name
-from deployments.http.ingress import OpenAIIngress
+from deployments.http.ingress import HTTP_MAX_ONGOING, OpenAIIngress
 from deployments.prefix_router import PrefixAwareRouter
 from deployments.replica.direct_server import DirectLLMServer
 from deployments.replica.server import LLMServer
@@ -24,7 +24,8 @@ def build_openai_app(args: dict) -> Application:
     if config.direct_streaming:
         # Under HAProxy, HAProxy picks the replica for HTTP requests and Serve refuses a custom router on the
         # ingress deployment: the replica, its own ingress here, keeps Serve's default router
-        return _replica(config.llm_configs[0], DirectLLMServer, prefix_routing=not _haproxy()).bind(config)
+        return _replica(config.llm_configs[0], DirectLLMServer, prefix_routing=not _haproxy(),
+                        max_ongoing=HTTP_MAX_ONGOING).bind(config)
     replicas = {c.model_id: _replica(c, LLMServer).bind(c, config.otlp_traces_endpoint, config.media_policy())
                 for c in config.llm_configs}
     # disaggregated models' prefill replicas (deployments/disaggregated.py)
@@ -77,11 +78,13 @@ def _haproxy() -> bool:
     return os.environ.get("RAY_SERVE_ENABLE_HA_PROXY", "0") == "1"
 
 
-def _replica(config: LLMConfig, server_class: type, prefix_routing: bool = True, prefill: bool = False) -> Deployment:
+def _replica(config: LLMConfig, server_class: type, prefix_routing: bool = True, prefill: bool = False,
+             max_ongoing: int = 256) -> Deployment:
     """The model's replica deployment (or its prefill replicas'), with its Serve options and resources (a GPU when
-    wanted, a bundle per tensor-parallel rank)."""
+    wanted, a bundle per tensor-parallel rank). `max_ongoing`: Serve's default for it (one serving HTTP holds the
+    ingress's)."""
     options = {"name": replica_name(config.model_id, prefill), **config.deployment_config}
-    options.setdefault("max_ongoing_requests", 256)
+    options.setdefault("max_ongoing_requests", max_ongoing)
     if prefix_routing:
         options.setdefault("request_router_config", {"request_router_class": PrefixAwareRouter})
     actor_options = dict(options.pop("ray_actor_options", {}))

@@ -8,7 +8,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 class OtlpReceiver:
     """Collects every span POSTed to `url` (…/v1/traces, protobuf): dicts of name, service, trace_id, span_id,
-    parent_id (hex; "" for a root) and attributes."""
+    parent_id (hex; "" for a root), start_ns and end_ns (Unix time) and attributes."""
 
     def __init__(self):
         self.spans: list[dict] = []
@@ -38,6 +38,7 @@ class OtlpReceiver:
                     attributes = {a.key: getattr(a.value, a.value.WhichOneof("value")) for a in span.attributes}
                     self.spans.append({"name": span.name, "service": service, "trace_id": span.trace_id.hex(),
                                        "span_id": span.span_id.hex(), "parent_id": span.parent_span_id.hex(),
+                                       "start_ns": span.start_time_unix_nano, "end_ns": span.end_time_unix_nano,
                                        "attributes": attributes})
 
     def stop(self) -> None:

@@ -11,8 +11,13 @@ from deployments.http.front import OpenAIFront
 from runtime.engine.startup_heap import freeze_startup_heap
 
 
+# requests a replica that serves HTTP holds at once: well past any one key's bounds (key_admission.py), so a key's
+# waiting requests wait in it, where they are counted, and not in Serve's queue in front of other keys
+HTTP_MAX_ONGOING = 1000
+
+
 # Replicas and resources: the app config's ingress_deployment_config (builder.py)
-@serve.deployment(max_ongoing_requests=1000)
+@serve.deployment(max_ongoing_requests=HTTP_MAX_ONGOING)
 @serve.ingress()
 class OpenAIIngress:
     def __init__(self, config: AppConfig, replicas: dict[str, DeploymentHandle],

@@ -1,10 +1,12 @@
 """Bounds on what a request's headers and body may cost before a route sees them.
 
 Headers: more than `max_headers` of them, or more than `max_header_bytes` in all, is a 431 before anything
-else runs. Body: once a route starts reading it, a client must keep up `min_body_bytes_per_s` on average after
-a grace of `body_grace_s` seconds (a body of B bytes is due within grace + B / rate), else the request ends
-with a 408 and its connection closes. The rule bounds a sender that trickles a byte at a time and one that
-stops sending alike; a real client on a slow link sends far faster than the rate.
+else runs. Body: a client must keep up `min_body_bytes_per_s` on average after a grace of `body_grace_s` seconds
+from the request's arrival (a body of B bytes is due within grace + B / rate), else the request ends with a 408
+and its connection closes. The rule bounds a sender that trickles a byte at a time and one that stops sending
+alike; a real client on a slow link sends far faster than the rate. A request that waited past its grace before
+anything read its body (its key's turn: key_admission.py) has LATE_READ_S from the first read, where a body
+already sent arrives at once: a slow sender's wait for its turn does not renew its grace.
 """
 
 import json
@@ -13,6 +15,8 @@ import time
 import anyio
 
 from deployments.errors import error_body
+
+LATE_READ_S = 1.0
 
 
 class _BodyTooSlow(Exception):
@@ -37,7 +41,7 @@ class RequestLimits:
         if len(headers) > self.max_headers or sum(len(k) + len(v) for k, v in headers) > self.max_header_bytes:
             return await _refuse(send, 431, f"request headers are over {self.max_headers} headers or "
                                             f"{self.max_header_bytes} bytes in all")
-        started_reading, received, complete, responded = None, 0, False, False
+        arrived, started_reading, received, complete, responded = time.monotonic(), None, 0, False, False
 
         async def paced_receive():
             nonlocal started_reading, received, complete
@@ -45,7 +49,7 @@ class RequestLimits:
                 return await receive()
             now = time.monotonic()
             started_reading = started_reading or now
-            due = started_reading + self.grace + received / self.rate
+            due = max(arrived + self.grace, started_reading + LATE_READ_S) + received / self.rate
             with anyio.move_on_after(max(due - now, 0)) as waited:
                 message = await receive()
             if waited.cancelled_caught:
@@ -65,7 +69,7 @@ class RequestLimits:
         except _BodyTooSlow:
             if not responded:
                 await _refuse(send, 408, f"the request body came slower than {self.rate} bytes/s after "
-                                         f"{self.grace:g} s; send it faster", close=True)
+                                         f"{self.grace:g} s from the request's arrival; send it faster", close=True)
 
 
 async def _refuse(send, status: int, message: str, close: bool = False) -> None:

@@ -366,7 +366,7 @@ class AsyncLLMEngine:
         try:
             self.engine.enqueue(request_id, request, priority, owner, stream)
             if not self._commands_at_once:  # (an engine process: its child holds back the deltas)
-                self._schedule.start(request_id, stream)
+                self._schedule.start(request_id, stream, owner)
         except Exception as e:
             self._deliver(request_id, e)
 

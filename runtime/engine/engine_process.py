@@ -245,5 +245,5 @@ def _apply(engine, schedule: DeliverySchedule, command: tuple) -> RequestDelta |
         engine.enqueue(request_id, valid, priority, owner, stream)
     except Exception as e:  # the server checked the request: what fails here fails it alone
         return RequestDelta(request_id, len(valid.prompt_token_ids), 0, [], True, error=describe(e))
-    schedule.start(request_id, stream)
+    schedule.start(request_id, stream, owner)
     return None

@@ -1,26 +1,43 @@
-"""One key's load does not hold up another's, through Serve: key A's backlog waits at the ingress, not in the
-model's queue (past its bounds, 429s), and A's slow senders are cut at the body's minimum rate, while key B's
-4-token chat is answered within NORMAL_BOUND_S (two cores) and A's admitted work still completes. Figures are
-printed as JSON lines."""
+"""One key's load does not hold up another's, through Serve, on the app configs/local.yaml serves (the replica
+answers HTTP itself, its engine in a process of its own) with two keys: key A's backlog waits in the replica's
+HTTP side, not in Serve's queue nor the model's (past its bounds, 429s); A's slow senders are cut at the body's
+minimum rate, counted from their arrival; A's batches take their share of the batch seats. Key B's 4-token chats
+are answered within NORMAL_BOUND_S (two cores), B's 10-line batch within BATCH_BOUND_S, and A's admitted work
+still completes. Figures are printed as JSON lines (benchmarks/hostile_client.py splits B's time by its trace)."""
 
 import asyncio
 import concurrent.futures
+import io
 import json
 import socket
 import time
+from pathlib import Path
 
 import httpx
+import openai
 import pytest
 import requests
+import yaml
 from ray import serve
 
 from deployments.app_config import replica_name
 from testing.helpers import wait_until
-from tests.conftest import MODEL_ID, another_app, app_args
+from tests.conftest import MODEL_ID, another_app
 
 pytestmark = pytest.mark.reliability
-NORMAL_BOUND_S = 1.0
+NORMAL_BOUND_S, BATCH_BOUND_S = 1.0, 5.0
 KEYS = ["sk-a", "sk-b"]
+
+
+def _local_app(server, storage: Path, **bounds) -> dict:
+    """configs/local.yaml's app on the tiny model, with keys A and B and `bounds` (the app config's defaults
+    otherwise), its replica on one of the test cluster's CPUs."""
+    config = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/local.yaml").read_text())
+    args = config["applications"][0]["args"]
+    llm = args["llm_configs"][0]
+    llm["model_loading_config"] = {"model_id": MODEL_ID, "model_source": str(server.model_dir)}
+    llm["deployment_config"]["ray_actor_options"]["num_cpus"] = 1
+    return {**args, "storage_uri": f"file://{storage}", "api_key": KEYS, **bounds}
 
 
 def _small_chat(base_url: str) -> tuple[requests.Response, float]:
@@ -53,8 +70,7 @@ def test_a_key_with_more_streams_than_a_replica_takes_does_not_hold_up_another_k
     Serve's first-come queue ahead of B's chat. A's streams past its 64 in flight wait at the ingress. B's
     chats, three one after another, are answered in a median within the bound (the first may meet a wave of A's
     prefills on the two cores)."""
-    args = {**app_args(server.model_dir, f"file://{tmp_path}"), "api_key": KEYS, "max_requests_per_key": 64,
-            "max_waiting_per_key": 1000}  # all of A's streams wait their turn: none is refused
+    args = _local_app(server, tmp_path, max_requests_per_key=64, max_waiting_per_key=1000)  # none is refused
     with another_app(server, "keys", args) as base_url:
         stats = serve.get_deployment_handle(replica_name(MODEL_ID), app_name="keys").stats
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -72,18 +88,18 @@ def test_a_key_with_more_streams_than_a_replica_takes_does_not_hold_up_another_k
 
 
 def test_slow_senders_with_a_valid_key_are_cut_at_the_minimum_rate_and_do_not_hold_up_another_key(server, tmp_path):
-    """300 connections with key A each announce a 10 MB body and send a byte a second. A's bounds (8 in flight,
-    8 waiting) refuse most at once with a 429; those admitted are cut with a 408 when they fall below the
-    minimum rate after the grace; B's chat meanwhile is answered in time, and no connection outlives its bound."""
+    """1,500 connections with key A each announce a 10 MB body and send a byte a second. A's bounds (the app's
+    defaults: 128 in flight, 256 waiting) refuse the rest at once with a 429; those admitted are cut with a 408
+    when they fall below the minimum rate after the grace, and those that waited soon after their turn comes
+    (their grace ran while they waited); B's chat is answered in time, and no connection is open after 20 s."""
     grace = 2.0
-    args = {**app_args(server.model_dir, f"file://{tmp_path}"), "api_key": KEYS, "body_grace_s": grace,
-            "max_requests_per_key": 8, "max_waiting_per_key": 8}
+    args = _local_app(server, tmp_path, body_grace_s=grace)
     with another_app(server, "slow", args) as base_url:
         host, port = base_url.removeprefix("http://").split("/")[0].split(":")
         head = (f"POST /slow/v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer sk-a\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {10 << 20}\r\n\r\n{{").encode()
         connections = []
-        for _ in range(300):
+        for _ in range(1500):
             connection = socket.create_connection((host, int(port)))
             connection.sendall(head)
             connection.setblocking(False)
@@ -92,7 +108,7 @@ def test_slow_senders_with_a_valid_key_are_cut_at_the_minimum_rate_and_do_not_ho
         statuses, open_ = {}, set(range(len(connections)))
         small = small_s = refused_s = None
         while open_ and time.monotonic() - start < 4 * grace + 30:
-            if small is None and len(statuses) >= 300 - 16:  # all but those admitted refused: B's chat now
+            if small is None and len(statuses) >= 1500 - 128 - 256:  # all but those admitted refused: B's chat now
                 small, small_s = _small_chat(base_url)
                 refused_s = time.monotonic() - start
             for i in list(open_):
@@ -119,4 +135,41 @@ def test_slow_senders_with_a_valid_key_are_cut_at_the_minimum_rate_and_do_not_ho
                       "small_chat_s": small_s and round(small_s, 3), "statuses": counts,
                       "last_closed_s": round(last_closed_s, 1), "still_open": len(open_)}))
     assert small is not None and small.status_code == 200 and small_s <= NORMAL_BOUND_S, small_s
-    assert open_ == set() and set(counts) == {408, 429} and len(statuses) == 300
+    assert open_ == set() and set(counts) == {408, 429} and len(statuses) == 1500
+    assert last_closed_s <= 20
+
+
+def _batch_file(client: openai.Client, lines: int, max_tokens: int) -> str:
+    body = "".join(json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions", "body": {
+        "model": MODEL_ID, "max_tokens": max_tokens, "ignore_eos": True,
+        "messages": [{"role": "user", "content": f"line {i}"}]}}) + "\n" for i in range(lines))
+    return client.files.create(file=("lines.jsonl", io.BytesIO(body.encode())), purpose="batch").id
+
+
+def _create(client: openai.Client, file_id: str):
+    return client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+
+
+def test_a_keys_twenty_batches_do_not_hold_up_another_keys_small_batch(server, tmp_path):
+    """A's twenty 500-line batches fill the model's batch seats; B's 10-line batch, created once they all run,
+    takes its key's turn at each seat freed and completes within BATCH_BOUND_S while A's are still running."""
+    with another_app(server, "batches", _local_app(server, tmp_path)) as base_url:
+        a, b = (openai.Client(base_url=f"{base_url}/v1", api_key=key, max_retries=0) for key in KEYS)
+        a_file, b_file = _batch_file(a, 500, 64), _batch_file(b, 10, 16)
+        a_batches = [_create(a, a_file) for _ in range(20)]
+        wait_until(lambda: all(a.batches.retrieve(x.id).status == "in_progress" for x in a_batches), timeout=120)
+        start = time.monotonic()
+        batch = _create(b, b_file)
+        while batch.status not in ("completed", "failed", "cancelled", "expired"):
+            time.sleep(0.1)  # a client's polling
+            batch = b.batches.retrieve(batch.id)
+        b_batch_s = time.monotonic() - start
+        a_now = [a.batches.retrieve(x.id) for x in a_batches]
+        for x in a_now:
+            if x.status == "in_progress":
+                a.batches.cancel(x.id)
+        a_done = [x.request_counts.completed for x in a_now]
+    print(json.dumps({"reliability": "batch_seats", "b_batch_s": round(b_batch_s, 3), "a_lines_done": sum(a_done)}))
+    assert batch.status == "completed" and batch.request_counts.completed == 10
+    assert sum(a_done) < 20 * 500  # A's batches were still running
+    assert b_batch_s <= BATCH_BOUND_S

@@ -1,7 +1,8 @@
 """DeliverySchedule: a request's first and last deltas go at once, the ones between are held and merged: for an
 interval, or to the end when the request is not streamed."""
 
-from runtime.engine.delivery import DeliverySchedule
+from runtime.engine import delivery
+from runtime.engine.delivery import FAIR_STREAMS, DeliverySchedule
 from runtime.outputs import RequestDelta, SequenceDelta
 
 
@@ -48,3 +49,28 @@ def test_no_interval_hands_on_every_delta():
     schedule = DeliverySchedule(interval_s=0)
     deltas = [delta("a", i) for i in range(1, 4)]
     assert [schedule.due([d]) for d in deltas] == [[d] for d in deltas]
+
+
+def test_while_another_owner_has_requests_an_owners_many_streams_share_its_deliveries(monkeypatch):
+    """Owner a's 64 streams get FAIR_STREAMS streams' worth of deliveries (each every 64 / 32 intervals) while
+    owner b has a request open, and the plain interval again once b's ends; requests with no owner keep it."""
+    clock = {"now": 0.0}
+    monkeypatch.setattr(delivery.time, "monotonic", lambda: clock["now"])
+    schedule = DeliverySchedule(interval_s=0.1)
+    streams = [f"a{i}" for i in range(2 * FAIR_STREAMS)]
+    for request_id in streams:
+        schedule.start(request_id, stream=True, owner="a")
+    schedule.start("free", stream=True)
+
+    def step(at: float, token: int, *extra: RequestDelta) -> set[str]:
+        clock["now"] = at
+        return {d.request_id for d in schedule.due([delta(r, token) for r in [*streams, "free"]] + list(extra))}
+
+    assert step(0.0, 1) == {*streams, "free"}  # first deltas go at once
+    assert step(0.15, 2) == {*streams, "free"}  # a alone: the plain interval
+    schedule.start("b", stream=False, owner="b")
+    assert step(0.3, 3, delta("b", 1)) == {"free", "b"}  # a's streams now every 0.2 s
+    assert step(0.34, 4) == set()
+    assert step(0.4, 5) == {*streams, "free"}
+    assert step(0.45, 6, delta("b", 2, finished=True)) == {"b"}
+    assert step(0.51, 7) == {*streams, "free"}  # b's request ended: the plain interval again

@@ -8,6 +8,7 @@ import time
 
 import httpx
 
+from deployments.http.request_limits import LATE_READ_S
 from tests.deployments.http.test_http_app import CHAT, MODEL, ScriptedModel, serve_in_process
 
 
@@ -129,3 +130,45 @@ def test_a_key_past_its_requests_in_flight_waits_then_is_refused_while_another_k
     assert refused_messages.json()["error"]["type"] == "rate_limit_error"
     assert other_key.status_code == 200 and no_key.status_code == 401
     assert [r.status_code for r in held] == [200, 200, 200] and model.held == 3
+
+
+def test_a_slow_sender_that_waited_for_its_keys_turn_is_cut_soon_after_its_first_read(tmp_path):
+    """The body's grace runs from the request's arrival: a sender that stalls while it waits behind its key's
+    requests in flight, past its grace, is cut LATE_READ_S after its body is first read (not a whole grace later);
+    a request that waited as long with its body sent is answered."""
+    model = HeldModel()
+    grace = 3.0
+    app = serve_in_process(model, tmp_path, api_key=["sk-a"], max_requests_per_key=4, max_waiting_per_key=4,
+                           body_grace_s=grace, min_body_bytes_per_s=1000).app  # per replica: 2 in flight, 2 waiting
+    body = json.dumps(CHAT).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"100000"),
+               (b"authorization", b"Bearer sk-a")]
+
+    async def stalled():
+        parts = [{"type": "http.request", "body": body[:10], "more_body": True}]
+
+        async def receive():
+            if parts:
+                return parts.pop()
+            await asyncio.Event().wait()
+
+        return await _call(app, _scope("/v1/chat/completions", headers), receive)
+
+    async def scenario():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://edge",
+                                     headers={"Authorization": "Bearer sk-a"}) as client:
+            hold = {"model": MODEL, "messages": [{"role": "user", "content": "hold"}]}
+            held = [asyncio.create_task(client.post("/v1/chat/completions", json=hold)) for _ in range(2)]
+            await asyncio.wait_for(_until(lambda: model.held == 2), timeout=30)
+            waiting = [asyncio.create_task(stalled()),
+                       asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))]
+            await asyncio.sleep(grace + 0.2)  # both wait for their key's turn past the grace
+            model.release.set()
+            released = time.monotonic()
+            cut = await waiting[0]
+            return cut, time.monotonic() - released, await waiting[1], await asyncio.gather(*held)
+
+    (status, _, reply), cut_after_s, sent_whole, held = asyncio.run(scenario())
+    assert status == 408 and json.loads(reply)["error"]["type"] == "timeout"
+    assert LATE_READ_S <= cut_after_s < grace - 0.5, cut_after_s
+    assert sent_whole.status_code == 200 and [r.status_code for r in held] == [200, 200]
