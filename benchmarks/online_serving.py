@@ -89,7 +89,7 @@ async def drive(base_url: str, model: str, conversations, extra_body: dict, conc
     """Stream every conversation, `concurrency` at a time. Tokens are counted from each stream's usage chunk
     where the server sends one (a chunk may carry several tokens), else as one per content chunk."""
     limit = asyncio.Semaphore(concurrency)
-    ttfts, per_token, tokens, chunks = [], [], 0, 0
+    ttfts, per_token, gaps, tokens, chunks = [], [], [], 0, 0
 
     async def one(client, messages):
         nonlocal tokens, chunks
@@ -104,7 +104,10 @@ async def drive(base_url: str, model: str, conversations, extra_body: dict, conc
                 usage = chunk.usage or usage
                 # a stream's first text may be its last chunk (bytes that never formed a character wait for it)
                 if chunk.choices and (chunk.choices[0].delta.content or chunk.choices[0].finish_reason):
-                    last = time.perf_counter()
+                    now = time.perf_counter()
+                    if last is not None and chunk.choices[0].delta.content:
+                        gaps.append(now - last)  # inter-token latency as bench_serving counts it: per chunk
+                    last = now
                     first = first or last
                     content_chunks += bool(chunk.choices[0].delta.content)
             generated = usage.completion_tokens if usage else content_chunks
@@ -123,7 +126,8 @@ async def drive(base_url: str, model: str, conversations, extra_body: dict, conc
     return {"output_tok_s": round(tokens / elapsed, 1), "output_tokens": tokens, "content_chunks": chunks,
             "ttft_p50_ms": round(1000 * statistics.median(ttfts), 1),
             "ttft_p99_ms": round(1000 * ttfts[int(0.99 * (len(ttfts) - 1))], 1),
-            "tpot_p50_ms": round(1000 * statistics.median(per_token), 2), "seconds": round(elapsed, 2)}
+            "tpot_p50_ms": round(1000 * statistics.median(per_token), 2),
+            "itl_p50_ms": round(1000 * statistics.median(gaps), 2) if gaps else None, "seconds": round(elapsed, 2)}
 
 
 def healthy(url: str) -> bool:

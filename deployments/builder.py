@@ -12,6 +12,7 @@ from deployments.http.ingress import HTTP_MAX_ONGOING, OpenAIIngress
 from deployments.prefix_router import PrefixAwareRouter
 from deployments.replica.direct_server import DirectLLMServer
 from deployments.replica.server import LLMServer
+from runtime.openmp_env import SPINCOUNT
 from runtime.worker.placement import check_placement
 from runtime.worker.rank_workers import placement_strategy
 
@@ -118,7 +119,7 @@ def _replica(config: LLMConfig, server_class: type, prefix_routing: bool = True,
 # the batch manager; on a small machine its idle workers' spinning took as much CPU as the engine thread
 # itself during a batch. 10,000 keeps single-stream decode as fast and cuts the replica's CPU for the same
 # batch (figures: docs/architecture.md's performance notes).
-_REPLICA_ENV = {"GOMP_SPINCOUNT": "10000"}
+_REPLICA_ENV = {"GOMP_SPINCOUNT": SPINCOUNT}
 
 
 def _replica_env(runtime_env: dict | None) -> dict:

@@ -3,6 +3,7 @@
 `from runtime import LLM, SamplingParams` is all an offline script needs.
 """
 
+import runtime.openmp_env  # noqa: F401  (first: it sets libgomp's environment before torch loads it)
 from runtime.config import EngineConfig
 from runtime.engine.async_engine import AsyncLLMEngine, EngineDeadError
 from runtime.engine.llm import LLM

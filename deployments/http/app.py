@@ -18,6 +18,7 @@ from deployments.api.anthropic import routes as anthropic
 from deployments.api.batches import routes as batches
 from deployments.api.chat import routes as chat
 from deployments.api.completions import routes as completions
+from deployments.api.conversations import routes as conversations
 from deployments.api.embeddings import routes as embeddings
 from deployments.api.generate import routes as generate
 from deployments.api.responses import routes as responses
@@ -36,7 +37,7 @@ from deployments.tracing import HttpSpans, tracing
 
 router = APIRouter()
 ROUTERS = (router, chat.router, completions.router, generate.router, embeddings.router, tokenize.router,
-           responses.router, anthropic.router, batches.router, admin.router)
+           responses.router, conversations.router, anthropic.router, batches.router, admin.router)
 
 
 def build_app(front: OpenAIFront) -> FastAPI:

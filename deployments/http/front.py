@@ -1,5 +1,5 @@
 """What the HTTP routes work with, passed in whole: the app's config, its API keys, its models, the body
-parser, and the Batch and Responses APIs. `OpenAIFront.for_app` builds them for a Serve application; a test
+parser, and the Batch, Responses and Conversations APIs. `OpenAIFront.for_app` builds them for a Serve application; a test
 builds one around any `ModelClient` and serves it in-process (tests/deployments/http/test_http_app.py)."""
 
 from dataclasses import dataclass
@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from fastapi import Request
 from pydantic import BaseModel
 
+from deployments.api.conversations.handler import ConversationsAPI
+from deployments.api.conversations.store import ConversationStore
 from deployments.api.responses.handler import ResponsesAPI
 from deployments.api.responses.store import ResponseStore
 from deployments.api.sampling_fields import salted_by_owner
@@ -31,6 +33,7 @@ class OpenAIFront:
     body: BodyParser
     batches: BatchAPI
     responses: ResponsesAPI
+    conversations: ConversationsAPI
 
     @classmethod
     def for_app(cls, config: AppConfig, clients: dict[str, ModelClient], app_name: str) -> "OpenAIFront":
@@ -47,9 +50,11 @@ class OpenAIFront:
         if config.start_batch_manager:
             batches.start_manager()
         stored = Quota(config.max_stored_responses_per_key, config.max_stored_response_bytes_per_key)
+        store = open_store(config.storage_uri)
+        conversations = ConversationsAPI(ConversationStore(store))
         return cls(config, ApiKeys(config.api_keys), models, BodyParser(models, config.max_request_bytes), batches,
-                   ResponsesAPI(ResponseStore(open_store(config.storage_uri), stored), batches,
-                                config.max_image_bytes))
+                   ResponsesAPI(ResponseStore(store, stored), batches, config.max_image_bytes, conversations),
+                   conversations)
 
     async def generation(self, request: Request, model: type[BaseModel]
                          ) -> tuple[BaseModel, ModelClient, str | None]:

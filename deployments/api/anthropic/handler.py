@@ -59,11 +59,31 @@ def stop_reason(finish_reason: str | None, matched_stop, req: MessagesRequest) -
     return "end_turn", None
 
 
-def usage(chat_usage: dict | None) -> dict:
+def usage(chat_usage: dict | None, breakpoint: int = 0) -> dict:
+    """Anthropic's usage: the prompt's tokens read from a cache (any tier), those up to the last `cache_control`
+    mark (`breakpoint`) that were not and so were written, and the rest as input tokens. The prefix cache keeps
+    whole blocks: the part of a block the mark cuts is written again on each request."""
     chat_usage = chat_usage or {"prompt_tokens": 0, "completion_tokens": 0}
+    prompt = chat_usage["prompt_tokens"]
     cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-    return {"input_tokens": chat_usage["prompt_tokens"] - cached, "output_tokens": chat_usage["completion_tokens"],
-            "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
+    written = max(0, min(breakpoint, prompt) - cached)
+    return {"input_tokens": prompt - cached - written, "output_tokens": chat_usage["completion_tokens"],
+            "cache_read_input_tokens": cached, "cache_creation_input_tokens": written}
+
+
+async def cache_breakpoint(req: CountTokensRequest, chat, model: ModelClient) -> int:
+    """The prompt's tokens up to its last `cache_control` mark; 0 without marks, or where the chat template
+    cannot render the cut conversation alone (the accounting then counts nothing as written)."""
+    messages = req.cached_prefix_messages()
+    if messages is None:
+        return 0
+    try:
+        counted = await model.tokenize(TokenizeRequest(model=req.model, messages=messages, tools=chat.tools,
+                                                       chat_template_kwargs=chat.chat_template_kwargs,
+                                                       add_generation_prompt=False))
+    except OpenAIError:
+        return 0
+    return counted["count"]
 
 
 def _tool_use(call: dict) -> dict:
@@ -79,7 +99,11 @@ def _tool_use(call: dict) -> dict:
 
 class AnthropicMessages:
     async def create(self, req: MessagesRequest, model: ModelClient, model_id: str, owner: str | None) -> dict:
-        completion = await model.chat(chat_request(req), owner=owner)
+        chat = chat_request(req)
+        # one call after the other: two calls one request makes at once to a deployment share its request id
+        # in Serve, and the second never reached the replica
+        breakpoint = await cache_breakpoint(req, chat, model)
+        completion = await model.chat(chat, owner=owner)
         choice = completion["choices"][0]
         message = choice["message"]
         content = []
@@ -90,13 +114,14 @@ class AnthropicMessages:
         content += [_tool_use(call) for call in message.get("tool_calls") or []]
         reason, sequence = stop_reason(choice["finish_reason"], choice.get("matched_stop"), req)
         return {"id": new_id("msg_"), "type": "message", "role": "assistant", "model": model_id, "content": content,
-                "stop_reason": reason, "stop_sequence": sequence, "usage": usage(completion["usage"])}
+                "stop_reason": reason, "stop_sequence": sequence, "usage": usage(completion["usage"], breakpoint)}
 
     async def stream(self, req: MessagesRequest, model: ModelClient, model_id: str,
                      owner: str | None) -> AsyncIterator[dict]:
         """The events (dicts, framed at the edge); an error before the model's first chunk raises first."""
-        events = _MessageEvents(req, model_id)
-        async for chunk in model.chat_stream(chat_request(req), owner):
+        chat = chat_request(req)
+        events = _MessageEvents(req, model_id, await cache_breakpoint(req, chat, model))
+        async for chunk in model.chat_stream(chat, owner):
             if isinstance(chunk, StreamError):
                 yield {"type": "error", **anthropic_error(chunk.status, chunk.message)}
                 return
@@ -116,9 +141,10 @@ class AnthropicMessages:
 class _MessageEvents:
     """Anthropic's stream events from the chat chunks of choice 0."""
 
-    def __init__(self, req: MessagesRequest, model_id: str):
+    def __init__(self, req: MessagesRequest, model_id: str, breakpoint: int):
         self.req = req
         self.model_id = model_id
+        self.breakpoint = breakpoint
         self.started = False
         self.block: str | None = None  # the open block's kind: thinking, text or tool_use
         self.index = -1
@@ -149,14 +175,14 @@ class _MessageEvents:
         reason, sequence = stop_reason(*self.finish, self.req)
         # the whole usage, as Anthropic's message_delta carries it (LangChain reads the input tokens from it)
         return events + [self._event("message_delta", delta={"stop_reason": reason, "stop_sequence": sequence},
-                                     usage=usage(self.usage)),
+                                     usage=usage(self.usage, self.breakpoint)),
                          self._event("message_stop")]
 
     def _start(self) -> list[dict]:
         self.started = True
         message = {"id": new_id("msg_"), "type": "message", "role": "assistant", "model": self.model_id,
                    "content": [], "stop_reason": None, "stop_sequence": None,
-                   "usage": {**usage(self.usage), "output_tokens": 0}}
+                   "usage": {**usage(self.usage, self.breakpoint), "output_tokens": 0}}
         return [self._event("message_start", message=message), self._event("ping")]
 
     def _delta(self, kind: str, delta: dict) -> list[dict]:

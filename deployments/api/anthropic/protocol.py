@@ -6,7 +6,9 @@ text, as they answer the calls of the turn before), echoed `thinking` blocks bec
 `reasoning_content` (the chat template decides whether past reasoning is rendered). `thinking` switches the
 template's `enable_thinking`; `tool_choice` any/tool/none become required/named/none. A last assistant turn of
 text is where the reply starts (Anthropic's prefill): the model goes on writing it, and the reply holds only
-what it adds.
+what it adds. `cache_control` marks (on tools, system blocks and content blocks) end the prefix whose tokens the
+usage counts as written to the cache (`cached_prefix_messages`); the prefix cache itself keeps every full block,
+marked or not.
 """
 
 import json
@@ -18,9 +20,15 @@ from deployments.api.chat.protocol import ChatCompletionRequest
 from deployments.api.request_model import RequestModel
 
 
+class CacheControl(RequestModel):
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] | None = None
+
+
 class TextBlock(RequestModel):
     type: Literal["text"]
     text: str
+    cache_control: CacheControl | None = None
 
 
 class ToolUseBlock(RequestModel):
@@ -28,6 +36,7 @@ class ToolUseBlock(RequestModel):
     id: str
     name: str
     input: dict[str, Any]
+    cache_control: CacheControl | None = None
 
 
 class ToolResultBlock(RequestModel):
@@ -35,6 +44,7 @@ class ToolResultBlock(RequestModel):
     tool_use_id: str
     content: str | list[TextBlock] = ""
     is_error: bool = False
+    cache_control: CacheControl | None = None
 
     def text(self) -> str:
         text = self.content if isinstance(self.content, str) else "".join(b.text for b in self.content)
@@ -61,6 +71,7 @@ class ImageSource(RequestModel):
 class ImageBlock(RequestModel):
     type: Literal["image"]
     source: ImageSource
+    cache_control: CacheControl | None = None
 
 
 class ThinkingBlock(RequestModel):
@@ -128,6 +139,7 @@ class AnthropicTool(RequestModel):
     name: str = Field(min_length=1, max_length=64)
     description: str | None = None
     input_schema: dict
+    cache_control: CacheControl | None = None
 
 
 class ToolChoice(RequestModel):
@@ -182,6 +194,23 @@ class CountTokensRequest(RequestModel):
         system = self.system_text()
         return [{"role": "system", "content": system}] * bool(system) + \
             [m for message in self.messages for m in message.chat_messages()]
+
+    def cached_prefix_messages(self) -> list[dict] | None:
+        """The chat messages up to the last `cache_control` mark, in Anthropic's order (tools, system, messages):
+        the conversation cut after the marked block, or the system turn alone for a mark on the system or a tool
+        (templates render tools within it); None without marks."""
+        for i in range(len(self.messages) - 1, -1, -1):
+            blocks = self.messages[i].content
+            marked = [j for j, b in enumerate(blocks if isinstance(blocks, list) else [])
+                      if getattr(b, "cache_control", None) is not None]
+            if marked:
+                cut = Message(role=self.messages[i].role, content=blocks[:marked[-1] + 1])
+                return CountTokensRequest.model_construct(
+                    system=self.system, messages=[*self.messages[:i], cut]).chat_messages()
+        system = self.system if isinstance(self.system, list) else []
+        if any(b.cache_control for b in system) or any(t.cache_control for t in self.tools or []):
+            return [{"role": "system", "content": self.system_text() or ""}]
+        return None
 
     def to_chat(self) -> ChatCompletionRequest:
         messages = self.chat_messages()

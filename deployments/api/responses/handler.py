@@ -2,7 +2,9 @@
 
 The conversation a `previous_response_id` names is loaded from the store and
 put before the new input; a stored response keeps that conversation plus its
-own reply, so the next turn needs only its id.
+own reply, so the next turn needs only its id. A turn that names a
+`conversation` (the Conversations API) reads its items instead, and adds its
+input and output items to it.
 """
 
 import base64
@@ -11,6 +13,7 @@ from collections.abc import AsyncIterator
 from pydantic import ValidationError
 
 from deployments.api.chat.protocol import ChatCompletionRequest
+from deployments.api.conversations.handler import ConversationsAPI
 from deployments.api.format import now
 from deployments.api.ids import new_id
 from deployments.api.pagination import cursor_page
@@ -24,11 +27,14 @@ from deployments.errors import OpenAIError, StreamError, from_validation_error
 
 
 class ResponsesAPI:
-    def __init__(self, store: ResponseStore, files: BatchAPI, max_image_bytes: int):
-        """`files`: the Files API, which `input_image` parts may name uploads of (at most `max_image_bytes`)."""
+    def __init__(self, store: ResponseStore, files: BatchAPI, max_image_bytes: int,
+                 conversations: ConversationsAPI):
+        """`files`: the Files API, which `input_image` parts may name uploads of (at most `max_image_bytes`);
+        `conversations`: where a turn that names a conversation reads it and adds itself."""
         self.store = store
         self.files = files
         self.max_image_bytes = max_image_bytes
+        self.conversations = conversations
 
     async def create(self, req: ResponsesRequest, model: ModelClient, model_id: str, owner: str | None) -> dict:
         history, chat = await self._prepare(req, owner)
@@ -92,6 +98,8 @@ class ResponsesAPI:
         history = []
         if req.previous_response_id is not None:
             history = (await self.store.load(owner, req.previous_response_id, "previous_response_id"))["messages"]
+        elif req.conversation_id is not None:
+            history = await self.conversations.history(req, owner)
         try:
             return history, req.to_chat(history)
         except ValidationError as e:
@@ -111,6 +119,8 @@ class ResponsesAPI:
         if req.store:
             turn = turn_messages(response["output"], req.tool_names)
             await self.store.save(owner, response, history + req.input_messages() + turn, req.input_items())
+        if req.conversation_id is not None:
+            await self.conversations.append(req.conversation_id, owner, req.input_items() + response["output"])
 
 
 # The chat request's fields, as the Responses request names them

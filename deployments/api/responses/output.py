@@ -28,6 +28,7 @@ def response_object(req: ResponsesRequest, response_id: str, created_at: int, mo
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "instructions": req.instructions,
         "previous_response_id": req.previous_response_id,
+        "conversation": {"id": req.conversation_id} if req.conversation_id else None,
         "max_output_tokens": req.max_output_tokens,
         "temperature": req.temperature,
         "top_p": req.top_p,

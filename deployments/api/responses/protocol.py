@@ -2,7 +2,7 @@
 
 A response is a chat completion underneath: `instructions` become the system
 message, the input items (and the stored conversation that
-`previous_response_id` names) become the messages, `text.format` becomes a
+`previous_response_id` or `conversation` names) become the messages, `text.format` becomes a
 response format, function tools (flat or in namespaces: tools.py) become chat
 tools. Our sampling
 extensions (`top_k`, `seed`, `ebnf`, ...) are accepted here as on the chat
@@ -141,10 +141,16 @@ class ResponsesStreamOptions(RequestModel):
     include_obfuscation: bool | None = None
 
 
+class ConversationRef(RequestModel):
+    id: str = Field(min_length=1)
+
+
 class ResponsesRequest(SamplingFields):
     input: list[InputItem] = Field(min_length=1)  # a string is one user message
     instructions: str | None = None
     previous_response_id: str | None = Field(None, min_length=1)
+    # a stored conversation (the Conversations API) this turn continues and is added to
+    conversation: str | ConversationRef | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     store: bool = True
     metadata: dict[str, str] | None = None
@@ -180,6 +186,16 @@ class ResponsesRequest(SamplingFields):
         if kind is not None:
             raise ValueError(f"forces a tool of type {kind!r}, which this server cannot run; only function tools")
         return v
+
+    @model_validator(mode="after")
+    def _one_history(self):
+        if self.conversation is not None and self.previous_response_id is not None:
+            raise ValueError("conversation and previous_response_id cannot both be given: a turn continues one")
+        return self
+
+    @property
+    def conversation_id(self) -> str | None:
+        return self.conversation.id if isinstance(self.conversation, ConversationRef) else self.conversation
 
     @cached_property
     def tool_names(self) -> ToolNames:

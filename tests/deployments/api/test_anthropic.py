@@ -9,6 +9,7 @@ import anthropic
 import pytest
 import requests
 
+from runtime import EngineConfig
 from tests.conftest import MODEL_ID
 from tests.deployments.api.test_reasoning_and_tools import CALL, THOUGHT
 
@@ -165,3 +166,43 @@ def test_an_echoed_thinking_block_is_the_turns_reasoning():
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"}]}]})
     assistant = req.to_chat().messages[1]
     assert assistant.reasoning_content == "Call the tool." and assistant.tool_calls[0]["id"] == "t1"
+
+
+def test_cache_control_marks_what_is_written_and_the_next_turn_reads_it(server, claude):
+    """A system prompt marked with cache_control: the first turn writes the tokens up to the mark (none were
+    cached: the prompt is new); later turns read the whole blocks they share with earlier prompts from the prefix
+    cache and write only what of the marked prefix was not read; each turn's three counts add up to its prompt,
+    in a stream too. Without marks nothing is written."""
+    from transformers import AutoTokenizer
+
+    text = "You review code for a living, carefully and kindly. " * 8 + "cache-test"
+    system = [{"type": "text", "text": text, "cache_control": {"type": "ephemeral"}}]
+    tokenizer = AutoTokenizer.from_pretrained(server.model_dir)
+
+    def ids(question: str | None) -> list[int]:
+        messages = [{"role": "system", "content": text}] + [{"role": "user", "content": question}] * bool(question)
+        return tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=bool(question),
+                                             return_dict=False)
+
+    marked, block, earlier = len(ids(None)), EngineConfig.block_size, []
+
+    def read_from_cache(prompt: list[int]) -> int:
+        common = max((next((i for i, (a, b) in enumerate(zip(p, prompt)) if a != b), min(len(p), len(prompt)))
+                      for p in earlier), default=0)
+        return common // block * block
+
+    for question, stream in (("Is this loop right?", False), ("And this one?", False), ("And the last?", True)):
+        messages = [{"role": "user", "content": question}]
+        if stream:
+            with claude.messages.stream(model=MODEL_ID, max_tokens=2, system=system, messages=messages) as events:
+                usage = events.get_final_message().usage
+        else:
+            usage = claude.messages.create(model=MODEL_ID, max_tokens=2, system=system, messages=messages).usage
+        prompt = ids(question)
+        read = read_from_cache(prompt)
+        assert (usage.cache_read_input_tokens, usage.cache_creation_input_tokens) == (read, max(0, marked - read))
+        assert usage.input_tokens + read + usage.cache_creation_input_tokens == len(prompt)
+        earlier.append(prompt)
+    unmarked = claude.messages.create(model=MODEL_ID, max_tokens=2, system=text,
+                                      messages=[{"role": "user", "content": "No marks?"}]).usage
+    assert unmarked.cache_creation_input_tokens == 0 and unmarked.cache_read_input_tokens > 0

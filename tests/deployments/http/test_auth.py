@@ -1,4 +1,4 @@
-"""API keys: 401 in OpenAI's shape without one; a key sees only its own files and batches."""
+"""API keys: 401 in OpenAI's shape without one; a key sees only its own files, batches, responses and conversations."""
 
 import json
 
@@ -72,3 +72,18 @@ def test_a_key_sees_only_its_own_responses(secure):
         with pytest.raises(openai.NotFoundError):
             call()
     assert alice.responses.retrieve(response.id).output_text == response.output_text
+
+
+def test_a_key_sees_only_its_own_conversations(secure):
+    alice = openai.Client(base_url=f"{secure}/v1", api_key=KEYS[0])
+    bob = openai.Client(base_url=f"{secure}/v1", api_key=KEYS[1])
+    conversation = alice.conversations.create(items=[{"type": "message", "role": "user", "content": "secret"}])
+    item = alice.conversations.items.list(conversation.id).data[0]
+    for call in (lambda: bob.conversations.retrieve(conversation.id),
+                 lambda: bob.conversations.items.list(conversation.id),
+                 lambda: bob.conversations.items.retrieve(item.id, conversation_id=conversation.id),
+                 lambda: bob.conversations.delete(conversation.id),
+                 lambda: bob.responses.create(model=MODEL_ID, input="x", conversation=conversation.id)):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert alice.conversations.retrieve(conversation.id).id == conversation.id

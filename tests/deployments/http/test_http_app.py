@@ -10,6 +10,8 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
+from deployments.api.conversations.handler import ConversationsAPI
+from deployments.api.conversations.store import ConversationStore
 from deployments.api.responses.handler import ResponsesAPI
 from deployments.api.responses.store import ResponseStore
 from deployments.app_config import parse_app_config
@@ -83,8 +85,10 @@ def serve_in_process(model: ScriptedModel, tmp_path, api_key: str | list[str] | 
     models = ModelRegistry(config, {MODEL: model})
     quota = Quota(config.max_files_per_key, config.max_file_bytes_per_key)
     batches = BatchAPI(storage, "test", {}, FileLimits(1 << 20, 10, quota), BatchLimits(1, 1 << 10, 10))
+    conversations = ConversationsAPI(ConversationStore(open_store(storage)))
     front = OpenAIFront(config, ApiKeys(config.api_keys), models, BodyParser(models, config.max_request_bytes),
-                        batches, ResponsesAPI(ResponseStore(open_store(storage)), batches, config.max_image_bytes))
+                        batches, ResponsesAPI(ResponseStore(open_store(storage)), batches, config.max_image_bytes,
+                                              conversations), conversations)
     return TestClient(build_app(front))
 
 

@@ -50,8 +50,9 @@ def test_metrics_count_what_was_sent(server):
     before = _settled(server.base_url)
     client = openai.Client(base_url=server.openai_url, api_key="None")
     system = "You are a meticulous assistant that answers in short sentences. " * 6
-    replies = [client.chat.completions.create(model=MODEL_ID, max_tokens=4, messages=[
-        {"role": "system", "content": system}, {"role": "user", "content": question}])
+    replies = [client.chat.completions.create(  # each to its max_tokens: finished by "length"
+        model=MODEL_ID, max_tokens=4, extra_body={"ignore_eos": True},
+        messages=[{"role": "system", "content": system}, {"role": "user", "content": question}])
         for question in ("one", "two", "three")]
     cached = sum(r.usage.prompt_tokens_details.cached_tokens for r in replies)
     expected = {
@@ -73,7 +74,10 @@ def test_metrics_count_what_was_sent(server):
         after = _samples(server.base_url)
         return after if all(moved_by(after)[key] >= value for key, value in expected.items()) else None
 
-    after = wait_until(exported, timeout=60, every=1)
+    try:
+        after = wait_until(exported, timeout=60, every=1)
+    except AssertionError:
+        raise AssertionError(f"moved by {moved_by(_samples(server.base_url))}, expected {expected}") from None
     assert moved_by(after) == expected  # Ray exports on an interval: waited for, then exact
     names = {k.split("{")[0] for k in after}
     assert {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
