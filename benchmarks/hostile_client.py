@@ -24,7 +24,6 @@ import logging
 import os
 import resource
 import secrets
-import socket
 import statistics
 import tempfile
 import time
@@ -42,6 +41,7 @@ from deployments.app_config import replica_name
 from testing.helpers import free_port, wait_until
 from testing.model_factory import build_model_dir
 from testing.otlp_receiver import OtlpReceiver
+from testing.slow_senders import open_slow_senders, tick
 
 KEYS = {"a": "sk-a", "b": "sk-b"}
 STREAMS, SLOW_CONNECTIONS, BATCHES, BATCH_LINES, B_BATCH_LINES, PROBES = 300, 1500, 20, 500, 10, 5
@@ -142,34 +142,12 @@ def beside_streams(base_url: str, probe: Probe) -> dict:
 
 def beside_slow_bodies(base_url: str, probe: Probe) -> dict:
     """A's connections each declare a 10 MB body and send a byte a second; B's chats go meanwhile (a thread)."""
-    host, port = base_url.removeprefix("http://").split(":")
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEYS['a']}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {SLOW_BODY_BYTES}\r\n\r\n{{").encode()
-    connections = []
-    for _ in range(SLOW_CONNECTIONS):
-        connection = socket.create_connection((host, int(port)))
-        connection.sendall(head)
-        connection.setblocking(False)
-        connections.append(connection)
+    connections = open_slow_senders(base_url, "/v1/chat/completions", KEYS["a"], SLOW_CONNECTIONS, SLOW_BODY_BYTES)
     start, open_, statuses, open_at = time.monotonic(), set(range(SLOW_CONNECTIONS)), {}, None
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         chats = pool.submit(probe.chats)
         while open_ and time.monotonic() - start < 60:
-            for i in list(open_):
-                try:
-                    data = connections[i].recv(65536)
-                except BlockingIOError:
-                    try:
-                        connections[i].send(b" ")
-                    except OSError:
-                        open_.discard(i)
-                    continue
-                except OSError:
-                    data = b""
-                if data.startswith(b"HTTP/1.1 "):
-                    statuses[i] = int(data[9:12])
-                if not data:
-                    open_.discard(i)
+            tick(connections, open_, statuses)
             if open_at is None and time.monotonic() - start >= OPEN_AFTER_S:
                 open_at = len(open_)
             time.sleep(1)

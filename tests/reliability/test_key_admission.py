@@ -9,7 +9,6 @@ import asyncio
 import concurrent.futures
 import io
 import json
-import socket
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from ray import serve
 
 from deployments.app_config import replica_name
 from testing.helpers import wait_until
+from testing.slow_senders import open_slow_senders, tick
 from tests.conftest import MODEL_ID, another_app
 
 pytestmark = pytest.mark.reliability
@@ -95,15 +95,7 @@ def test_slow_senders_with_a_valid_key_are_cut_at_the_minimum_rate_and_do_not_ho
     grace = 2.0
     args = _local_app(server, tmp_path, body_grace_s=grace)
     with another_app(server, "slow", args) as base_url:
-        host, port = base_url.removeprefix("http://").split("/")[0].split(":")
-        head = (f"POST /slow/v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer sk-a\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {10 << 20}\r\n\r\n{{").encode()
-        connections = []
-        for _ in range(1500):
-            connection = socket.create_connection((host, int(port)))
-            connection.sendall(head)
-            connection.setblocking(False)
-            connections.append(connection)
+        connections = open_slow_senders(base_url, "/slow/v1/chat/completions", "sk-a", 1500)
         start = time.monotonic()
         statuses, open_ = {}, set(range(len(connections)))
         small = small_s = refused_s = None
@@ -111,21 +103,7 @@ def test_slow_senders_with_a_valid_key_are_cut_at_the_minimum_rate_and_do_not_ho
             if small is None and len(statuses) >= 1500 - 128 - 256:  # all but those admitted refused: B's chat now
                 small, small_s = _small_chat(base_url)
                 refused_s = time.monotonic() - start
-            for i in list(open_):
-                try:
-                    data = connections[i].recv(65536)
-                except BlockingIOError:
-                    try:
-                        connections[i].send(b" ")  # a byte a second from each connection still open
-                    except OSError:
-                        open_.discard(i)
-                    continue
-                except OSError:
-                    data = b""
-                if data.startswith(b"HTTP/1.1 "):
-                    statuses[i] = int(data[9:12])
-                if not data:
-                    open_.discard(i)
+            tick(connections, open_, statuses)  # a byte a second from each connection still open
             time.sleep(1)
         last_closed_s = time.monotonic() - start
         for connection in connections:
