@@ -99,7 +99,7 @@ def test_claude_code_recovers_from_a_context_its_prompt_and_32000_overflow(agent
     """Over a context below the prompt plus the 32,000 output tokens Claude Code asks for, its first request is
     refused in Anthropic's words, and it asks again with fewer output tokens by itself."""
     usage = claude_turn["usage"]
-    prompt = usage["input_tokens"] + usage["cache_read_input_tokens"]
+    prompt = usage["input_tokens"] + usage["cache_read_input_tokens"] + usage["cache_creation_input_tokens"]
     assert claude_turn["modelUsage"][MODEL_ID]["maxOutputTokens"] == 32000
     with serve_agent_model(server, tmp_path_factory, "agents-short", prompt + 16000) as short:
         recovered = claude(agents_bin, short, tmp_path, "--output-format", "stream-json", "--verbose")
