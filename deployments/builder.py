@@ -82,8 +82,8 @@ def _haproxy() -> bool:
 def _replica(config: LLMConfig, server_class: type, prefix_routing: bool = True, prefill: bool = False,
              max_ongoing: int = 256) -> Deployment:
     """The model's replica deployment (or its prefill replicas'), with its Serve options and resources (a GPU when
-    wanted, a bundle per tensor-parallel rank). `max_ongoing`: Serve's default for it (one serving HTTP holds the
-    ingress's)."""
+    wanted, a bundle per tensor-parallel rank). `max_ongoing`: its `max_ongoing_requests` unless the config sets
+    one (a replica that serves HTTP itself takes the ingress's)."""
     options = {"name": replica_name(config.model_id, prefill), **config.deployment_config}
     options.setdefault("max_ongoing_requests", max_ongoing)
     if prefix_routing:

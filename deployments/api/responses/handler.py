@@ -116,11 +116,12 @@ class ResponsesAPI:
                     part.image_url = "data:application/octet-stream;base64," + base64.b64encode(data).decode()
 
     async def _save(self, req: ResponsesRequest, owner: str | None, response: dict, history: list[dict]) -> None:
+        input_items = req.input_items()  # one id per item, wherever it is kept
         if req.store:
             turn = turn_messages(response["output"], req.tool_names)
-            await self.store.save(owner, response, history + req.input_messages() + turn, req.input_items())
+            await self.store.save(owner, response, history + req.input_messages() + turn, input_items)
         if req.conversation_id is not None:
-            await self.conversations.append(req.conversation_id, owner, req.input_items() + response["output"])
+            await self.conversations.append(req.conversation_id, owner, input_items + response["output"])
 
 
 # The chat request's fields, as the Responses request names them
