@@ -181,8 +181,15 @@ def app_args(path: Path, device: str, replicas: int, storage_uri: str | None = N
 @contextmanager
 def serving(path: Path, device: str, replicas: int = 1, storage_uri: str | None = None,
             engine_kwargs: dict | None = None):
-    """configs/local.yaml's application on a fresh Ray; yields its OpenAI base URL. After, waits for this
-    Ray's own processes only: the machine may be running other people's."""
+    """configs/local.yaml's application on a fresh Ray; yields its OpenAI base URL."""
+    with serving_app(app_args(path, device, replicas, storage_uri, engine_kwargs)) as url:
+        yield f"{url}/v1"
+
+
+@contextmanager
+def serving_app(args: dict):
+    """The app of `args` on a fresh Ray; yields its base URL. After, waits for this Ray's own processes only: the
+    machine may be running other people's."""
     import ray
     from ray import serve
 
@@ -191,9 +198,9 @@ def serving(path: Path, device: str, replicas: int = 1, storage_uri: str | None 
     ray.init(address="local", include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(build_openai_app(app_args(path, device, replicas, storage_uri, engine_kwargs)), route_prefix="/")
+    serve.run(build_openai_app(args), route_prefix="/")
     try:
-        yield f"http://127.0.0.1:{port}/v1"
+        yield f"http://127.0.0.1:{port}"
     finally:
         serve.shutdown()
         ray.shutdown()

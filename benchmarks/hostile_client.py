@@ -27,18 +27,17 @@ import secrets
 import statistics
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import openai
-import psutil
 import requests
 
+from benchmarks.batch_throughput import serving_app
 from benchmarks.common import report
 from benchmarks.online_serving import MODEL_ID, local_config_args
 from deployments.app_config import replica_name
-from testing.helpers import free_port, wait_until
+from testing.helpers import wait_until
 from testing.model_factory import build_model_dir
 from testing.otlp_receiver import OtlpReceiver
 from testing.slow_senders import open_slow_senders, tick
@@ -48,27 +47,11 @@ STREAMS, SLOW_CONNECTIONS, BATCHES, BATCH_LINES, B_BATCH_LINES, PROBES = 300, 15
 SLOW_BODY_BYTES, OPEN_AFTER_S = 10 << 20, 20
 
 
-@contextmanager
-def serving(receiver: OtlpReceiver):
-    """configs/local.yaml's app with the two keys, tracing to `receiver`; yields its base URL."""
-    import ray
-    from ray import serve
-
-    from deployments import build_openai_app
-
+def local_app(receiver: OtlpReceiver) -> dict:
+    """configs/local.yaml's app with the two keys, tracing to `receiver`."""
     model = build_model_dir(Path(tempfile.mkdtemp(prefix="hostile-model-")), "qwen2")
-    args = {**local_config_args(model, direct_streaming=True), "api_key": list(KEYS.values()),
+    return {**local_config_args(model, direct_streaming=True), "api_key": list(KEYS.values()),
             "otlp_traces_endpoint": receiver.url}
-    ray.init(address="local", include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(build_openai_app(args), route_prefix="/")
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-        wait_until(lambda: not psutil.Process().children(recursive=True), timeout=60, every=0.5)
 
 
 class Probe:
@@ -204,7 +187,7 @@ def main() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # 1,500 connections, both their ends
     receiver = OtlpReceiver()
-    with serving(receiver) as base_url:
+    with serving_app(local_app(receiver)) as base_url:
         probe = Probe(base_url, receiver)
         probe.chats(2)  # warm: the first chat compiles and caches what the rest reuse
         report("hostile_client", load="none", cpus=os.cpu_count(), **probe.breakdown(probe.chats()))
