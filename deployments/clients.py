@@ -4,7 +4,7 @@ This is the only interface that crosses a Ray hop: the HTTP routes and the
 batch manager reach a model through it, and nothing else of a replica.
 `ModelClient` is what they call: chat, completions and /generate, each as one
 reply or a stream of chunks (dicts, serialised to SSE only at the HTTP edge:
-api/sse.py); embeddings; /tokenize and /detokenize; a health probe. `LLMServer` (the
+api/sse.py); embeddings and the other pooling routes; /tokenize and /detokenize; a health probe. `LLMServer` (the
 replica) implements it in-process, which is what direct streaming uses; `RemoteModel` implements it
 over a Serve handle to the model's replicas, which is what the ingress and the
 batch manager use; a request it sends carries the current trace context
@@ -25,6 +25,7 @@ from deployments.api.chat.protocol import ChatCompletionRequest
 from deployments.api.completions.protocol import CompletionRequest
 from deployments.api.embeddings.protocol import EmbeddingRequest
 from deployments.api.generate.protocol import GenerateRequest
+from deployments.api.scores.protocol import PoolingCall
 from deployments.api.tokenize.protocol import DetokenizeRequest, TokenizeRequest
 from deployments.broadcast import on_every_replica
 from deployments.errors import OpenAIError, StreamError, remote_errors
@@ -47,6 +48,11 @@ class ModelClient(Protocol):
 
     async def embeddings(self, req: EmbeddingRequest, request_id: str | None = None, priority: int = 0,
                          owner: str | None = None) -> dict: ...
+
+    async def pooling(self, req: PoolingCall, request_id: str | None = None, priority: int = 0,
+                      owner: str | None = None) -> dict:
+        """/pooling, /score, /rerank or /classify, as the body's type says."""
+        ...
 
     async def tokenize(self, req: TokenizeRequest) -> dict: ...
 
@@ -110,6 +116,11 @@ class RemoteModel:
                          owner: str | None = None) -> dict:
         carry(req)
         return await _reply(lambda: self.handle.embeddings.remote(req, request_id, priority, owner))
+
+    async def pooling(self, req: PoolingCall, request_id: str | None = None, priority: int = 0,
+                      owner: str | None = None) -> dict:
+        carry(req)
+        return await _reply(lambda: self.handle.pooling.remote(req, request_id, priority, owner))
 
     async def answer_lines(self, lines: list[tuple[object, str]], priority: int
                            ) -> AsyncIterator[list[tuple[int, int, dict]]]:

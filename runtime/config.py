@@ -107,8 +107,12 @@ class EngineConfig:
     # request, in the same batches
     runner: str = "generate"
     # embeddings: {pooling_type: last | mean, normalize: bool}; unset keys from the checkpoint's
-    # sentence-transformers files, else last-token pooling, normalised
+    # sentence-transformers files, else last-token pooling, normalised (a classifier's: last, not normalised)
     pooler_config: PoolerConfig | dict | None = None
+    # config.json fields set over the checkpoint's before the model is built (vLLM's name), e.g. Qwen3-Reranker's
+    # {architectures: [Qwen3ForSequenceClassification], classifier_from_token: [no, yes], method: from_2_way_softmax}
+    # (runtime.models.classifier)
+    hf_overrides: dict | None = None
     # {method: ngram | draft_model, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, model (the
     # draft), disable_by_batch_size}
     speculative_config: SpeculativeConfig | dict | None = None
@@ -141,6 +145,8 @@ class EngineConfig:
             raise InvalidInputError("dtype", f"expected one of auto, {', '.join(DTYPES)}; got {self.dtype!r}")
         require(self.runner in ("generate", "pooling"), "runner", f"expected generate or pooling, got {self.runner!r}")
         self.pooler_config = PoolerConfig.parse(self.pooler_config)
+        require(self.hf_overrides is None or isinstance(self.hf_overrides, dict), "hf_overrides",
+                f"expected a mapping of config.json fields, got {type(self.hf_overrides).__name__}")
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         self.kv_shared_tier = SharedTierConfig.parse(self.kv_shared_tier)
         require(self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be at least 1")

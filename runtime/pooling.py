@@ -1,5 +1,5 @@
 """How an embedding model pools: which prompt positions' final hidden states (after the model's last norm) make
-the embedding, and whether it is L2-normalised.
+the embedding, and whether it is L2-normalised; a classifier's pooled state goes through its head, to logits.
 
 The options are vLLM's `pooler_config` (`pooling_type`: last | mean, `normalize`); what is left unset comes
 from a sentence-transformers checkpoint (`modules.json`, its Pooling module's `config.json`, a Normalize
@@ -39,11 +39,13 @@ class PoolerConfig:
         require(normalize is None or isinstance(normalize, bool), "pooler_config", "normalize must be a boolean")
         return cls(kind, normalize)
 
-    def resolve(self, model_dir: Path) -> "PoolerConfig":
-        """Every field set: this config's, else the checkpoint's, else last-token pooling, normalised."""
+    def resolve(self, model_dir: Path, classifies: bool = False) -> "PoolerConfig":
+        """Every field set: this config's, else the checkpoint's, else last-token pooling, normalised (a
+        classifier's logits: last-token, as transformers' classifiers pool, not normalised)."""
         if self.pooling_type is not None and self.normalize is not None:
             return self
-        saved = _from_sentence_transformers(model_dir) or PoolerConfig("last", True)
+        saved = PoolerConfig("last", False) if classifies else \
+            _from_sentence_transformers(model_dir) or PoolerConfig("last", True)
         return replace(saved, **{k: v for k, v in vars(self).items() if v is not None})
 
     def pool(self, total: torch.Tensor, num_tokens: int) -> list[float]:
@@ -71,3 +73,10 @@ def _from_sentence_transformers(model_dir: Path) -> PoolerConfig | None:
         raise InvalidInputError("pooler_config", f"the checkpoint's pooling ({', '.join(others + modes) or 'none'}) "
                                                  f"is not one of {', '.join(POOLING_TYPES)}; set pooling_type")
     return PoolerConfig(modes[0], "Normalize" in kinds)
+
+
+def label_probabilities(logits: list[float]) -> list[float]:
+    """A classifier's logits as probabilities: their softmax, or one label's sigmoid (as vLLM's and
+    sentence-transformers' cross-encoders take them)."""
+    values = torch.tensor(logits)
+    return (values.sigmoid() if len(logits) == 1 else values.softmax(-1)).tolist()

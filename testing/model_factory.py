@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
-    AutoModel,
     AutoModelForCausalLM,
     DeepseekV2Config,
     DeepseekV3Config,
@@ -208,15 +207,16 @@ def build_model_dir(
     tokenizer_vocab: int | None = None,
     dtype: torch.dtype = torch.float32,
     rope_theta: float | None = None,
-    base_model: bool = False,
+    auto_class: type = AutoModelForCausalLM,
     **fields,
 ) -> Path:
     """Write a random-weight checkpoint of `arch` to `path` and return it.
 
     `tokenizer_vocab` caps the tokenizer below the model's vocabulary (for big benchmark shapes, where
-    only token ids matter). `base_model` saves the family's base model (`Qwen3Model`: no LM head, tensor names
-    without the `model.` prefix), as embedding checkpoints are saved. `fields` are more config fields, over the
-    family's `FAMILY_FIELDS`.
+    only token ids matter). `auto_class` is the transformers class saved: `AutoModel` the family's base model
+    (`Qwen3Model`: no LM head, tensor names without the `model.` prefix), as embedding checkpoints are saved;
+    `AutoModelForSequenceClassification` a classifier (`num_labels` in `fields`). `fields` are more config fields,
+    over the family's `FAMILY_FIELDS`.
     """
     path = Path(path)
     tokenizer = build_tokenizer(tokenizer_vocab or vocab_size)
@@ -241,7 +241,7 @@ def build_model_dir(
         **extra,
     )
     torch.manual_seed(seed)
-    model = (AutoModel if base_model else AutoModelForCausalLM).from_config(config, dtype=dtype)
+    model = auto_class.from_config(config, dtype=dtype)
     for name, tensor in [*model.named_buffers(), *model.named_parameters()]:
         if name.endswith("e_score_correction_bias"):  # initialised to zero, where it would leave routing untested
             tensor.data.normal_(0, 0.1)

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoModel
 
 if not torch.cuda.is_available():  # Triton kernels run in its interpreter on CPU (set before triton is imported)
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -50,7 +51,8 @@ def qwen2_model(tmp_path_factory):
 def qwen3_embedding(tmp_path_factory):
     """A tiny random Qwen3-Embedding: the base model's checkpoint (`Qwen3Model`) and its sentence-transformers
     modules (last-token pooling, normalised)."""
-    path = build_model_dir(tmp_path_factory.mktemp("qwen3_embedding"), "qwen3", base_model=True, **SHAPES["qwen3"])
+    path = build_model_dir(tmp_path_factory.mktemp("qwen3_embedding"), "qwen3", auto_class=AutoModel,
+                           **SHAPES["qwen3"])
     write_sentence_transformers_modules(path, "pooling_mode_lasttoken", normalize=True)
     return path
 

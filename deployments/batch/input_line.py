@@ -7,12 +7,14 @@ from pydantic import ValidationError
 from deployments.api.chat.protocol import ChatCompletionRequest
 from deployments.api.completions.protocol import CompletionRequest
 from deployments.api.embeddings.protocol import EmbeddingRequest
+from deployments.api.scores.protocol import RerankRequest, ScoreRequest
 from deployments.api.strict_json import loads_object
 from deployments.errors import from_validation_error
 from deployments.replica.adapters import adapter_name
 
+# vLLM's batch runner takes /v1/score and /v1/rerank lines too
 ENDPOINTS = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest,
-             "/v1/embeddings": EmbeddingRequest}
+             "/v1/embeddings": EmbeddingRequest, "/v1/score": ScoreRequest, "/v1/rerank": RerankRequest}
 
 
 class LineError(ValueError):
@@ -27,7 +29,7 @@ class LineError(ValueError):
 class BatchRequest:
     custom_id: str
     model: str  # the served model whose replicas run it
-    body: ChatCompletionRequest | CompletionRequest | EmbeddingRequest
+    body: ChatCompletionRequest | CompletionRequest | EmbeddingRequest | ScoreRequest | RerankRequest
 
 
 def parse_line(raw: bytes, endpoint: str, models: set[str], seen: set[str], max_bytes: int) -> BatchRequest:

@@ -23,6 +23,7 @@ from deployments.api.embeddings import routes as embeddings
 from deployments.api.generate import routes as generate
 from deployments.api.responses import routes as responses
 from deployments.api.routing import Front
+from deployments.api.scores import routes as scores
 from deployments.api.tokenize import routes as tokenize
 from deployments.clients import ModelClient
 from deployments.errors import OpenAIError, error_body, model_not_found
@@ -36,8 +37,8 @@ from deployments.http.stalled_streams import StalledStreamGuard
 from deployments.tracing import HttpSpans, tracing
 
 router = APIRouter()
-ROUTERS = (router, chat.router, completions.router, generate.router, embeddings.router, tokenize.router,
-           responses.router, conversations.router, anthropic.router, batches.router, admin.router)
+ROUTERS = (router, chat.router, completions.router, generate.router, embeddings.router, scores.router,
+           tokenize.router, responses.router, conversations.router, anthropic.router, batches.router, admin.router)
 
 
 def build_app(front: OpenAIFront) -> FastAPI:

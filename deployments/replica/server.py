@@ -1,5 +1,5 @@
 """The replica deployment: one AsyncLLMEngine serving chat, completions and /generate for one model, or
-embeddings when it is an embedding model (engine option `runner: pooling`)."""
+embeddings, scores and classes when it is a pooling model (engine option `runner: pooling`)."""
 
 import asyncio
 import logging
@@ -15,11 +15,13 @@ from deployments.api.chat.protocol import ChatCompletionRequest
 from deployments.api.completions.handler import CompletionHandler
 from deployments.api.completions.protocol import CompletionRequest
 from deployments.api.embeddings.handler import EmbeddingHandler
-from deployments.api.embeddings.protocol import EmbeddingRequest
+from deployments.api.embeddings.protocol import EmbeddingRequest, PoolingRequest
 from deployments.api.format import TokenTexts
 from deployments.api.generate.handler import GenerateHandler
 from deployments.api.generate.protocol import GenerateRequest
 from deployments.api.ids import new_id
+from deployments.api.scores.handler import ScoreHandler
+from deployments.api.scores.protocol import ClassifyRequest, PoolingCall, RerankRequest, ScoreRequest
 from deployments.api.tokenize.handler import TokenizeHandler
 from deployments.api.tokenize.protocol import DetokenizeRequest, TokenizeRequest
 from deployments.app_config import LLMConfig
@@ -66,6 +68,10 @@ class LLMServer:
         self.completion_handler = CompletionHandler(self.engine, self.model_id, texts, adapters)
         self.generate_handler = GenerateHandler(self.engine, adapters)
         self.embedding_handler = EmbeddingHandler(self.engine, self.model_id)
+        scores = ScoreHandler(self.engine, self.model_id)
+        self.pooling_routes = {PoolingRequest: (self.embedding_handler.pool, "pool-"),
+                               ScoreRequest: (scores.score, "score-"), RerankRequest: (scores.rerank, "rerank-"),
+                               ClassifyRequest: (scores.classify, "classify-")}
         self.tokenize_handler = TokenizeHandler(self.engine, self.chat_handler.prompt, self.chat_handler.pictures)
         threading.Thread(target=self._report_gauges, args=(EngineGauges(self.model_id),), name="gauges",
                          daemon=True).start()
@@ -126,13 +132,20 @@ class LLMServer:
         with continued(req):
             return await _reply(self.embedding_handler.embed(req, request_id or new_id("embd-"), priority, owner))
 
+    async def pooling(self, req: PoolingCall, request_id: str | None = None, priority: int = 0,
+                      owner: str | None = None) -> dict:
+        self._serves("pooling")
+        handle, prefix = self.pooling_routes[type(req)]
+        with continued(req):
+            return await _reply(handle(req, request_id or new_id(prefix), priority, owner))
+
     async def answer_lines(self, lines: list[tuple[object, str]], priority: int
                            ) -> AsyncIterator[list[tuple[int, int, dict]]]:
         """Batch lines the batch manager coalesced into one call, answered concurrently and streamed back as they
         finish: (index in `lines`, HTTP status, body) of each line done since the last item, an error as its
         OpenAI error body, as the line's output records it. Leaving early cancels the lines left."""
         calls = {ChatCompletionRequest: self.chat, CompletionRequest: self.completions,
-                 EmbeddingRequest: self.embeddings}
+                 EmbeddingRequest: self.embeddings, ScoreRequest: self.pooling, RerankRequest: self.pooling}
 
         async def answer(index: int, body, request_id: str) -> tuple[int, int, dict]:
             try:
@@ -179,8 +192,9 @@ class LLMServer:
     def _serves(self, runner: str) -> None:
         """A 400 naming `model` unless this model serves the route's kind of request (runner)."""
         if self.engine.runner != runner:
-            kind = "an embedding model (runner: pooling): it serves /v1/embeddings only" \
-                if self.engine.runner == "pooling" else "not an embedding model (engine_kwargs runner: pooling)"
+            kind = "a pooling model (runner: pooling): it serves /v1/embeddings, /pooling, /score, /rerank and " \
+                "/classify" if self.engine.runner == "pooling" else \
+                "not a pooling model (engine_kwargs runner: pooling)"
             raise OpenAIError(400, f"model: {self.model_id!r} is {kind}", "model")
 
     # --- operations ------------------------------------------------------------

@@ -146,7 +146,7 @@ class AsyncLLMEngine:
 
     @property
     def runner(self) -> str:
-        """What the model serves: generate or pooling (embeddings)."""
+        """What the model serves: generate or pooling (embeddings, or a classifier's scores)."""
         return self.engine.config.runner
 
     @property
@@ -155,7 +155,12 @@ class AsyncLLMEngine:
 
     @property
     def embedding_size(self) -> int:
-        return self.engine.spec.hf_config.hidden_size
+        return self.engine.spec.pooled_size
+
+    @property
+    def labels(self) -> list[str] | None:
+        """A classifier's label names, in its logits' order; None for a model that does not classify."""
+        return self.engine.spec.labels
 
     @property
     def healthy(self) -> bool:

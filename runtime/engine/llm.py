@@ -1,14 +1,18 @@
-"""The offline API for scripts and benchmarks: `LLM(model).generate(prompts, params)`, `LLM(model).embed(prompts)`."""
+"""The offline API for scripts and benchmarks: `LLM(model).generate(prompts, params)`, `LLM(model).embed(prompts)`,
+and a classifier's `classify` and `score`."""
 
 import itertools
 from dataclasses import replace
 
 from runtime.engine.llm_engine import LLMEngine
+from runtime.errors import require
 from runtime.lora import LoRARequest
 from runtime.multimodal import ImageInput
 from runtime.multimodal.chat import split_pictures
 from runtime.outputs import RequestOutput
+from runtime.pooling import label_probabilities
 from runtime.sampling_params import SamplingParams
+from runtime.scoring import ScoringPlan
 from runtime.text.harmony_chat import render_harmony, stop_token_ids, uses_harmony
 from runtime.text.tokenizer import render_chat
 
@@ -115,6 +119,20 @@ class LLM:
                 self.engine.abort(request_id)
             raise
         return list(embeddings.values())
+
+    def classify(self, prompts: Prompt | list[Prompt]) -> list[list[float]]:
+        """Each prompt's label probabilities, in the order of the classifier's labels (`engine.spec.labels`)."""
+        spec = self.engine.spec
+        require(spec.labels is not None, "model", f"{spec.model_class.__name__} is not a classifier")
+        return [label_probabilities(logits) for logits in self.embed(prompts)]
+
+    def score(self, first: str | list[str], second: str | list[str]) -> list[float]:
+        """`first` scored against each of `second` (one text against many, or pair by pair): a one-label
+        classifier's probability for each pair, or an embedding model's cosine (`runtime.scoring`)."""
+        spec = self.engine.spec
+        plan = ScoringPlan.make(self.tokenizer, spec.hf_config, spec.labels, *(
+            [texts] if isinstance(texts, str) else list(texts) for texts in (first, second)))
+        return plan.scores(self.embed(plan.prompts))
 
     def chat(
         self,

@@ -51,7 +51,8 @@ class RequestValidator:
         self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(self.spec.tokenizer)
         self.eos_token_ids = eos_token_ids(self.spec.path, self.tokenizer)
         self.token_count_bound = TokenCountBound(self.tokenizer)
-        self.pooler = config.pooler_config.resolve(self.spec.path)  # how embedding requests pool
+        # how pooling requests pool
+        self.pooler = config.pooler_config.resolve(self.spec.path, self.spec.model_class.classifies)
         self.images = None  # a vision-language model's processor: pictures in prompts
         if self.spec.takes_images:
             try:
@@ -108,8 +109,9 @@ class RequestValidator:
                  lora: LoRARequest | None = None, images: tuple[ImageInput, ...] = ()) -> ValidRequest:
         """Check a generation request against the model and context (`validate_embedding` checks embedding
         requests). A LoRA adapter is read from disk here, off the engine's thread when the caller is."""
-        require(not self.spec.model_class.headless, "model",
-                f"{self.spec.model_class.__name__} has no LM head: it only embeds")
+        family = self.spec.model_class
+        require(not family.headless, "model",
+                f"{family.__name__} has no LM head: it only {'scores' if family.classifies else 'embeds'}")
         adapter = self._adapter(lora)
         limit = self.spec.max_model_len
         n = len(prompt_token_ids)

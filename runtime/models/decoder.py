@@ -7,7 +7,7 @@ to the attention backend (`sliding_window.layer_windows`).
 """
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -220,9 +220,12 @@ class CausalLM(nn.Module):
     """A decoder-only causal LM. Subclasses (one per family) override the class attributes and hooks."""
 
     qk_norm: type[nn.Module] | None = None  # the norm over each head of q and k (Qwen3: RMSNorm)
-    # a base model (`Qwen3Model`, as embedding checkpoints are saved): no LM head, so it only pools, and its
-    # checkpoint names its tensors without the `model.` prefix
+    # no LM head, so it only pools: a base model (`Qwen3Model`, as embedding checkpoints are saved) or a classifier
     headless = False
+    # the checkpoint names its tensors without the `model.` prefix (a base model)
+    bare_names = False
+    # its pooled vector is its labels' logits (`runtime.models.classifier`)
+    classifies = False
     supports_lora = True
     # layers that keep a state per sequence (`runtime.models.state_cache`): no prefix caching, no speculation
     has_recurrent_state = False
@@ -326,6 +329,15 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+    def pool_head(self, pooled: torch.Tensor) -> torch.Tensor:
+        """What a request pools, from the sum of its pooled final hidden states (float32): the sum itself, or
+        a classifier's logits of it."""
+        return pooled
+
+    def checkpoint_tensors(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
+        """The checkpoint's tensors as this model loads them (a classifier makes its head from the LM head's)."""
+        return tensors
 
 
 def language_model_config(config: PretrainedConfig) -> PretrainedConfig:

@@ -16,7 +16,7 @@ def tensor_names(model: nn.Module, model_dir: Path) -> set[str]:
     names = set()
     for file in sorted(model_dir.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as f:
-            names.update(f"model.{name}" if model.headless else name for name in f.keys())
+            names.update(f"model.{name}" if model.bare_names else name for name in f.keys())
     return names
 
 
@@ -44,10 +44,10 @@ def load_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]]) 
     """
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
-    for name, tensor in tensors:
+    for name, tensor in model.checkpoint_tensors(tensors):
         if "rotary_emb" in name:
             continue
-        target, shard = model.param_for(f"model.{name}" if model.headless else name)
+        target, shard = model.param_for(f"model.{name}" if model.bare_names else name)
         if target is None:  # a tensor the family leaves out (DeepSeek's multi-token-prediction layers)
             continue
         if target not in params:

@@ -1,9 +1,10 @@
 """Which implementation runs a checkpoint: its config's `architectures`, mapped to one class per family (and
-the family's base model, which embedding checkpoints name)."""
+the family's base model, which embedding checkpoints name, and its sequence classifier)."""
 
 from transformers import PretrainedConfig
 
 from runtime.errors import InvalidInputError
+from runtime.models.classifier import classifier_of
 from runtime.models.decoder import CausalLM
 from runtime.models.deepseek_v2 import DeepseekV2ForCausalLM
 from runtime.models.deepseek_v3 import DeepseekV3ForCausalLM
@@ -43,10 +44,12 @@ from runtime.models.smollm3 import SmolLM3ForCausalLM
 
 def _base_model(family: type[CausalLM]) -> type[CausalLM]:
     """The family's base model without an LM head (`Qwen3Model`: what Qwen3-Embedding is saved as)."""
-    return type(family.__name__.removesuffix("ForCausalLM") + "Model", (family,), {"headless": True})
+    name = family.__name__.removesuffix("ForCausalLM") + "Model"
+    return type(name, (family,), {"headless": True, "bare_names": True})
 
 
-# families whose base model serves embeddings (Gemma's embedding models attend both ways: not built)
+# families whose base model serves embeddings and whose classifier scores (Gemma's embedding models attend both
+# ways: not built)
 _EMBEDDABLE = (LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM,
                Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)
 _CAUSAL_LMS = (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Ernie4_5ForCausalLM, Ernie4_5_MoeForCausalLM,
@@ -58,7 +61,8 @@ _CAUSAL_LMS = (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Ernie4_5ForCausalLM
                Qwen2_5_VLForConditionalGeneration, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration,
                Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration, Qwen3NextForCausalLM,
                Qwen3VLForConditionalGeneration, SeedOssForCausalLM, SmolLM3ForCausalLM, *_EMBEDDABLE)
-_FAMILIES: dict[str, type[CausalLM]] = {cls.__name__: cls for cls in (*_CAUSAL_LMS, *map(_base_model, _EMBEDDABLE))}
+_FAMILIES: dict[str, type[CausalLM]] = {
+    cls.__name__: cls for cls in (*_CAUSAL_LMS, *map(_base_model, _EMBEDDABLE), *map(classifier_of, _EMBEDDABLE))}
 
 
 # vision-language architectures whose class follows their language model's family (its `model_type`)

@@ -5,17 +5,19 @@ Options that can only be checked against the model (max_model_len, tensor and pi
 checked here, with errors naming the option.
 """
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, PretrainedConfig
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 
 from runtime.config import DTYPES, EngineConfig
 from runtime.errors import InvalidInputError, require
 from runtime.models import CausalLM, model_class
+from runtime.models.classifier import resolve_classifier_tokens
 from runtime.models.files import resolve_model_path
 from runtime.models.quantization import Quantization
 from runtime.models.rotary import max_context
@@ -38,8 +40,13 @@ class ModelSpec:
     def resolve(cls, config: EngineConfig) -> "ModelSpec":
         path = resolve_model_path(config.model)
         checkpoint_config = AutoConfig.from_pretrained(path)
+        for field, value in (config.hf_overrides or {}).items():
+            setattr(checkpoint_config, field, value)
         family = model_class(checkpoint_config)
         hf_config = family.text_config(checkpoint_config)
+        tokenizer = config.tokenizer or str(path)
+        if family.classifies:
+            resolve_classifier_tokens(hf_config, AutoTokenizer.from_pretrained(tokenizer).convert_tokens_to_ids)
         limit = max_context(hf_config)
         max_model_len = hf_config.max_position_embeddings if config.max_model_len is None else config.max_model_len
         require(max_model_len <= limit, "max_model_len",
@@ -49,7 +56,8 @@ class ModelSpec:
         _check_pp_split(hf_config, config)
         family.check_config(hf_config, max_model_len)
         require(config.runner == "pooling" or not family.headless, "runner",
-                f"{family.__name__} has no LM head: it serves embeddings only (runner: pooling)")
+                f"{family.__name__} has no LM head: it serves {'scores' if family.classifies else 'embeddings'} "
+                "only (runner: pooling)")
         text_only = family.takes_images and config.limit_mm_per_prompt["image"] == 0
         if text_only:  # no tower built or loaded
             hf_config.vision_language = None
@@ -69,8 +77,10 @@ class ModelSpec:
         quantization = Quantization.from_config(checkpoint_config, config.quantization)
         dtype = _dtype(config, hf_config)
         serving = f"{dtype}|{config.kv_cache_dtype}|{config.quantization}|tp{config.tensor_parallel_size}"
-        return cls(path, hf_config, dtype, max_model_len, config.tokenizer or str(path), family, quantization,
-                   serving, checkpoint_fingerprint(path, serving))
+        if config.hf_overrides:
+            serving += f"|{json.dumps(config.hf_overrides, sort_keys=True)}"
+        return cls(path, hf_config, dtype, max_model_len, tokenizer, family, quantization, serving,
+                   checkpoint_fingerprint(path, serving))
 
     @contextmanager
     def building(self, device: torch.device) -> Iterator[None]:
@@ -100,6 +110,19 @@ class ModelSpec:
     @property
     def vocab_size(self) -> int:
         return self.hf_config.vocab_size
+
+    @property
+    def pooled_size(self) -> int:
+        """The length of what a pooling request returns: a classifier's labels, else the hidden size."""
+        return self.hf_config.hidden_size if self.labels is None else len(self.labels)
+
+    @property
+    def labels(self) -> list[str] | None:
+        """A classifier's label names in its logits' order (`id2label`); None for a model that does not classify."""
+        if not self.model_class.classifies:
+            return None
+        names = self.hf_config.id2label or {}
+        return [str(names.get(i, f"LABEL_{i}")) for i in range(self.hf_config.num_labels)]
 
 
 def _dtype(config: EngineConfig, hf_config: PretrainedConfig) -> torch.dtype:

@@ -334,9 +334,9 @@ class ModelRunner(RunnerWeights):
     def execute(self, inputs: StepInputs, previous_tokens: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor | None, list[torch.Tensor], list[torch.Tensor]]:
         """The forward pass, the logits rank 0 needs (the LM head is a collective, so all the first stage's ranks
-        run it; None when nothing is sampled) and the sums of the pooled hidden states (after the all-reduce, every
-        rank holds them whole); nothing on a later pipeline stage. `previous_tokens`: the previous step's sampled
-        tokens, which `inputs.in_flight` reads."""
+        run it; None when nothing is sampled) and the sums of the pooled hidden states (a classifier's logits of
+        them; after the all-reduce, every rank holds them whole); nothing on a later pipeline stage.
+        `previous_tokens`: the previous step's sampled tokens, which `inputs.in_flight` reads."""
         if inputs.kv_moves:
             self.kv_tier.apply(inputs.kv_moves, self.kv_cache)
         if self.lora_batch is not None:
@@ -353,7 +353,8 @@ class ModelRunner(RunnerWeights):
         logits = self.model.compute_logits(hidden[inputs.logit_rows]) if inputs.logit_rows else None
         prompt_logits = [self.model.compute_logits(hidden[first : first + count])
                          for first, count in inputs.prompt_spans]
-        pooled = [hidden[first : first + count].float().sum(0) for first, count in inputs.pool_spans]
+        pooled = [self.model.pool_head(hidden[first : first + count].float().sum(0))
+                  for first, count in inputs.pool_spans]
         return logits, prompt_logits, pooled
 
     def forward(self, inputs: StepInputs, previous_tokens: torch.Tensor | None = None) -> torch.Tensor | None:

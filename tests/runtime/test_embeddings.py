@@ -191,12 +191,12 @@ def test_served_embeddings_refusals(embedder, client):
         assert e.value.body["param"] == param, e.value.body
         return e.value.body["message"]
 
-    assert "not an embedding model" in refused(lambda: client.embeddings.create(model=MODEL_ID, input="hi"), "model")
+    assert "not a pooling model" in refused(lambda: client.embeddings.create(model=MODEL_ID, input="hi"), "model")
     for call in (lambda: embedder.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "hi"}]),
                  lambda: embedder.completions.create(model=MODEL_ID, prompt="hi"),
                  lambda: embedder.chat.completions.create(model=MODEL_ID, stream=True,
                                                           messages=[{"role": "user", "content": "hi"}])):
-        assert "embedding model" in refused(call, "model")
+        assert "a pooling model" in refused(call, "model")
     refused(lambda: embedder.embeddings.create(model=MODEL_ID, input="hi", dimensions=65), "dimensions")
     refused(lambda: embedder.embeddings.create(model=MODEL_ID, input=[[1] * 513]), "input")
     refused(lambda: embedder.embeddings.create(model=MODEL_ID, input=[[70_000]]), "input")

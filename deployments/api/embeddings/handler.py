@@ -1,16 +1,19 @@
-"""/v1/embeddings on one replica of an embedding model (engine option `runner: pooling`): each input's pooled
-final hidden state, as floats or base64 (little-endian float32, as OpenAI sends them)."""
+"""/v1/embeddings and /pooling on one replica of a pooling model (engine option `runner: pooling`): each input's
+pooled final hidden state (a classifier's label probabilities on /pooling), as floats or base64 (little-endian
+float32, as OpenAI sends them)."""
 
 import asyncio
 import base64
 import math
 import struct
+import time
 
-from deployments.api.embeddings.protocol import EmbeddingRequest
+from deployments.api.embeddings.protocol import EmbeddingRequest, PoolingRequest
 from deployments.api.request_model import engine_priority
 from deployments.errors import OpenAIError
 from deployments.work_pool import off_loop
 from runtime import AsyncLLMEngine, ValidRequest
+from runtime.pooling import label_probabilities
 
 
 class EmbeddingHandler:
@@ -24,19 +27,28 @@ class EmbeddingHandler:
         if req.dimensions is not None and req.dimensions > size:
             raise OpenAIError(400, f"dimensions: this model's embeddings have {size}, got {req.dimensions}",
                               "dimensions")
-        return [self.engine.validate_embedding(self.engine.encode(p) if isinstance(p, str) else p)
-                for p in req.inputs()]
+        return validated_inputs(self.engine, req.inputs())
+
+    async def _pooled(self, req: EmbeddingRequest, request_id: str, priority: int, owner: str | None
+                      ) -> tuple[list[list[float]], int]:
+        """Each input's pooled vector, in order, and the inputs' tokens."""
+        valid = await off_loop(self._prepare, req, priority=priority)
+        vectors = await pooled_vectors(self.engine, valid, request_id, engine_priority(priority, req.priority), owner)
+        return vectors, sum(len(v.prompt_token_ids) for v in valid)
 
     async def embed(self, req: EmbeddingRequest, request_id: str, priority: int = 0, owner: str | None = None) -> dict:
-        valid = await off_loop(self._prepare, req, priority=priority)
-        priority = engine_priority(priority, req.priority)
-        deltas = await asyncio.gather(*(self.engine.embed(v, f"{request_id}-{i}", priority, owner)
-                                        for i, v in enumerate(valid)))
-        tokens = sum(len(v.prompt_token_ids) for v in valid)
-        data = [{"object": "embedding", "index": i, "embedding": self._encode(d.embedding, req)}
-                for i, d in enumerate(deltas)]
+        vectors, tokens = await self._pooled(req, request_id, priority, owner)
+        data = [{"object": "embedding", "index": i, "embedding": self._encode(v, req)} for i, v in enumerate(vectors)]
         return {"object": "list", "data": data, "model": self.model_id,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+    async def pool(self, req: PoolingRequest, request_id: str, priority: int = 0, owner: str | None = None) -> dict:
+        vectors, tokens = await self._pooled(req, request_id, priority, owner)
+        if self.engine.labels is not None and req.use_activation is not False:
+            vectors = [label_probabilities(v) for v in vectors]
+        data = [{"index": i, "object": "pooling", "data": self._encode(v, req)} for i, v in enumerate(vectors)]
+        return {"id": request_id, "object": "list", "created": int(time.time()), "model": self.model_id,
+                "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
     def _encode(self, vector: list[float], req: EmbeddingRequest) -> list[float] | str:
         if req.dimensions is not None:
@@ -47,3 +59,16 @@ class EmbeddingHandler:
         if req.encoding_format == "base64":
             return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
         return vector
+
+
+def validated_inputs(engine: AsyncLLMEngine, inputs: list[str | list[int]]) -> list[ValidRequest]:
+    """Texts or token ids as pooling requests, each tokenized and checked (on a worker thread)."""
+    return [engine.validate_embedding(engine.encode(p) if isinstance(p, str) else p) for p in inputs]
+
+
+async def pooled_vectors(engine: AsyncLLMEngine, valid: list[ValidRequest], request_id: str, priority: int,
+                         owner: str | None) -> list[list[float]]:
+    """What the engine pools for each request, in order; all run at once, as `request_id`-0, -1, ..."""
+    deltas = await asyncio.gather(*(engine.embed(v, f"{request_id}-{i}", priority, owner)
+                                    for i, v in enumerate(valid)))
+    return [d.embedding for d in deltas]

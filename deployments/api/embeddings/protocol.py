@@ -1,4 +1,4 @@
-"""/v1/embeddings' request body."""
+"""The request bodies of /v1/embeddings and of vLLM's /pooling (the pooled vector as the model makes it)."""
 
 from typing import Literal
 
@@ -8,11 +8,11 @@ from deployments.api.request_model import Priority, RequestModel
 from deployments.api.sampling_fields import MAX_SEQUENCES
 
 
-class EmbeddingRequest(RequestModel):
+class PooledInputs(RequestModel):
+    """Prompts pooled one vector each: a text, texts, token ids or lists of them."""
+
     model: str | None = None
     input: str | list[str] | list[int] | list[list[int]]
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, ge=1)  # the first `dimensions` components, renormalised
     user: str | None = None  # accepted, unused
     priority: int = Priority
 
@@ -28,3 +28,15 @@ class EmbeddingRequest(RequestModel):
     def inputs(self) -> list[str | list[int]]:
         v = self.input
         return [v] if isinstance(v, str) or isinstance(v[0], int) else list(v)
+
+
+class EmbeddingRequest(PooledInputs):
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)  # the first `dimensions` components, renormalised
+
+
+class PoolingRequest(EmbeddingRequest):
+    """vLLM's /pooling: an embedding model's embedding, or a classifier's label probabilities (its logits when
+    `use_activation` is false)."""
+
+    use_activation: bool | None = None

@@ -1,0 +1,2 @@
+"""vLLM's scoring routes (/score, /rerank with Jina's and Cohere's /v2 paths, /classify) for classifiers and
+embedding models: their request bodies, the handler on the replica and the routes."""
