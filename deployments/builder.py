@@ -16,6 +16,13 @@ from runtime.openmp_env import SPINCOUNT
 from runtime.worker.placement import check_placement
 from runtime.worker.rank_workers import placement_strategy
 
+# How long a replica that Serve stops (a scale-down, a redeploy) goes on serving the requests it has, taking no
+# new ones, before Serve kills it (its `graceful_shutdown_timeout_s`; Serve's own default, 20 s, cuts a long
+# generation). What is still running then ends as a lost replica's requests do: a stream with the API's error
+# event, a request that has returned nothing sent to another replica, batch lines back in their batch's queue.
+DRAIN_TIMEOUT_S = 300.0
+INGRESS_DRAIN_MARGIN_S = 30.0
+
 
 def build_openai_app(args: dict) -> Application:
     """One replica deployment per model (and one of prefill replicas where it is disaggregated) behind one OpenAI
@@ -35,6 +42,9 @@ def build_openai_app(args: dict) -> Application:
                                                                      config.media_policy())
                for p in prefill_configs}
     options = dict(config.ingress_deployment_config)
+    # the ingress drains for longer than the replicas it streams from, so their streams end in the API's shape
+    options.setdefault("graceful_shutdown_timeout_s", INGRESS_DRAIN_MARGIN_S + max(
+        c.deployment_config.get("graceful_shutdown_timeout_s", DRAIN_TIMEOUT_S) for c in config.llm_configs))
     # no CPU reserved unless asked: like Serve's proxy, the ingress only routes; the cores go to the engines
     actor_options = {"num_cpus": 0, **options.pop("ray_actor_options", {})}
     if "max_replicas_per_node" not in options and (per_node := _spread_over_nodes(options, actor_options)):
@@ -86,6 +96,7 @@ def _replica(config: LLMConfig, server_class: type, prefix_routing: bool = True,
     one (a replica that serves HTTP itself takes the ingress's)."""
     options = {"name": replica_name(config.model_id, prefill), **config.deployment_config}
     options.setdefault("max_ongoing_requests", max_ongoing)
+    options.setdefault("graceful_shutdown_timeout_s", DRAIN_TIMEOUT_S)
     if prefix_routing:
         options.setdefault("request_router_config", {"request_router_class": PrefixAwareRouter})
     actor_options = dict(options.pop("ray_actor_options", {}))

@@ -1,5 +1,5 @@
 """Several replicas: prefix-aware routing keeps shared prefixes on one replica; autoscaling up and down
-under load fails no request."""
+under load fails no request; a stopping replica's drain bound."""
 
 import asyncio
 import random
@@ -8,7 +8,9 @@ import time
 import openai
 from ray import serve
 
+from deployments import build_openai_app
 from deployments.app_config import replica_name
+from deployments.builder import DRAIN_TIMEOUT_S, INGRESS_DRAIN_MARGIN_S
 from testing.helpers import wait_until
 from tests.conftest import MODEL_ID, another_app, app_args
 
@@ -125,3 +127,23 @@ def test_killed_replica_fails_in_flight_fast_and_is_replaced(server, tmp_path):
                 return False
 
         wait_until(answers, timeout=180, every=1)
+
+
+def _drain_bounds(args: dict) -> tuple[float, list[float]]:
+    """The built app's ingress's and model replicas' `graceful_shutdown_timeout_s`."""
+    ingress = build_openai_app(args)._bound_deployment
+    models = ingress.init_args[1].values()
+    return ingress._deployment_config.graceful_shutdown_timeout_s, [
+        model._bound_deployment._deployment_config.graceful_shutdown_timeout_s for model in models]
+
+
+def test_a_stopping_replica_drains_for_a_long_generation_and_the_ingress_for_longer(tmp_path):
+    """Serve's own bound (20 s) would cut a long generation on every scale-down and redeploy; the ingress outlasts
+    the replicas it streams from, so their streams end with the API's error event (tests/reliability/test_drain.py
+    drains under load)."""
+    args = app_args(tmp_path, f"file://{tmp_path}")
+    assert _drain_bounds(args) == (DRAIN_TIMEOUT_S + INGRESS_DRAIN_MARGIN_S, [DRAIN_TIMEOUT_S])
+    args["llm_configs"][0]["deployment_config"] = {"graceful_shutdown_timeout_s": 900}
+    assert _drain_bounds(args) == (900 + INGRESS_DRAIN_MARGIN_S, [900])
+    args["ingress_deployment_config"] = {"num_replicas": 1, "graceful_shutdown_timeout_s": 10}
+    assert _drain_bounds(args) == (10, [900])
