@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from ray.serve.metrics import Counter, Gauge, Histogram
 
 from deployments.metrics import metric
+from deployments.replica.latency_window import LatencyWindow
 from runtime import RequestDelta
 
 _LATENCY = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120]
@@ -18,8 +19,10 @@ class RequestMetrics:
     and generated tokens, finished completions by reason, under vLLM's names and `model_name` label; prompt tokens
     served from the prefix cache under ours."""
 
-    def __init__(self, model_id: str):
+    def __init__(self, model_id: str, window: LatencyWindow | None = None):
+        """`window`: where recent latencies also go, for the autoscaler."""
         self.tags = {"model_name": model_id}
+        self.window = window or LatencyWindow()
         m = ("model_name",)
         self._ttft = metric(Histogram, "vllm_time_to_first_token_seconds", "Time to first token", m,
                              boundaries=_LATENCY)
@@ -44,8 +47,10 @@ class RequestMetrics:
         tokens = sum(len(s.token_ids) for s in delta.seqs)
         if timing.generated == 0:
             self._ttft.observe(now - timing.start, tags=self.tags)
+            self.window.add("ttft", now - timing.start)
         elif tokens:  # a delta may carry several steps' tokens: their mean gap
             self._itl.observe((now - timing.last) / tokens, tags=self.tags)
+            self.window.add("itl", (now - timing.last) / tokens)
         timing.generated += tokens
         timing.last = now
         timing.prompt, timing.cached = delta.num_prompt_tokens, delta.num_cached_tokens

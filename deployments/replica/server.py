@@ -55,7 +55,7 @@ class LLMServer:
         interval_s = config.experimental_configs.stream_batching_interval_ms / 1000
         # warmed up before this replica says ready, unless engine_kwargs say warm_up: false
         started = time.perf_counter()
-        observer = RequestMetrics(self.model_id)
+        observer = self.request_metrics = RequestMetrics(self.model_id)
         if tracing():
             observer = Observers(observer, RequestSpans(self.model_id))
         self.engine = AsyncLLMEngine.from_options(config.model_loading_config.source, interval_s, observer,
@@ -206,6 +206,10 @@ class LLMServer:
 
     async def healthy(self) -> bool:
         return self.engine.healthy
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """What Serve's autoscaler reads of this replica (deployments/autoscaling.py): its recent TTFT and ITL p90."""
+        return self.request_metrics.window.p90s()
 
     async def max_model_len(self) -> int:
         return self.engine.max_model_len

@@ -147,3 +147,35 @@ def test_a_stopping_replica_drains_for_a_long_generation_and_the_ingress_for_lon
     assert _drain_bounds(args) == (900 + INGRESS_DRAIN_MARGIN_S, [900])
     args["ingress_deployment_config"] = {"num_replicas": 1, "graceful_shutdown_timeout_s": 10}
     assert _drain_bounds(args) == (10, [900])
+
+
+def test_the_latency_policy_scales_up_on_time_to_first_token(server, tmp_path):
+    """A TTFT target no replica meets scales the model out where the ongoing-requests rule would not (its target is
+    far above the load); the policy's figures and decision are on /metrics."""
+    import requests
+
+    args = _app_args(server, tmp_path, {"autoscaling_config": {
+        "min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 100, "upscale_delay_s": 1,
+        "downscale_delay_s": 600, "metrics_interval_s": 0.5, "look_back_period_s": 2,
+        "policy": {"policy_function": "deployments.autoscaling:LatencyTargetPolicy",
+                   "policy_kwargs": {"ttft_p90_s": 0.001}}}})
+    with another_app(server, "latency", args) as base:
+        client = openai.AsyncClient(base_url=f"{base}/v1", api_key="None", max_retries=0)
+
+        async def load():
+            while _running_replicas("latency") < 2:
+                await asyncio.gather(*(client.chat.completions.create(
+                    model=MODEL_ID, messages=[{"role": "user", "content": f"question {k}"}], max_tokens=8)
+                    for k in range(4)))
+
+        assert _running_replicas("latency") == 1
+        asyncio.run(asyncio.wait_for(load(), timeout=120))
+
+        def reported():
+            text = requests.get(f"{base}/metrics", timeout=10).text
+            lines = [line for line in text.splitlines() if 'application="latency"' in line]
+            return any(line.startswith("ray_rayllm_autoscaling_ttft_p90_seconds") for line in lines) and any(
+                line.startswith("ray_rayllm_autoscaling_decision") and 'reason="over_target"' in line
+                and line.endswith(" 1.0") for line in lines)
+
+        wait_until(reported, timeout=60, every=1)
