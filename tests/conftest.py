@@ -63,10 +63,11 @@ MODEL_ID = "qwen/qwen2.5-0.5b-instruct"
 class Server:
     """A running Serve app on a tiny model, with helpers to reach its replicas' stats."""
 
-    def __init__(self, base_url: str, model_dir, engine_kwargs: dict):
+    def __init__(self, base_url: str, model_dir, engine_kwargs: dict, storage: Path):
         self.base_url = base_url
         self.model_dir = model_dir
         self.engine_kwargs = engine_kwargs
+        self.storage = storage  # the app's file:// storage_uri's directory
 
     @property
     def openai_url(self) -> str:
@@ -144,9 +145,9 @@ def server(ray_cluster, tmp_path_factory):
     model_dir = build_model_dir(tmp_path_factory.mktemp("served"), "qwen2")
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(build_openai_app(app_args(model_dir, f"file://{tmp_path_factory.mktemp('storage')}")),
-              name="default", route_prefix="/")
-    yield Server(f"http://127.0.0.1:{port}", model_dir, ENGINE_KWARGS)
+    storage = tmp_path_factory.mktemp("storage")
+    serve.run(build_openai_app(app_args(model_dir, f"file://{storage}")), name="default", route_prefix="/")
+    yield Server(f"http://127.0.0.1:{port}", model_dir, ENGINE_KWARGS, storage)
     serve.shutdown()
 
 

@@ -53,7 +53,8 @@ class OpenAIFront:
         store = open_store(config.storage_uri)
         conversations = ConversationsAPI(ConversationStore(store))
         return cls(config, ApiKeys(config.api_keys), models, BodyParser(models, config.max_request_bytes), batches,
-                   ResponsesAPI(ResponseStore(store, stored), batches, config.max_image_bytes, conversations),
+                   ResponsesAPI(ResponseStore(store, stored), batches, config.max_image_bytes, conversations,
+                                config.key_bounds_per_replica()[0]),
                    conversations)
 
     async def generation(self, request: Request, model: type[BaseModel]

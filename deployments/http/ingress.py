@@ -29,3 +29,7 @@ class OpenAIIngress:
 
     def __serve_build_asgi_app__(self):
         return build_app(self.front)
+
+    async def __del__(self):
+        """Serve stopping this replica, once its requests are done: its background responses finish first."""
+        await self.front.responses.background.drain()

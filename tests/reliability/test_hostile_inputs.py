@@ -3,9 +3,9 @@ vocabulary, the wrong type) on chat, completions and /generate, and oversized te
 and grammars. Each answer must be a 2xx, or a 4xx in OpenAI's shape, within ANSWER_BOUND_S; a normal request
 sent while it runs and one sent right after must each succeed within NORMAL_BOUND_S (two cores). vLLM's
 structured-output names (guided_*, structured_outputs), SGLang's stop_regex and /v1/responses are swept at
-their extremes too. The newer routes' fields at their extremes (/v1/embeddings on an embedding model, /tokenize,
-Anthropic's /v1/messages) must each be a 4xx in the route's own error shape (Anthropic's on /v1/messages), a
-normal request of that app beside them as fast.
+their extremes too. The newer routes' fields at their extremes (/v1/embeddings, /score, /rerank and /classify on
+an embedding model, /tokenize, Anthropic's /v1/messages) must each be a 4xx in the route's own error shape
+(Anthropic's on /v1/messages), a normal request of that app beside them as fast.
 
 Run with the reliability suite: `python -m pytest -m reliability -s`. RELIABILITY_SWEEP_FIELDS limits how
 many field sweeps run (all by default); `.ci/run` runs them all. Figures are printed as one JSON line.
@@ -143,8 +143,20 @@ NEWER_ROUTES_EXTREMES = [
         {"type": "tool"}, {"type": "tool", "name": "nope"}, {"type": "junk"}, "any", [])),
     ("messages", {**MESSAGES, "messages": [{"role": "user", "content": "hi"}] * 100_000}),
     ("messages", {**MESSAGES, "messages": [{"role": "user", "content": "word " * 2_000_000}]}),
+    *(("score text_1", {"text_1": value, "text_2": "b"}) for value in (
+        ["a"] * 2048, [], [""], None, 5, [5], {}, ["a", "b"], "word " * 2_000_000, ["word " * 300])),
+    *(("score text_2", {"text_1": ["a", "b"], "text_2": value}) for value in (["c"] * 3, [], "c", None, [[1]])),
+    *(("score max_tokens_per_doc", {"text_1": "a", "text_2": "b", "max_tokens_per_doc": value})
+      for value in (-1, -INT64 - 1, 1e308, "x", [])),
+    *(("rerank documents", {"query": "q", "documents": value}) for value in (
+        [], ["d"] * 2048, [5], None, "d", [{"text": 5}], [{}], [""], ["word " * 2_000_000])),
+    *(("rerank query", {"query": value, "documents": ["d"]}) for value in (None, 5, [], "", "word " * 300)),
+    *(("rerank top_n", {"query": "q", "documents": ["d"], "top_n": value}) for value in (-1, -INT64 - 1, "x", 1.5)),
+    *(("classify", body) for body in ({"input": "hi"}, {"input": []}, {"input": [[70_000]]}, {})),
 ]
-NEWER_ROUTES = {"embeddings": "/v1/embeddings", "tokenize": "/tokenize", "messages": "/v1/messages"}
+NEWER_ROUTES = {"embeddings": "/v1/embeddings", "tokenize": "/tokenize", "messages": "/v1/messages",
+                "score": "/score", "rerank": "/v2/rerank", "classify": "/classify"}
+POOLING_ROUTES = ("embeddings", "score", "rerank", "classify")  # served by the embedding app
 
 
 def _completion(base_url: str) -> None:
@@ -210,6 +222,6 @@ def test_the_newer_routes_refuse_every_extreme_in_their_own_shape(server, embedd
     cases = []
     for label, body in NEWER_ROUTES_EXTREMES:
         route = label.split()[0]
-        base_url, normal = (embed_url, _embedding) if route == "embeddings" else (server.base_url, _completion)
+        base_url, normal = (embed_url, _embedding) if route in POOLING_ROUTES else (server.base_url, _completion)
         cases.append((label, base_url, NEWER_ROUTES[route], body, normal))
     _sweep("newer_routes_sweep", cases, must_refuse=True)

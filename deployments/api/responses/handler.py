@@ -4,7 +4,8 @@ The conversation a `previous_response_id` names is loaded from the store and
 put before the new input; a stored response keeps that conversation plus its
 own reply, so the next turn needs only its id. A turn that names a
 `conversation` (the Conversations API) reads its items instead, and adds its
-input and output items to it.
+input and output items to it. A `background` turn returns at once and runs on
+(background.py).
 """
 
 import base64
@@ -17,6 +18,7 @@ from deployments.api.conversations.handler import ConversationsAPI
 from deployments.api.format import now
 from deployments.api.ids import new_id
 from deployments.api.pagination import cursor_page
+from deployments.api.responses.background import BackgroundResponses
 from deployments.api.responses.events import ResponseEvents
 from deployments.api.responses.output import output_items, response_object, response_usage, status_of, turn_messages
 from deployments.api.responses.protocol import ImagePart, MessageItem, ResponsesRequest
@@ -28,24 +30,42 @@ from deployments.errors import OpenAIError, StreamError, from_validation_error
 
 class ResponsesAPI:
     def __init__(self, store: ResponseStore, files: BatchAPI, max_image_bytes: int,
-                 conversations: ConversationsAPI):
+                 conversations: ConversationsAPI, background_per_key: int):
         """`files`: the Files API, which `input_image` parts may name uploads of (at most `max_image_bytes`);
-        `conversations`: where a turn that names a conversation reads it and adds itself."""
+        `conversations`: where a turn that names a conversation reads it and adds itself; `background_per_key`:
+        the background turns a key may run on this replica at once."""
         self.store = store
+        self.background = BackgroundResponses(store, background_per_key)
         self.files = files
         self.max_image_bytes = max_image_bytes
         self.conversations = conversations
 
     async def create(self, req: ResponsesRequest, model: ModelClient, model_id: str, owner: str | None) -> dict:
+        """The response; a background one's `queued` record, at once (`deployments/api/responses/background.py`)."""
+        if req.background:
+            self.background.check_room(owner)
         history, chat = await self._prepare(req, owner)
-        completion = await model.chat(chat, owner=owner)
-        choice = completion["choices"][0]
-        logprobs = (choice["logprobs"] or {}).get("content") if req.wants_logprobs else None
-        output = output_items(choice["message"], logprobs, req.tool_names)
-        response = response_object(req, new_id("resp_"), now(), model_id, status_of(choice["finish_reason"]),
-                                   output, response_usage(completion["usage"]))
-        await self._save(req, owner, response, history)
-        return response
+        response_id, created = new_id("resp_"), now()
+
+        async def answer() -> dict:
+            completion = await model.chat(chat, owner=owner)
+            choice = completion["choices"][0]
+            logprobs = (choice["logprobs"] or {}).get("content") if req.wants_logprobs else None
+            output = output_items(choice["message"], logprobs, req.tool_names)
+            return response_object(req, response_id, created, model_id, status_of(choice["finish_reason"]), output,
+                                   response_usage(completion["usage"]))
+
+        async def save(response: dict) -> None:
+            await self._save(req, owner, response, history)
+
+        if not req.background:
+            response = await answer()
+            await save(response)
+            return response
+        queued = response_object(req, response_id, created, model_id, "queued", [])
+        await self.store.save(owner, queued, history + req.input_messages(), req.input_items())
+        self.background.start(owner, response_id, answer, save)
+        return queued
 
     async def stream(self, req: ResponsesRequest, model: ModelClient, model_id: str,
                      owner: str | None) -> AsyncIterator[dict]:
@@ -77,7 +97,10 @@ class ResponsesAPI:
         yield events.event("response.completed", response=response)
 
     async def retrieve(self, response_id: str, owner: str | None) -> dict:
-        return (await self.store.load(owner, response_id))["response"]
+        return await self.background.current(owner, await self.store.load(owner, response_id))
+
+    async def cancel(self, response_id: str, owner: str | None) -> dict:
+        return await self.background.cancel(owner, response_id)
 
     async def input_items(self, response_id: str, owner: str | None, after: str | None, limit: int,
                           order: str) -> dict:

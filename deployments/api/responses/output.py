@@ -42,7 +42,7 @@ def response_object(req: ResponsesRequest, response_id: str, created_at: int, mo
         "store": req.store,
         "metadata": req.metadata or {},
         "user": req.user,
-        "background": False,
+        "background": req.background,
     }
 
 

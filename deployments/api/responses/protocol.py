@@ -12,7 +12,7 @@ route.
 from functools import cached_property
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
 from deployments.api.chat.protocol import ChatCompletionRequest
 from deployments.api.ids import new_id
@@ -207,9 +207,11 @@ class ResponsesRequest(SamplingFields):
 
     @field_validator("background")
     @classmethod
-    def _no_background(cls, v):
-        if v:
-            raise ValueError("background responses are not supported; stream, or wait for the reply")
+    def _background_is_stored_and_polled(cls, v, info: ValidationInfo):
+        if v and not info.data.get("store", True):
+            raise ValueError("a background response is stored (store: true), to be read back")
+        if v and info.data.get("stream"):
+            raise ValueError("a background response is read back (GET /v1/responses/{id}), not streamed")
         return v
 
     @property

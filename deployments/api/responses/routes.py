@@ -1,4 +1,5 @@
-"""POST /v1/responses, and a stored response read back (GET), listed (input_items) and deleted."""
+"""POST /v1/responses, and a stored response read back (GET), listed (input_items), cancelled (a background one)
+and deleted."""
 
 from fastapi import APIRouter, Request
 
@@ -32,6 +33,11 @@ async def response_input_items(response_id: str, request: Request, after: str | 
                                order: str = "desc", front: OpenAIFront = Front):
     return await front.responses.input_items(path_id("response", response_id), front.auth.owner(request), after,
                                              query_limit(limit, 100), query_order(order))
+
+
+@router.post("/v1/responses/{response_id}/cancel")
+async def cancel_response(response_id: str, request: Request, front: OpenAIFront = Front):
+    return await front.responses.cancel(path_id("response", response_id), front.auth.owner(request))
 
 
 @router.delete("/v1/responses/{response_id}")

@@ -33,12 +33,18 @@ class ResponseStore:
             raise OpenAIError(503, f"stored responses are unreachable: {e}") from e
 
     async def save(self, owner: str | None, response: dict, messages: list[dict], input_items: list[dict]) -> None:
-        data = json.dumps({"response": response, "messages": messages, "input_items": input_items}).encode()
+        await self.put(owner, {"response": response, "messages": messages, "input_items": input_items})
+
+    async def put(self, owner: str | None, record: dict) -> None:
+        """A response's record (its conversation and input items, a background one's progress stamp), new or over
+        its earlier self (counted once)."""
+        key, data = self._key(owner, record["response"]["id"]), json.dumps(record).encode()
         try:
-            await asyncio.to_thread(self.store.put, self._key(owner, response["id"]), data)
+            old = await asyncio.to_thread(self.store.size, key)
+            await asyncio.to_thread(self.store.put, key, data)
         except StoreError as e:
             raise OpenAIError(503, f"the response could not be stored ({e}); retry, or send store: false") from e
-        self.usage.add(owner, 1, len(data))
+        self.usage.add(owner, int(old is None), len(data) - (old or 0))
 
     def _measure(self, owner: str | None) -> tuple[int, int]:
         sizes = self.store.sizes(f"responses/{owner or 'public'}/")

@@ -1,9 +1,10 @@
 """/v1/responses through the `openai` SDK: the same tokens as the chat route for the same conversation, every
 reply and streamed event valid under the SDK's own types (strictly), reasoning and function-call items,
 stored responses continued with `previous_response_id` (on another app that shares the storage, too),
-retrieved and deleted."""
+retrieved and deleted; background responses polled, cancelled, and read as failed once no replica runs them."""
 
 import json
+import time
 
 import openai
 import pytest
@@ -169,7 +170,8 @@ def test_a_conversation_continues_on_another_app_sharing_the_storage(server, cli
 @pytest.mark.parametrize("body, param", [
     ({"input": [{"type": "input_image", "image_url": "http://x"}]}, "input"),
     ({"input": "x", "tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}}, "tool_choice"),
-    ({"input": "x", "background": True}, "background"),
+    ({"input": "x", "background": True, "store": False}, "background"),
+    ({"input": "x", "background": True, "stream": True}, "background"),
     ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format.type"),
     ({"input": "x", "tool_choice": "required"}, None),
@@ -277,3 +279,55 @@ def test_namespaced_tools_are_flattened_and_hosted_tools_dropped(server):
     forced_hosted = requests.post(f"{server.base_url}/v1/responses", json={
         "model": MODEL_ID, "input": "x", "tools": CODEX_TOOLS, "tool_choice": {"type": "web_search"}})
     assert forced_hosted.status_code == 400 and forced_hosted.json()["error"]["param"] == "tool_choice"
+
+
+def _settled(client, response_id: str):
+    """The background response once it has left queued and in_progress."""
+    from testing.helpers import wait_until
+
+    return wait_until(lambda: (r := client.responses.retrieve(response_id)).status not in ("queued", "in_progress")
+                      and r, timeout=60, every=0.1)
+
+
+def test_a_background_response_is_polled_to_the_same_reply(server, client):
+    reference = client.responses.create(model=MODEL_ID, input="Tell me about Paris.", max_output_tokens=8,
+                                        temperature=0)
+    queued = client.responses.create(model=MODEL_ID, input="Tell me about Paris.", max_output_tokens=8,
+                                     temperature=0, background=True)
+    assert queued.status == "queued" and queued.background is True and queued.output == []
+    done = _settled(client, queued.id)
+    assert done.status == "incomplete" and done.background is True and done.id == queued.id
+    assert done.output_text == reference.output_text and done.usage.output_tokens == 8
+    follow = client.responses.create(model=MODEL_ID, input="And Rome?", previous_response_id=done.id,
+                                     max_output_tokens=2, temperature=0)
+    assert follow.status == "incomplete"
+    assert [i.content[0].text for i in client.responses.input_items.list(queued.id).data] == ["Tell me about Paris."]
+
+
+def test_a_background_response_is_cancelled(server, client):
+    running = client.responses.create(model=MODEL_ID, input="A long story, please.", max_output_tokens=400,
+                                      background=True, extra_body={"ignore_eos": True})
+    from testing.helpers import wait_until
+
+    wait_until(lambda: client.responses.retrieve(running.id).status == "in_progress", timeout=30, every=0.05)
+    cancelled = client.responses.cancel(running.id)
+    assert cancelled.status == "cancelled" and client.responses.cancel(running.id).status == "cancelled"
+    wait_until(lambda: server.engine_stats()["num_requests"] == 0, timeout=30)  # the engine stopped the turn
+    assert client.responses.retrieve(running.id).status == "cancelled"
+    finished = client.responses.create(model=MODEL_ID, input="hi", max_output_tokens=1)
+    for response_id, status in ((finished.id, 400), ("resp_" + "0" * 32, 404)):
+        r = requests.post(f"{server.base_url}/v1/responses/{response_id}/cancel")
+        assert r.status_code == status and set(r.json()["error"]) == {"message", "type", "param", "code"}, r.text
+
+
+def test_a_background_response_no_replica_runs_reads_as_failed(server, client):
+    """A record left in_progress with no stamp for a minute: its replica died (or was stopped past its drain)."""
+    response = client.responses.create(model=MODEL_ID, input="hi", max_output_tokens=1, background=True)
+    _settled(client, response.id)
+    (path,) = (server.storage / "responses").rglob(f"{response.id}.json")
+    record = json.loads(path.read_text())
+    record["response"]["status"], record["heartbeat"] = "in_progress", time.time() - 3600
+    path.write_text(json.dumps(record))
+    lost = client.responses.retrieve(response.id)
+    assert lost.status == "failed" and lost.error.code == "server_error" and "stopped" in lost.error.message
+    assert client.responses.retrieve(response.id).status == "failed"

@@ -88,7 +88,7 @@ def serve_in_process(model: ScriptedModel, tmp_path, api_key: str | list[str] | 
     conversations = ConversationsAPI(ConversationStore(open_store(storage)))
     front = OpenAIFront(config, ApiKeys(config.api_keys), models, BodyParser(models, config.max_request_bytes),
                         batches, ResponsesAPI(ResponseStore(open_store(storage)), batches, config.max_image_bytes,
-                                              conversations), conversations)
+                                              conversations, config.max_requests_per_key), conversations)
     return TestClient(build_app(front))
 
 

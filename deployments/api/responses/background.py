@@ -1,0 +1,118 @@
+"""Background responses (`background: true`): the request returns at once with a `queued` response, the turn runs
+on the ingress replica that took it, and its stored record says how it stands (`queued`, `in_progress`, then
+`completed`, `incomplete`, `failed` or `cancelled`), which `GET /v1/responses/{id}` reads from any replica.
+
+`POST /v1/responses/{id}/cancel` marks the record cancelled, from any replica; the replica running the turn reads
+its record every WATCH_S and stops the turn (its engine request is aborted) once it sees the mark. While it runs
+it also stamps the record every HEARTBEAT_S: a record left `queued` or `in_progress` with no stamp for LOST_S
+(its replica died, or was stopped past its drain bound) reads as `failed`. An ingress replica that Serve stops
+finishes its background turns before it goes, up to its drain bound (deployments/builder.py).
+"""
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from deployments.api.responses.store import ResponseStore
+from deployments.errors import OpenAIError
+
+logger = logging.getLogger("ray.serve")
+
+WATCH_S = 2.0
+HEARTBEAT_S = 10.0
+LOST_S = 60.0
+RUNNING = ("queued", "in_progress")
+
+
+class BackgroundResponses:
+    def __init__(self, store: ResponseStore, per_key: int):
+        """`per_key`: the background turns a key may run on this replica at once (its requests in flight)."""
+        self.store = store
+        self.per_key = per_key
+        self.tasks: set[asyncio.Task] = set()
+        self.running: dict[str | None, int] = {}
+
+    def check_room(self, owner: str | None) -> None:
+        """A 429 when this key runs as many background turns here as it may."""
+        if self.running.get(owner, 0) >= self.per_key:
+            raise OpenAIError(429, f"this key runs {self.per_key} background responses on this replica, as many as "
+                                   "it may at once; wait for one to finish", None, "rate_limit_exceeded")
+
+    def start(self, owner: str | None, response_id: str, turn: Callable[[], Awaitable[dict]],
+              save: Callable[[dict], Awaitable[None]]) -> None:
+        """Run `turn` (its finished response) in the background, watched for a cancel mark, then `save` what it
+        made (every write of the record is this task's, so none overtakes another)."""
+        task = asyncio.create_task(self._run(owner, response_id, turn, save))
+        self.tasks.add(task)
+        self.running[owner] = self.running.get(owner, 0) + 1
+        task.add_done_callback(lambda _: self._done(owner, task))
+
+    def _done(self, owner: str | None, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        self.running[owner] -= 1
+        if not self.running[owner]:
+            del self.running[owner]
+
+    async def cancel(self, owner: str | None, response_id: str) -> dict:
+        """Mark a queued or running background response cancelled (a cancelled one again: as it is)."""
+        record = await self.store.load(owner, response_id)
+        response = record["response"]
+        if not response.get("background"):
+            raise OpenAIError(400, "Only responses created with background=true can be cancelled.", None,
+                              "invalid_request")
+        if response["status"] == "cancelled":
+            return response
+        if response["status"] not in RUNNING:
+            raise OpenAIError(400, f"Cannot cancel a response that is {response['status']}.", None,
+                              "invalid_request")
+        return await self._mark(owner, record, "cancelled")
+
+    async def current(self, owner: str | None, record: dict) -> dict:
+        """The stored response, read as `failed` if it is left running with no replica stamping it."""
+        response = record["response"]
+        if response.get("background") and response["status"] in RUNNING and \
+                time.time() - record.get("heartbeat", 0) > LOST_S:
+            response = await self._mark(owner, record, "failed", {
+                "code": "server_error", "message": "the replica running this background response stopped before "
+                                                   "it finished; create it again"})
+        return response
+
+    async def drain(self) -> None:
+        """Wait for the background turns this replica runs (its drain, before Serve stops it)."""
+        if self.tasks:
+            logger.info("waiting for %d background responses to finish", len(self.tasks))
+            await asyncio.wait(set(self.tasks))
+
+    async def _run(self, owner: str | None, response_id: str, turn: Callable[[], Awaitable[dict]],
+                   save: Callable[[dict], Awaitable[None]]) -> None:
+        record = await self.store.load(owner, response_id)
+        await self._mark(owner, record, "in_progress")
+        work = asyncio.create_task(turn())
+        stamped = time.time()
+        try:
+            while True:
+                await asyncio.wait({work}, timeout=WATCH_S)
+                record = await self.store.load(owner, response_id)
+                if record["response"]["status"] == "cancelled":
+                    work.cancel()
+                    return
+                if work.done():
+                    break
+                if time.time() - stamped >= HEARTBEAT_S:
+                    stamped = time.time()
+                    await self.store.put(owner, {**record, "heartbeat": stamped})
+            await save(work.result())
+        except asyncio.CancelledError:
+            work.cancel()
+            raise
+        except Exception as e:  # the turn failed: its record says why
+            error = e.body()["error"] if isinstance(e, OpenAIError) else {"message": repr(e)}
+            record = await self.store.load(owner, response_id)
+            await self._mark(owner, record, "failed", {"code": error.get("code") or "server_error",
+                                                       "message": error["message"]})
+
+    async def _mark(self, owner: str | None, record: dict, status: str, error: dict | None = None) -> dict:
+        response = {**record["response"], "status": status, "error": error}
+        await self.store.put(owner, {**record, "response": response, "heartbeat": time.time()})
+        return response
