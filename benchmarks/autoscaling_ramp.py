@@ -4,8 +4,8 @@ against the target, side by side, as JSON lines and a plot.
 
     python -m benchmarks.autoscaling_ramp [--out docs/autoscaling_ramp.png]
 
-Each user is a closed loop of streamed chats (a 200-token prompt, 32 tokens out); TTFT is the client's (from
-sending to the first content chunk). The replicas share the machine's cores, so on a small CPU machine a second
+Each user is a closed loop of streamed chats (32 tokens out); TTFT is the client's (from sending to the first
+content chunk). The replicas share the machine's cores, so on a small CPU machine a second
 replica answers the same load no faster: the run shows when each policy adds and removes replicas, not what the
 extra replicas buy. On CPU each replica takes one core.
 """
@@ -25,7 +25,9 @@ from benchmarks.batch_throughput import serving_app
 from benchmarks.common import build_cpu_model, report
 from benchmarks.online_serving import MODEL_ID, local_config_args
 
-PHASES = (("low", 60, 1), ("peak", 90, 6), ("low", 90, 1))  # (name, seconds, concurrent users)
+# (name, seconds, concurrent users, words per prompt): the peak is a few users with long prompts, which
+# `target_ongoing_requests` reads as little load
+PHASES = (("low", 60, 1, 200), ("peak", 90, 3, 800), ("low", 90, 1, 200))
 TTFT_TARGET_S = 1.5
 WINDOW_S = 10  # TTFT p90 is reported per window of this many seconds
 AUTOSCALING = {"min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 5, "downscale_delay_s": 20,
@@ -42,6 +44,7 @@ def app_args(path: Path, autoscaling: dict) -> dict:
     args = local_config_args(path, direct_streaming=False)
     llm = args["llm_configs"][0]
     llm["engine_kwargs"].pop("engine_process", None)  # a replica's one core runs its engine's thread
+    llm["engine_kwargs"]["max_model_len"] = 4096
     llm["deployment_config"] = {"autoscaling_config": autoscaling, "ray_actor_options": {"num_cpus": 1}}
     args["ingress_deployment_config"] = {"num_replicas": 1}
     return args
@@ -63,9 +66,9 @@ async def day(url: str, started: float) -> list[tuple[float, float]]:
     words = "alpha beta gamma delta river stone cloud ember frost grove harbor island".split()
     samples = []
 
-    async def user(until: float):
+    async def user(until: float, length: int):
         while time.monotonic() < until:
-            prompt = " ".join(rng.choice(words) for _ in range(200))
+            prompt = " ".join(rng.choice(words) for _ in range(length))
             sent = time.monotonic()
             stream = await client.chat.completions.create(model=MODEL_ID, max_tokens=32, stream=True,
                                                           messages=[{"role": "user", "content": prompt}],
@@ -76,9 +79,9 @@ async def day(url: str, started: float) -> list[tuple[float, float]]:
                     first = time.monotonic()
             samples.append((sent - started, (first or time.monotonic()) - sent))
 
-    for _, seconds, users in PHASES:
+    for _, seconds, users, length in PHASES:
         until = time.monotonic() + seconds
-        await asyncio.gather(*(user(until) for _ in range(users)))
+        await asyncio.gather(*(user(until, length) for _ in range(users)))
     return samples
 
 
@@ -101,7 +104,7 @@ def run(path: Path, policy: str) -> dict:
         windows.setdefault(int(at // WINDOW_S) * WINDOW_S, []).append(ttft)
     p90 = {start: sorted(v)[max(0, -(-9 * len(v) // 10) - 1)] for start, v in sorted(windows.items())}
     bounds, phases = 0, {}
-    for name, seconds, _ in PHASES:
+    for name, seconds, _, _ in PHASES:
         inside = [t for at, t in ttfts if bounds <= at < bounds + seconds]
         counts = [n for at, n in replicas if bounds <= at < bounds + seconds]
         phases[f"{name}@{bounds}s"] = {"ttft_p90_s": round(sorted(inside)[-(-9 * len(inside) // 10) - 1], 3),
@@ -124,10 +127,10 @@ def plot(results: dict, out: Path) -> None:
                     label=policy)
     bottom.axhline(TTFT_TARGET_S, color="gray", linestyle="--", label="TTFT p90 target")
     bounds = 0
-    for name, seconds, users in PHASES:
+    for name, seconds, users, length in PHASES:
         for axis in (top, bottom):
             axis.axvline(bounds, color="lightgray", linewidth=0.8)
-        top.text(bounds + 2, 2.05, f"{name}: {users} user{'s' * (users > 1)}", fontsize=8)
+        top.text(bounds + 2, 2.05, f"{name}: {users} x {length} words", fontsize=8)
         bounds += seconds
     top.set_ylabel("running replicas")
     top.set_ylim(0, 2.4)

@@ -1,6 +1,7 @@
 """What the HTTP routes work with, passed in whole: the app's config, its API keys, its models, the body
-parser, and the Batch, Responses and Conversations APIs. `OpenAIFront.for_app` builds them for a Serve application; a test
-builds one around any `ModelClient` and serves it in-process (tests/deployments/http/test_http_app.py)."""
+parser, and the Batch, Responses and Conversations APIs. `OpenAIFront.for_app` builds them for a Serve
+application; a test builds one around any `ModelClient` and serves it in-process
+(tests/deployments/http/test_http_app.py)."""
 
 from dataclasses import dataclass
 

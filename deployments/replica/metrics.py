@@ -58,6 +58,11 @@ class RequestMetrics:
             if seq.finish_reason is not None:
                 self._finished.inc(1, tags={**self.tags, "finished_reason": seq.finish_reason})
 
+    def oldest_wait(self) -> float | None:
+        """How long the longest-waiting request still without its first token has waited; None if none waits."""
+        starts = [t.start for t in list(self._open.values()) if t.generated == 0]
+        return time.perf_counter() - min(starts) if starts else None
+
     def ended(self, request_id: str) -> None:
         timing = self._open.pop(request_id)
         self._e2e.observe(time.perf_counter() - timing.start, tags=self.tags)

@@ -209,7 +209,7 @@ class LLMServer:
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         """What Serve's autoscaler reads of this replica (deployments/autoscaling.py): its recent TTFT and ITL p90."""
-        return self.request_metrics.window.p90s()
+        return self.request_metrics.window.p90s(self.request_metrics.oldest_wait())
 
     async def max_model_len(self) -> int:
         return self.engine.max_model_len

@@ -1,7 +1,7 @@
 """The latency-target autoscaling policy's decisions on Serve's own `AutoscalingContext`: a target exceeded asks for
 replicas in proportion (at most twice as many at once), both targets well met give one back while the load
 allows, between the two it holds, and with no latency measured it is the ongoing-requests rule; the replica's
-latency window reports p90s over its last seconds only."""
+latency window reports p90s over its last seconds only, with the oldest wait for a first token as a floor."""
 
 import pytest
 from ray.serve._private.common import DeploymentID, ReplicaID
@@ -54,5 +54,8 @@ def test_the_window_reports_recent_p90s():
         window.add("ttft", i / 10)
     window.add("itl", 0.05)
     assert window.p90s() == {"ttft_p90_s": 0.9, "itl_p90_s": 0.05}
+    assert window.p90s(oldest_wait=0.5) == {"ttft_p90_s": 0.9, "itl_p90_s": 0.05}  # a floor only
+    assert window.p90s(oldest_wait=30.0) == {"ttft_p90_s": 30.0, "itl_p90_s": 0.05}  # an overload, before its tokens
     window.window_s = 0  # every sample is older than the window
     assert window.p90s() == {}
+    assert window.p90s(oldest_wait=2.0) == {"ttft_p90_s": 2.0}
