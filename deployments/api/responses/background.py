@@ -4,8 +4,9 @@ on the ingress replica that took it, and its stored record says how it stands (`
 
 `POST /v1/responses/{id}/cancel` marks the record cancelled, from any replica; the replica running the turn reads
 its record every WATCH_S and stops the turn (its engine request is aborted) once it sees the mark. While it runs
-it also stamps the record every HEARTBEAT_S: a record left `queued` or `in_progress` with no stamp for LOST_S
-(its replica died, or was stopped past its drain bound) reads as `failed`. An ingress replica that Serve stops
+it also stamps it every HEARTBEAT_S, in an object of its own (never writing the record a cancel may be writing): a
+response left `queued` or `in_progress` with no stamp for LOST_S (its replica died, or was stopped past its drain
+bound) reads as `failed`. An ingress replica that Serve stops
 finishes its background turns before it goes, up to its drain bound (deployments/builder.py).
 """
 
@@ -39,10 +40,11 @@ class BackgroundResponses:
             raise OpenAIError(429, f"this key runs {self.per_key} background responses on this replica, as many as "
                                    "it may at once; wait for one to finish", None, "rate_limit_exceeded")
 
-    def start(self, owner: str | None, response_id: str, turn: Callable[[], Awaitable[dict]],
-              save: Callable[[dict], Awaitable[None]]) -> None:
+    async def start(self, owner: str | None, response_id: str, turn: Callable[[], Awaitable[dict]],
+                    save: Callable[[dict], Awaitable[None]]) -> None:
         """Run `turn` (its finished response) in the background, watched for a cancel mark, then `save` what it
-        made (every write of the record is this task's, so none overtakes another)."""
+        made."""
+        await self.store.stamp(owner, response_id, time.time())
         task = asyncio.create_task(self._run(owner, response_id, turn, save))
         self.tasks.add(task)
         self.running[owner] = self.running.get(owner, 0) + 1
@@ -71,12 +73,15 @@ class BackgroundResponses:
     async def current(self, owner: str | None, record: dict) -> dict:
         """The stored response, read as `failed` if it is left running with no replica stamping it."""
         response = record["response"]
-        if response.get("background") and response["status"] in RUNNING and \
-                time.time() - record.get("heartbeat", 0) > LOST_S:
-            response = await self._mark(owner, record, "failed", {
-                "code": "server_error", "message": "the replica running this background response stopped before "
-                                                   "it finished; create it again"})
-        return response
+        if not response.get("background") or response["status"] not in RUNNING:
+            return response
+        stamped = await self.store.stamped(owner, response["id"])
+        if stamped is not None and time.time() - stamped <= LOST_S:
+            return response
+        await self.store.stamp(owner, response["id"], None)
+        return await self._mark(owner, record, "failed", {
+            "code": "server_error", "message": "the replica running this background response stopped before it "
+                                               "finished; create it again"})
 
     async def drain(self) -> None:
         """Wait for the background turns this replica runs (its drain, before Serve stops it)."""
@@ -86,33 +91,43 @@ class BackgroundResponses:
 
     async def _run(self, owner: str | None, response_id: str, turn: Callable[[], Awaitable[dict]],
                    save: Callable[[dict], Awaitable[None]]) -> None:
-        record = await self.store.load(owner, response_id)
-        await self._mark(owner, record, "in_progress")
-        work = asyncio.create_task(turn())
-        stamped = time.time()
+        work = None
         try:
+            record = await self.store.load(owner, response_id)
+            if record["response"]["status"] != "queued":  # cancelled already
+                return
+            await self._mark(owner, record, "in_progress")
+            work = asyncio.create_task(turn())
+            stamped = time.time()
             while True:
                 await asyncio.wait({work}, timeout=WATCH_S)
-                record = await self.store.load(owner, response_id)
-                if record["response"]["status"] == "cancelled":
+                if (await self.store.load(owner, response_id))["response"]["status"] == "cancelled":
                     work.cancel()
                     return
                 if work.done():
                     break
                 if time.time() - stamped >= HEARTBEAT_S:
                     stamped = time.time()
-                    await self.store.put(owner, {**record, "heartbeat": stamped})
+                    await self.store.stamp(owner, response_id, stamped)
             await save(work.result())
         except asyncio.CancelledError:
-            work.cancel()
+            if work is not None:
+                work.cancel()
             raise
         except Exception as e:  # the turn failed: its record says why
             error = e.body()["error"] if isinstance(e, OpenAIError) else {"message": repr(e)}
-            record = await self.store.load(owner, response_id)
-            await self._mark(owner, record, "failed", {"code": error.get("code") or "server_error",
-                                                       "message": error["message"]})
+            try:
+                await self._mark(owner, await self.store.load(owner, response_id), "failed", {
+                    "code": error.get("code") or "server_error", "message": error["message"]})
+            except OpenAIError as lost:  # deleted meanwhile, or the store is unreachable
+                logger.warning("background response %s: %s (%s)", response_id, error["message"], lost.message)
+        finally:
+            try:
+                await self.store.stamp(owner, response_id, None)
+            except OpenAIError:
+                pass  # a stale stamp reads as a lost replica after LOST_S: the same end
 
     async def _mark(self, owner: str | None, record: dict, status: str, error: dict | None = None) -> dict:
         response = {**record["response"], "status": status, "error": error}
-        await self.store.put(owner, {**record, "response": response, "heartbeat": time.time()})
+        await self.store.put(owner, {**record, "response": response})
         return response

@@ -64,7 +64,7 @@ class ResponsesAPI:
             return response
         queued = response_object(req, response_id, created, model_id, "queued", [])
         await self.store.save(owner, queued, history + req.input_messages(), req.input_items())
-        self.background.start(owner, response_id, answer, save)
+        await self.background.start(owner, response_id, answer, save)
         return queued
 
     async def stream(self, req: ResponsesRequest, model: ModelClient, model_id: str,

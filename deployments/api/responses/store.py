@@ -36,8 +36,7 @@ class ResponseStore:
         await self.put(owner, {"response": response, "messages": messages, "input_items": input_items})
 
     async def put(self, owner: str | None, record: dict) -> None:
-        """A response's record (its conversation and input items, a background one's progress stamp), new or over
-        its earlier self (counted once)."""
+        """A response's record (its conversation and input items), new or over its earlier self (counted once)."""
         key, data = self._key(owner, record["response"]["id"]), json.dumps(record).encode()
         try:
             old = await asyncio.to_thread(self.store.size, key)
@@ -45,6 +44,27 @@ class ResponseStore:
         except StoreError as e:
             raise OpenAIError(503, f"the response could not be stored ({e}); retry, or send store: false") from e
         self.usage.add(owner, int(old is None), len(data) - (old or 0))
+
+    async def stamp(self, owner: str | None, response_id: str, at: float | None) -> None:
+        """Record when the replica running a background response last said it runs it (None: it has finished).
+        Kept beside the responses, not in their records, which another replica's cancel may be writing."""
+        key = f"response-stamps/{self._key(owner, response_id)}"
+        try:
+            if at is None:
+                await asyncio.to_thread(self.store.delete, key)
+            else:
+                await asyncio.to_thread(self.store.put, key, json.dumps(at).encode())
+        except StoreError as e:
+            raise OpenAIError(503, f"stored responses are unreachable: {e}") from e
+
+    async def stamped(self, owner: str | None, response_id: str) -> float | None:
+        """When a background response's replica last stamped it; None if it never did or has finished."""
+        try:
+            return await asyncio.to_thread(self.store.get_json, f"response-stamps/{self._key(owner, response_id)}")
+        except MissingObjectError:
+            return None
+        except StoreError as e:
+            raise OpenAIError(503, f"stored responses are unreachable: {e}") from e
 
     def _measure(self, owner: str | None) -> tuple[int, int]:
         sizes = self.store.sizes(f"responses/{owner or 'public'}/")
@@ -67,6 +87,7 @@ class ResponseStore:
             if size is None:
                 raise _not_found(response_id)
             await asyncio.to_thread(self.store.delete, key)
+            await asyncio.to_thread(self.store.delete, f"response-stamps/{key}")
             self.usage.add(owner, -1, -size)
         except StoreError as e:
             raise OpenAIError(503, f"stored responses are unreachable: {e}") from e

@@ -326,8 +326,11 @@ def test_a_background_response_no_replica_runs_reads_as_failed(server, client):
     _settled(client, response.id)
     (path,) = (server.storage / "responses").rglob(f"{response.id}.json")
     record = json.loads(path.read_text())
-    record["response"]["status"], record["heartbeat"] = "in_progress", time.time() - 3600
+    record["response"]["status"] = "in_progress"
     path.write_text(json.dumps(record))
+    stamp = server.storage / "response-stamps" / path.relative_to(server.storage)
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(json.dumps(time.time() - 3600))  # its replica's last stamp, an hour ago
     lost = client.responses.retrieve(response.id)
     assert lost.status == "failed" and lost.error.code == "server_error" and "stopped" in lost.error.message
     assert client.responses.retrieve(response.id).status == "failed"
