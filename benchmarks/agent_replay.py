@@ -51,7 +51,7 @@ def text(rng: random.Random, words: int) -> str:
 async def session(client: openai.AsyncClient, index: int, turns: int) -> list[tuple[int, int]]:
     """(prompt tokens, cached tokens) of each turn."""
     rng = random.Random(index)
-    messages = [{"role": "system", "content": f"Session {index}. You are a coding agent. " + text(rng, 600)},
+    messages = [{"role": "system", "content": f"Session {index}. You are a coding agent. " + text(rng, 300)},
                 {"role": "user", "content": "Fix the failing test. " + text(rng, 150)}]
     figures = []
     for turn in range(turns):
@@ -64,7 +64,7 @@ async def session(client: openai.AsyncClient, index: int, turns: int) -> list[tu
         call_id = f"call_{index}_{turn}"
         messages.append({"role": "assistant", "content": None, "tool_calls": [
             {"id": call_id, "type": "function", "function": call}]})
-        messages.append({"role": "tool", "tool_call_id": call_id, "content": text(rng, 250)})
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": text(rng, 60)})
     return figures
 
 
@@ -84,11 +84,10 @@ def run(model_dir: Path, router: str, sessions: int, turns: int) -> dict:
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_openai_app(app_args(model_dir, ROUTERS[router])), route_prefix="/")
     try:
-        client = openai.AsyncClient(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
-                                    timeout=600)
-
         async def main():
-            return await asyncio.gather(*(session(client, i, turns) for i in range(sessions)))
+            async with openai.AsyncClient(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
+                                          timeout=600) as client:
+                return await asyncio.gather(*(session(client, i, turns) for i in range(sessions)))
 
         per_session = asyncio.run(main())
     finally:
