@@ -38,8 +38,10 @@ class MultiTokenPredictor(nn.Module):
     of the target's hidden state (`hnorm`), their projection back to the hidden size (`eh_proj`), and a head
     (`shared_head`); the embedding and head are the target's where the checkpoint has no copies of its own."""
 
-    headless = False
+    # loaded as the causal LM's checkpoint is (runtime/models/loader.py)
+    bare_names = False
     tie_word_embeddings = False
+    checkpoint_tensors = CausalLM.checkpoint_tensors
 
     def __init__(self, target: CausalLM, config, names: set[str]):
         super().__init__()

@@ -1,5 +1,5 @@
 """Classifiers and scoring against transformers on tiny random checkpoints: a `Qwen2ForSequenceClassification`
-(three labels: its softmax; chunked prefill and TP=2 included), a Qwen3 causal LM made a reranker by
+(three labels: its softmax; chunked prefill, TP=2 and PP=2 included), a Qwen3 causal LM made a reranker by
 Qwen3-Reranker's `hf_overrides` (the softmax of its LM head's "no" and "yes" logits; tied embeddings too), a
 causal LM whose one token's logit is its label (sigmoid), and an embedding model's cosine scores; what a
 classifier or a scoring call cannot take is refused, naming the option or field."""
@@ -91,8 +91,9 @@ def test_a_classifier_serves_only_as_a_pooling_model(classifier):
     assert "Qwen2ForSequenceClassification has no LM head: it serves scores only" in str(e.value)
 
 
-def test_tp2_classifier_equals_tp1(ray_cluster, classifier):
-    llm = _llm(classifier, tensor_parallel_size=2)
+@pytest.mark.parametrize("parallel", [{"tensor_parallel_size": 2}, {"pipeline_parallel_size": 2}])
+def test_tp2_and_pp2_classifiers_equal_transformers(ray_cluster, classifier, parallel):
+    llm = _llm(classifier, **parallel)
     try:
         _assert_close(llm.classify(TEXTS), _classifier_reference(classifier, TEXTS))
     finally:
