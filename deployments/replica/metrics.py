@@ -19,10 +19,9 @@ class RequestMetrics:
     and generated tokens, finished completions by reason, under vLLM's names and `model_name` label; prompt tokens
     served from the prefix cache under ours."""
 
-    def __init__(self, model_id: str, window: LatencyWindow | None = None):
-        """`window`: where recent latencies also go, for the autoscaler."""
+    def __init__(self, model_id: str):
         self.tags = {"model_name": model_id}
-        self.window = window or LatencyWindow()
+        self.window = LatencyWindow()  # recent latencies also go here, for the autoscaler
         m = ("model_name",)
         self._ttft = metric(Histogram, "vllm_time_to_first_token_seconds", "Time to first token", m,
                              boundaries=_LATENCY)

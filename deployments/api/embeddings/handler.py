@@ -33,8 +33,7 @@ class EmbeddingHandler:
                       ) -> tuple[list[list[float]], int]:
         """Each input's pooled vector, in order, and the inputs' tokens."""
         valid = await off_loop(self._prepare, req, priority=priority)
-        vectors = await pooled_vectors(self.engine, valid, request_id, engine_priority(priority, req.priority), owner)
-        return vectors, sum(len(v.prompt_token_ids) for v in valid)
+        return await pool_all(self.engine, valid, request_id, engine_priority(priority, req.priority), owner)
 
     async def embed(self, req: EmbeddingRequest, request_id: str, priority: int = 0, owner: str | None = None) -> dict:
         vectors, tokens = await self._pooled(req, request_id, priority, owner)
@@ -47,8 +46,7 @@ class EmbeddingHandler:
         if self.engine.labels is not None and req.use_activation is not False:
             vectors = [label_probabilities(v) for v in vectors]
         data = [{"index": i, "object": "pooling", "data": self._encode(v, req)} for i, v in enumerate(vectors)]
-        return {"id": request_id, "object": "list", "created": int(time.time()), "model": self.model_id,
-                "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        return list_reply(request_id, self.model_id, data, tokens)
 
     def _encode(self, vector: list[float], req: EmbeddingRequest) -> list[float] | str:
         if req.dimensions is not None:
@@ -66,9 +64,16 @@ def validated_inputs(engine: AsyncLLMEngine, inputs: list[str | list[int]]) -> l
     return [engine.validate_embedding(engine.encode(p) if isinstance(p, str) else p) for p in inputs]
 
 
-async def pooled_vectors(engine: AsyncLLMEngine, valid: list[ValidRequest], request_id: str, priority: int,
-                         owner: str | None) -> list[list[float]]:
-    """What the engine pools for each request, in order; all run at once, as `request_id`-0, -1, ..."""
+async def pool_all(engine: AsyncLLMEngine, valid: list[ValidRequest], request_id: str, priority: int,
+                   owner: str | None) -> tuple[list[list[float]], int]:
+    """What the engine pools for each request, in order (all run at once, as `request_id`-0, -1, ...), and their
+    prompts' tokens."""
     deltas = await asyncio.gather(*(engine.embed(v, f"{request_id}-{i}", priority, owner)
                                     for i, v in enumerate(valid)))
-    return [d.embedding for d in deltas]
+    return [d.embedding for d in deltas], sum(len(v.prompt_token_ids) for v in valid)
+
+
+def list_reply(request_id: str, model_id: str, data: list[dict], tokens: int) -> dict:
+    """vLLM's list reply of the pooling routes (/pooling, /score, /classify)."""
+    return {"id": request_id, "object": "list", "created": int(time.time()), "model": model_id, "data": data,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}

@@ -6,8 +6,8 @@ on the ingress replica that took it, and its stored record says how it stands (`
 its record every WATCH_S and stops the turn (its engine request is aborted) once it sees the mark. While it runs
 it also stamps it every HEARTBEAT_S, in an object of its own (never writing the record a cancel may be writing): a
 response left `queued` or `in_progress` with no stamp for LOST_S (its replica died, or was stopped past its drain
-bound) reads as `failed`. An ingress replica that Serve stops
-finishes its background turns before it goes, up to its drain bound (deployments/builder.py).
+bound) reads as `failed`. An ingress replica that Serve stops finishes its background turns before it goes, up to
+its drain bound (deployments/builder.py).
 """
 
 import asyncio
@@ -129,5 +129,5 @@ class BackgroundResponses:
 
     async def _mark(self, owner: str | None, record: dict, status: str, error: dict | None = None) -> dict:
         response = {**record["response"], "status": status, "error": error}
-        await self.store.put(owner, {**record, "response": response})
+        await self.store.put(owner, {**record, "response": response}, replacing=True)
         return response

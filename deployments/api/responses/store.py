@@ -33,13 +33,16 @@ class ResponseStore:
             raise OpenAIError(503, f"stored responses are unreachable: {e}") from e
 
     async def save(self, owner: str | None, response: dict, messages: list[dict], input_items: list[dict]) -> None:
-        await self.put(owner, {"response": response, "messages": messages, "input_items": input_items})
+        """A response and its conversation; a background one's, over its earlier record."""
+        await self.put(owner, {"response": response, "messages": messages, "input_items": input_items},
+                       replacing=response.get("background", False))
 
-    async def put(self, owner: str | None, record: dict) -> None:
-        """A response's record (its conversation and input items), new or over its earlier self (counted once)."""
+    async def put(self, owner: str | None, record: dict, replacing: bool = False) -> None:
+        """A response's record (its conversation and input items). `replacing`: it may be over its earlier self,
+        whose size is read first, so the record counts once (a background response's, written as it goes)."""
         key, data = self._key(owner, record["response"]["id"]), json.dumps(record).encode()
         try:
-            old = await asyncio.to_thread(self.store.size, key)
+            old = await asyncio.to_thread(self.store.size, key) if replacing else None
             await asyncio.to_thread(self.store.put, key, data)
         except StoreError as e:
             raise OpenAIError(503, f"the response could not be stored ({e}); retry, or send store: false") from e

@@ -1,9 +1,7 @@
 """/score, /rerank and /classify on one replica of a pooling model (engine option `runner: pooling`): a
 classifier's probabilities, or an embedding model's cosines (`runtime.scoring`), in vLLM's reply shapes."""
 
-import time
-
-from deployments.api.embeddings.handler import pooled_vectors, validated_inputs
+from deployments.api.embeddings.handler import list_reply, pool_all, validated_inputs
 from deployments.api.request_model import engine_priority
 from deployments.api.scores.protocol import ClassifyRequest, RerankRequest, ScoreRequest, ScoringFields
 from deployments.errors import OpenAIError
@@ -21,9 +19,8 @@ class ScoreHandler:
     async def score(self, req: ScoreRequest, request_id: str, priority: int = 0, owner: str | None = None) -> dict:
         scores, tokens = await self._scores(req, req.text_1, req.text_2, ("text_1", "text_2"), request_id, priority,
                                             owner)
-        return {"id": request_id, "object": "list", "created": int(time.time()), "model": self.model_id,
-                "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        return list_reply(request_id, self.model_id,
+                          [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)], tokens)
 
     async def rerank(self, req: RerankRequest, request_id: str, priority: int = 0, owner: str | None = None) -> dict:
         scores, tokens = await self._scores(req, [req.query], req.documents, ("query", "documents"), request_id,
@@ -43,23 +40,23 @@ class ScoreHandler:
             raise OpenAIError(400, f"model: {self.model_id!r} is not a classifier: it serves /v1/embeddings, /score "
                                    "and /rerank", "model")
         valid = await off_loop(validated_inputs, self.engine, req.inputs(), priority=priority)
-        logits = await pooled_vectors(self.engine, valid, request_id, engine_priority(priority, req.priority), owner)
+        logits, tokens = await pool_all(self.engine, valid, request_id, engine_priority(priority, req.priority),
+                                        owner)
         data = []
         for i, values in enumerate(logits):
             probs = label_probabilities(values) if req.use_activation is not False else values
             data.append({"index": i, "label": labels[max(range(len(probs)), key=probs.__getitem__)], "probs": probs,
                          "num_classes": len(probs)})
-        tokens = sum(len(v.prompt_token_ids) for v in valid)
-        return {"id": request_id, "object": "list", "created": int(time.time()), "model": self.model_id,
-                "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        return list_reply(request_id, self.model_id, data, tokens)
 
     async def _scores(self, req: ScoringFields, first: list[str], second: list[str], names: tuple[str, str],
                       request_id: str, priority: int, owner: str | None) -> tuple[list[float], int]:
         """The pairs' scores and the tokens pooled for them."""
         limits = (req.max_tokens_per_query, req.max_tokens_per_doc)
         plan, valid = await off_loop(self._plan, first, second, names, limits, priority=priority)
-        pooled = await pooled_vectors(self.engine, valid, request_id, engine_priority(priority, req.priority), owner)
-        return plan.scores(pooled, req.use_activation is not False), sum(len(v.prompt_token_ids) for v in valid)
+        pooled, tokens = await pool_all(self.engine, valid, request_id, engine_priority(priority, req.priority),
+                                        owner)
+        return plan.scores(pooled, req.use_activation is not False), tokens
 
     def _plan(self, first: list[str], second: list[str], names: tuple[str, str], limits: tuple[int, int]
               ) -> tuple[ScoringPlan, list[ValidRequest]]:

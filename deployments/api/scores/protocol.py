@@ -69,7 +69,7 @@ class RerankRequest(ScoringFields):
 
     @field_validator("documents")
     @classmethod
-    def _bounded(cls, v):
+    def _few_enough(cls, v):
         return _bounded(v)
 
 
