@@ -9,7 +9,7 @@ input and output items to it. A `background` turn returns at once and runs on
 """
 
 import base64
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from pydantic import ValidationError
 
@@ -19,6 +19,7 @@ from deployments.api.format import now
 from deployments.api.ids import new_id
 from deployments.api.pagination import cursor_page
 from deployments.api.responses.background import BackgroundResponses
+from deployments.api.responses.background_stream import BackgroundStream
 from deployments.api.responses.events import ResponseEvents
 from deployments.api.responses.output import output_items, response_object, response_usage, status_of, turn_messages
 from deployments.api.responses.protocol import ImagePart, MessageItem, ResponsesRequest
@@ -55,46 +56,79 @@ class ResponsesAPI:
             return response_object(req, response_id, created, model_id, status_of(choice["finish_reason"]), output,
                                    response_usage(completion["usage"]))
 
-        async def save(response: dict) -> None:
-            await self._save(req, owner, response, history)
-
         if not req.background:
             response = await answer()
-            await save(response)
+            await self._save(req, owner, response, history)
             return response
         queued = response_object(req, response_id, created, model_id, "queued", [])
-        await self.store.save(owner, queued, history + req.input_messages(), req.input_items())
-        await self.background.start(owner, response_id, answer, save)
+        await self._queue(req, owner, queued, history, answer)
         return queued
 
     async def stream(self, req: ResponsesRequest, model: ModelClient, model_id: str,
                      owner: str | None) -> AsyncIterator[dict]:
         """The events (dicts, framed at the edge); an error before the model's first chunk raises before the
-        first event."""
+        first event. A background one's are kept, to be read again (`background_stream.py`)."""
+        if req.background:
+            self.background.check_room(owner)
         history, chat = await self._prepare(req, owner)
         events = ResponseEvents(req, new_id("resp_"), model_id)
-        started = False
-        async for chunk in model.chat_stream(chat, owner):
-            if not started:
-                started = True
-                for event in events.start():
-                    yield event
-            if isinstance(chunk, StreamError):
-                for event in events.fail(chunk.body()["error"]):
-                    yield event
-                return
-            for event in events.feed(chunk):
+        if req.background:
+            live = BackgroundStream(events, self.store, owner)
+
+            async def turn() -> dict:
+                async for event in self._reply(model, chat, owner, events, live.started):
+                    live.add(event)
+                return events.final()
+
+            await self._queue(req, owner, events.response("queued"), history, turn, live)
+            async for event in live.follow(-1):
                 yield event
-        for event in events.close():
-            yield event
-        response = events.final()
+            return
         try:
+            async for event in self._reply(model, chat, owner, events, events.start):
+                yield event
+            response = events.final()
             await self._save(req, owner, response, history)
         except OpenAIError as e:
+            if not events.sequence:  # before the first event: answered with its status
+                raise
             for event in events.fail(e.body()["error"]):
                 yield event
             return
         yield events.event("response.completed", response=response)
+
+    async def follow(self, response_id: str, owner: str | None, starting_after: int | None) -> AsyncIterator[dict]:
+        """A background stream's events, from the first or after `starting_after`."""
+        if starting_after is not None and starting_after < 0:
+            raise OpenAIError(400, "starting_after: must be a sequence number (0 or more)", "starting_after")
+        return await self.background.follow(owner, response_id, -1 if starting_after is None else starting_after)
+
+    async def _reply(self, model: ModelClient, chat: ChatCompletionRequest, owner: str | None,
+                     events: ResponseEvents, opening: Callable[[], list[dict]]) -> AsyncIterator[dict]:
+        """The events of the model's reply: `opening()` once its first chunk comes, then its items' (a stream
+        error raises)."""
+        started = False
+        async for chunk in model.chat_stream(chat, owner):
+            if isinstance(chunk, StreamError):
+                raise OpenAIError(chunk.status, chunk.message, chunk.param)
+            if not started:
+                started = True
+                for event in opening():
+                    yield event
+            for event in events.feed(chunk):
+                yield event
+        for event in events.close():
+            yield event
+
+    async def _queue(self, req: ResponsesRequest, owner: str | None, queued: dict, history: list[dict],
+                     turn: Callable[[], Awaitable[dict]], stream: BackgroundStream | None = None) -> None:
+        """Store the queued response and run its turn in the background."""
+        await self.store.save(owner, queued, history + req.input_messages(), req.input_items())
+
+        async def save(response: dict) -> None:
+            await self._save(req, owner, response, history)
+
+        await self.background.start(owner, queued["id"], turn, save, stream)
 
     async def retrieve(self, response_id: str, owner: str | None) -> dict:
         return await self.background.current(owner, await self.store.load(owner, response_id))

@@ -207,11 +207,9 @@ class ResponsesRequest(SamplingFields):
 
     @field_validator("background")
     @classmethod
-    def _background_is_stored_and_polled(cls, v, info: ValidationInfo):
+    def _background_is_stored(cls, v, info: ValidationInfo):
         if v and not info.data.get("store", True):
             raise ValueError("a background response is stored (store: true), to be read back")
-        if v and info.data.get("stream"):
-            raise ValueError("a background response is read back (GET /v1/responses/{id}), not streamed")
         return v
 
     @property

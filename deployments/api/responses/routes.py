@@ -2,6 +2,7 @@
 and deleted."""
 
 from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
 
 from deployments.api.ids import path_id
 from deployments.api.responses.protocol import ResponsesRequest
@@ -24,8 +25,14 @@ async def create_response(request: Request, front: OpenAIFront = Front):
 
 
 @router.get("/v1/responses/{response_id}")
-async def get_response(response_id: str, request: Request, front: OpenAIFront = Front):
-    return await front.responses.retrieve(path_id("response", response_id), front.auth.owner(request))
+async def get_response(response_id: str, request: Request, stream: bool = False, starting_after: int | None = None,
+                       front: OpenAIFront = Front):
+    """The stored response; with `stream`, a background stream's events again (after `starting_after`)."""
+    response_id, owner = path_id("response", response_id), front.auth.owner(request)
+    if not stream:
+        return await front.responses.retrieve(response_id, owner)
+    events = await front.responses.follow(response_id, owner, starting_after)
+    return StreamingResponse(event_stream(events), media_type="text/event-stream")
 
 
 @router.get("/v1/responses/{response_id}/input_items")

@@ -69,6 +69,39 @@ class ResponseStore:
         except StoreError as e:
             raise OpenAIError(503, f"stored responses are unreachable: {e}") from e
 
+    async def put_events(self, owner: str | None, response_id: str, first: int, events: list[dict],
+                         ended: bool) -> None:
+        """A chunk of a background stream's events, numbered from `first` (background_stream.py)."""
+        key = f"{self._events_prefix(owner, response_id)}{first:08d}.json"
+        try:
+            await asyncio.to_thread(self.store.put, key, json.dumps({"events": events, "ended": ended}).encode())
+        except StoreError as e:
+            raise OpenAIError(503, f"stored responses are unreachable: {e}") from e
+
+    async def events(self, owner: str | None, response_id: str, after: int) -> tuple[list[dict], bool]:
+        """A background stream's stored events numbered after `after`, and whether it has ended."""
+        prefix = self._events_prefix(owner, response_id)
+        try:
+            keys = await asyncio.to_thread(self.store.list, prefix)
+            firsts = [int(k[len(prefix):].removesuffix(".json")) for k in keys]
+            start = max([i for i, first in enumerate(firsts) if first <= after + 1], default=0)  # holds after + 1
+            chunks = [await asyncio.to_thread(self.store.get_json, k) for k in keys[start:]]
+        except StoreError as e:
+            raise OpenAIError(503, f"stored responses are unreachable: {e}") from e
+        events = [e for chunk in chunks for e in chunk["events"] if e["sequence_number"] > after]
+        return events, bool(chunks) and chunks[-1]["ended"]
+
+    async def has_events(self, owner: str | None, response_id: str) -> bool:
+        """Whether the response was made as a background stream (its first chunk is written as it is queued)."""
+        first = f"{self._events_prefix(owner, response_id)}{0:08d}.json"
+        try:
+            return await asyncio.to_thread(self.store.size, first) is not None
+        except StoreError as e:
+            raise OpenAIError(503, f"stored responses are unreachable: {e}") from e
+
+    def _events_prefix(self, owner: str | None, response_id: str) -> str:
+        return f"response-events/{self._key(owner, response_id).removesuffix('.json')}/"
+
     def _measure(self, owner: str | None) -> tuple[int, int]:
         sizes = self.store.sizes(f"responses/{owner or 'public'}/")
         return len(sizes), sum(sizes.values())
@@ -91,6 +124,8 @@ class ResponseStore:
                 raise _not_found(response_id)
             await asyncio.to_thread(self.store.delete, key)
             await asyncio.to_thread(self.store.delete, f"response-stamps/{key}")
+            events = await asyncio.to_thread(self.store.list, self._events_prefix(owner, response_id))
+            await asyncio.to_thread(self.store.delete_many, events)
             self.usage.add(owner, -1, -size)
         except StoreError as e:
             raise OpenAIError(503, f"stored responses are unreachable: {e}") from e

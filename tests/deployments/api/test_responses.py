@@ -1,7 +1,8 @@
 """/v1/responses through the `openai` SDK: the same tokens as the chat route for the same conversation, every
 reply and streamed event valid under the SDK's own types (strictly), reasoning and function-call items,
 stored responses continued with `previous_response_id` (on another app that shares the storage, too),
-retrieved and deleted; background responses polled, cancelled, and read as failed once no replica runs them."""
+retrieved and deleted; background responses polled, cancelled, and read as failed once no replica runs them; their
+streams read again from any event, ended by a cancel, outliving their reader."""
 
 import json
 import time
@@ -12,6 +13,7 @@ import requests
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from testing.helpers import wait_until
 from tests.conftest import MODEL_ID, another_app, app_args
 from tests.deployments.api.test_reasoning_and_tools import CALL, THOUGHT, WEATHER_TOOL, forced
 
@@ -30,6 +32,13 @@ def create(server, **body) -> dict:
 def stream(server, **body) -> list[dict]:
     """A streamed response's events as raw JSON, each checked against the SDK's event types strictly."""
     r = requests.post(f"{server.base_url}/v1/responses", json={"model": MODEL_ID, "stream": True, **body}, stream=True)
+    events = events_of(r)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    return events
+
+
+def events_of(r: requests.Response) -> list[dict]:
+    """An event stream's events, named by their types and valid under the SDK's types."""
     assert r.status_code == 200, r.text
     events, names = [], []
     for block in r.text.split("\n\n"):
@@ -38,7 +47,6 @@ def stream(server, **body) -> list[dict]:
             names.append(name.removeprefix("event: "))
             events.append(json.loads(data.removeprefix("data: ")))
     assert names == [e["type"] for e in events]
-    assert [e["sequence_number"] for e in events] == list(range(len(events)))
     for event in events:
         EVENTS.validate_python(event)
     return events
@@ -171,7 +179,6 @@ def test_a_conversation_continues_on_another_app_sharing_the_storage(server, cli
     ({"input": [{"type": "input_image", "image_url": "http://x"}]}, "input"),
     ({"input": "x", "tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}}, "tool_choice"),
     ({"input": "x", "background": True, "store": False}, "background"),
-    ({"input": "x", "background": True, "stream": True}, "background"),
     ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format.type"),
     ({"input": "x", "tool_choice": "required"}, None),
@@ -283,8 +290,6 @@ def test_namespaced_tools_are_flattened_and_hosted_tools_dropped(server):
 
 def _settled(client, response_id: str):
     """The background response once it has left queued and in_progress."""
-    from testing.helpers import wait_until
-
     return wait_until(lambda: (r := client.responses.retrieve(response_id)).status not in ("queued", "in_progress")
                       and r, timeout=60, every=0.1)
 
@@ -307,8 +312,6 @@ def test_a_background_response_is_polled_to_the_same_reply(server, client):
 def test_a_background_response_is_cancelled(server, client):
     running = client.responses.create(model=MODEL_ID, input="A long story, please.", max_output_tokens=400,
                                       background=True, extra_body={"ignore_eos": True})
-    from testing.helpers import wait_until
-
     wait_until(lambda: client.responses.retrieve(running.id).status == "in_progress", timeout=30, every=0.05)
     cancelled = client.responses.cancel(running.id)
     assert cancelled.status == "cancelled" and client.responses.cancel(running.id).status == "cancelled"
@@ -334,3 +337,58 @@ def test_a_background_response_no_replica_runs_reads_as_failed(server, client):
     lost = client.responses.retrieve(response.id)
     assert lost.status == "failed" and lost.error.code == "server_error" and "stopped" in lost.error.message
     assert client.responses.retrieve(response.id).status == "failed"
+
+
+def replay(server, response_id: str, **params) -> requests.Response:
+    return requests.get(f"{server.base_url}/v1/responses/{response_id}", params={"stream": "true", **params},
+                        stream=True)
+
+
+def test_a_background_stream_is_read_again_from_any_event(server, client):
+    reference = client.responses.create(model=MODEL_ID, input="Tell me about Rome.", max_output_tokens=6,
+                                        temperature=0)
+    events = stream(server, input="Tell me about Rome.", max_output_tokens=6, temperature=0, background=True)
+    kinds = [e["type"] for e in events]
+    assert kinds[:3] == ["response.created", "response.queued", "response.in_progress"]
+    assert kinds[-1] == "response.completed" and kinds.count("response.output_text.delta") >= 1
+    assert events[0]["response"]["status"] == "queued" and events[0]["response"]["background"] is True
+    done = events[-1]["response"]
+    assert done["status"] == "incomplete" and done["output"][0]["content"][0]["text"] == reference.output_text
+    assert requests.get(f"{server.base_url}/v1/responses/{done['id']}").json() == done
+    assert events_of(replay(server, done["id"])) == events  # from the store: its turn has ended
+    assert events_of(replay(server, done["id"], starting_after=4)) == events[5:]
+    with client.responses.stream(response_id=done["id"], starting_after=4) as resumed:
+        assert [e.sequence_number for e in resumed] == list(range(5, len(events)))
+        assert resumed.get_final_response().output_text == reference.output_text
+    foreground = client.responses.create(model=MODEL_ID, input="hi", max_output_tokens=1)
+    polled = client.responses.create(model=MODEL_ID, input="hi", max_output_tokens=1, background=True)
+    for response_id, params, status, param in ((foreground.id, {}, 400, "stream"), (polled.id, {}, 400, "stream"),
+                                               (done["id"], {"starting_after": -1}, 400, "starting_after"),
+                                               ("resp_" + "0" * 32, {}, 404, None)):
+        r = replay(server, response_id, **params)
+        assert r.status_code == status and r.json()["error"]["param"] == param, r.text
+    _settled(client, polled.id)
+
+
+def test_a_background_stream_outlives_its_reader_and_ends_when_cancelled(server, client):
+    body = {"model": MODEL_ID, "stream": True, "background": True, "input": "A story.", "temperature": 0}
+    with requests.post(f"{server.base_url}/v1/responses", json={**body, "max_output_tokens": 12}, stream=True) as r:
+        lines = r.iter_lines()
+        assert next(lines) == b"event: response.created"
+        response_id = json.loads(next(lines).removeprefix(b"data: "))["response"]["id"]
+    done = _settled(client, response_id)  # its reader left after the first event
+    assert done.status == "incomplete" and done.usage.output_tokens == 12
+    assert events_of(replay(server, response_id))[-1]["response"]["usage"]["output_tokens"] == 12
+
+    long = {**body, "max_output_tokens": 400, "ignore_eos": True}
+    with requests.post(f"{server.base_url}/v1/responses", json=long, stream=True) as r:
+        lines = (line for line in r.iter_lines() if line.startswith(b"data: "))
+        seen = []
+        while not seen or seen[-1]["type"] != "response.output_text.delta":
+            seen.append(json.loads(next(lines).removeprefix(b"data: ")))
+        assert client.responses.cancel(seen[0]["response"]["id"]).status == "cancelled"
+        seen += [json.loads(line.removeprefix(b"data: ")) for line in lines]
+    assert seen[-1] == {"type": "error", "sequence_number": len(seen) - 1, "code": "response_cancelled",
+                        "message": "the response was cancelled", "param": None}
+    wait_until(lambda: server.engine_stats()["num_requests"] == 0, timeout=30)  # the engine stopped the turn
+    assert events_of(replay(server, seen[0]["response"]["id"])) == seen
