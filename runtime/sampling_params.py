@@ -12,6 +12,7 @@ from runtime.text.grammar import Constraint
 # text, not the stop, but each stop is preprocessed and up to its length is held back from a stream: 1,024
 # characters is far past any real stop (an end-of-turn tag, a role marker) and keeps both small.
 MAX_STOP_CHARS = 1024
+MAX_PIN_TTL_S = 3600.0  # Anthropic's longest cache TTL
 
 
 @dataclass
@@ -42,6 +43,10 @@ class SamplingParams:
     structured_output: Constraint | None = None  # JSON schema, regex or EBNF the output must match
     # vLLM's: starts its prefix's hash chain, so only requests of the same salt share KV blocks (a tenant's)
     cache_salt: str | None = None
+    # keep the prompt's first this many tokens' whole KV blocks in the prefix cache in preference, for pin_ttl_s
+    # seconds after the request (a client's cache mark: Anthropic's cache_control); bounded per owner
+    pin_prefix_tokens: int = 0
+    pin_ttl_s: float = 300.0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -82,6 +87,9 @@ class SamplingParams:
                f"must be in [0, 20], got {self.prompt_logprobs}")
         require(math.isfinite(self.prompt_logprobs_temperature) and self.prompt_logprobs_temperature > 0,
                 "prompt_logprobs_temperature", f"must be positive, got {self.prompt_logprobs_temperature}")
+        require(self.pin_prefix_tokens >= 0, "pin_prefix_tokens", f"must be non-negative, got {self.pin_prefix_tokens}")
+        require(0 < self.pin_ttl_s <= MAX_PIN_TTL_S, "pin_ttl_s",
+                f"must be in (0, {MAX_PIN_TTL_S:g}] seconds, got {self.pin_ttl_s}")
 
     @property
     def greedy(self) -> bool:

@@ -95,6 +95,10 @@ class SamplingFields(RequestModel):
     skip_special_tokens: bool = True
     # vLLM's: only requests of the same salt share cached prefixes (the app may salt every request by its API key)
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
+    # ours: keep the prompt's first this many tokens cached in preference for pin_ttl_s seconds (the Anthropic
+    # route sets them from its cache_control marks); bounded per API key
+    pin_prefix_tokens: int = Field(0, ge=0)
+    pin_ttl_s: float = Field(300.0, gt=0, le=3600)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -186,6 +190,8 @@ class SamplingFields(RequestModel):
             structured_output=structured_output,
             prompt_logprobs_temperature=self.prompt_logprobs_temperature or 1.0,
             cache_salt=self.cache_salt,
+            pin_prefix_tokens=self.pin_prefix_tokens,
+            pin_ttl_s=self.pin_ttl_s,
             **extra,
         )
 

@@ -3,9 +3,10 @@
 Blocks are reference counted. A full block is identified by a hash that chains
 its parent's hash with its own token ids, so equal hashes mean equal prefixes
 (a hit is still confirmed against the stored token ids). A block whose last
-user finished keeps its hash and waits in an LRU of free blocks, where a later
-request can hit it until it is evicted by a fresh allocation. Every operation
-costs O(1) per block: a dict lookup, an OrderedDict move or pop.
+user finished keeps its hash and waits among the free blocks (an LRU, and those a
+request pinned: `runtime.core.free_blocks`), where a later request can hit it until
+it is evicted by a fresh allocation. Every operation costs O(1) per block (a dict
+lookup, an OrderedDict move or pop), a pinned one's O(log n).
 
 With an offload tier (`runtime.core.kv_tier`), a hashed block that an allocation evicts is copied there
 first, and a prefix lookup continues in the tier where the pool misses: such a hit takes a fresh block, filled
@@ -18,9 +19,9 @@ their place so positions still map to their block index.
 """
 
 from array import array
-from collections import OrderedDict
 from hashlib import blake2b
 
+from runtime.core.free_blocks import FreeBlocks
 from runtime.core.kv_tier import KVMove, TierHit, TierIndex
 from runtime.core.sequence import Sequence
 from runtime.multimodal.inputs import ImageInput, image_hashes_in
@@ -50,7 +51,7 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.tier = tier if enable_prefix_caching and share_prefixes else None
         self.blocks = [Block(i) for i in range(num_blocks)]
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # oldest first
+        self._free = FreeBlocks(num_blocks)
         self._cached: dict[int, int] = {}  # block hash -> block id
         # starts every hash chain: the same in every replica holding the same weights (runtime.models.weights_identity)
         self.weights_version = weights_version
@@ -64,6 +65,10 @@ class BlockManager:
     @property
     def num_free_blocks(self) -> int:
         return len(self._free)
+
+    @property
+    def num_pinned_blocks(self) -> int:
+        return self._free.num_pinned
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -104,7 +109,7 @@ class BlockManager:
                 continue
             block = self.blocks[block_id]
             if block.ref_count == 0:
-                del self._free[block_id]
+                self._free.take(block_id)
             block.ref_count += 1
         tier_hits = [hit for hit in hits if isinstance(hit, TierHit)]
         if tier_hits:
@@ -166,11 +171,17 @@ class BlockManager:
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
-                self._free[block_id] = None
-                self._free.move_to_end(block_id, last=False)
+                self._free.release(block_id, front=True)
 
     def free(self, seq: Sequence) -> None:
-        """Release `seq`'s blocks, tail first so that shared heads are evicted last."""
+        """Release `seq`'s blocks, tail first so that shared heads are evicted last. The whole blocks of the prompt
+        prefix its request pins (`SamplingParams.pin_prefix_tokens`) are kept in preference for the pin's time."""
+        params = seq.params
+        if params.pin_prefix_tokens and self.enable_prefix_caching:
+            pinned = min(params.pin_prefix_tokens // self.block_size, seq.num_committed_blocks)
+            for block_id in reversed(seq.block_table[:pinned]):  # tail first: over the cap, tails go first
+                if block_id != FREED:
+                    self._free.pin(block_id, seq.request.owner, params.pin_ttl_s)
         for block_id in reversed(seq.block_table):
             if block_id != FREED:
                 self._release(block_id)
@@ -198,6 +209,7 @@ class BlockManager:
         for block in self.blocks:
             block.hash = block.token_ids = None
         self._cached.clear()
+        self._free.unpin_all()
         self.hit_tokens = self.queried_tokens = 0
         if self.tier is not None:
             self.tier.clear()
@@ -213,6 +225,7 @@ class BlockManager:
         for block in self.blocks:
             block.hash = block.token_ids = None
         self._cached.clear()
+        self._free.unpin_all()
         if self.tier is not None:
             self.tier.clear()
 
@@ -224,7 +237,7 @@ class BlockManager:
         if block.ref_count < 0:
             raise AssertionError(f"block {block_id} freed twice")
         if block.ref_count == 0:
-            self._free[block_id] = None
+            self._free.release(block_id)
 
     def _free_before_window(self, seq: Sequence) -> None:
         """Free the blocks wholly before the window of the coming step's first query (position
@@ -238,7 +251,7 @@ class BlockManager:
             seq.block_table[index] = FREED
 
     def _take_free(self) -> int:
-        block_id, _ = self._free.popitem(last=False)
+        block_id = self._free.pop()
         block = self.blocks[block_id]
         if block.hash is not None and self._cached.get(block.hash) == block_id:
             del self._cached[block.hash]

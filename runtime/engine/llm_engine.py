@@ -385,7 +385,7 @@ class LLMEngine(EngineLifecycle):
             "num_waiting": self.scheduler.num_waiting,
             "num_requests": len(self.requests),
             "num_blocks": bm.num_blocks,
-            "num_free_blocks": bm.num_free_blocks,
+            "num_free_blocks": bm.num_free_blocks, "num_pinned_blocks": bm.num_pinned_blocks,
             "num_preemptions": self.scheduler.num_preemptions,
             "prefix_cache_hit_tokens": bm.hit_tokens,
             "prefix_cache_queried_tokens": bm.queried_tokens,

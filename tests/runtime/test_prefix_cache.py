@@ -86,3 +86,22 @@ def test_requests_of_another_cache_salt_never_share_a_prefix(qwen2_model):
     tokens, _ = run("tenant-a")
     assert run("tenant-b") == (tokens, 0) and run(None) == (tokens, 0)
     assert run("tenant-a") == run("tenant-b") == (tokens, 96)
+
+
+def test_a_pinned_prefix_outlives_the_pressure_that_evicts_an_unpinned_one(qwen2_model):
+    # 40 blocks: a 200-token prompt and its 12 tokens take 14; three others after it evict it, unless pinned (an
+    # owner pins at most a quarter of the pool: 10 of its 12 full blocks)
+    llm = LLM(str(qwen2_model), dtype="float32", max_model_len=256, kv_cache_bytes=kv_cache_bytes(qwen2_model, 40))
+    prompts = [[(11 * i + j) % 500 + 3 for j in range(200)] for i in range(8)]
+    pinned = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, pin_prefix_tokens=200, pin_ttl_s=60)
+    hits = {}
+    for name, first, params in (("unpinned", 0, GREEDY), ("pinned", 4, pinned)):
+        alone = llm.generate([prompts[first]], params)[0]
+        for other in prompts[first + 1:first + 4]:
+            llm.generate([other], GREEDY)
+        again = llm.generate([prompts[first]], params)[0]
+        assert again.outputs[0].token_ids == alone.outputs[0].token_ids  # a hit or not, the same tokens
+        hits[name] = again.num_cached_tokens
+    assert hits == {"unpinned": 0, "pinned": 160}
+    stats = llm.engine.stats()
+    assert stats["num_free_blocks"] == stats["num_blocks"]

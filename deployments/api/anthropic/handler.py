@@ -73,7 +73,8 @@ def usage(chat_usage: dict | None, breakpoint: int = 0) -> dict:
 
 async def cache_breakpoint(req: CountTokensRequest, chat, model: ModelClient) -> int:
     """The prompt's tokens up to its last `cache_control` mark; 0 without marks, or where the chat template
-    cannot render the cut conversation alone (the accounting then counts nothing as written)."""
+    cannot render the cut conversation alone (the accounting then counts nothing as written). The chat request
+    pins them, for the marks' TTL: the pool keeps their blocks in preference (`runtime/core/free_blocks.py`)."""
     messages = req.cached_prefix_messages()
     if messages is None:
         return 0
@@ -83,6 +84,7 @@ async def cache_breakpoint(req: CountTokensRequest, chat, model: ModelClient) ->
                                                        add_generation_prompt=False))
     except OpenAIError:
         return 0
+    chat.pin_prefix_tokens, chat.pin_ttl_s = counted["count"], req.cache_ttl_s()
     return counted["count"]
 
 

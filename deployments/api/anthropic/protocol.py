@@ -212,6 +212,15 @@ class CountTokensRequest(RequestModel):
             return [{"role": "system", "content": self.system_text() or ""}]
         return None
 
+    def cache_ttl_s(self) -> float:
+        """How long the prefix up to the last mark stays cached in preference: an hour when a mark says `1h`,
+        else five minutes (Anthropic's default)."""
+        system = self.system if isinstance(self.system, list) else []
+        blocks = [*(self.tools or []), *system, *(b for m in self.messages if isinstance(m.content, list)
+                                                 for b in m.content)]
+        marks = [getattr(b, "cache_control", None) for b in blocks]
+        return 3600.0 if any(m is not None and m.ttl == "1h" for m in marks) else 300.0
+
     def to_chat(self) -> ChatCompletionRequest:
         messages = self.chat_messages()
         prefill = messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls")

@@ -203,6 +203,33 @@ def test_cache_control_marks_what_is_written_and_the_next_turn_reads_it(server, 
         assert (usage.cache_read_input_tokens, usage.cache_creation_input_tokens) == (read, max(0, marked - read))
         assert usage.input_tokens + read + usage.cache_creation_input_tokens == len(prompt)
         earlier.append(prompt)
+    assert server.engine_stats()["num_pinned_blocks"] >= marked // block  # kept in preference for five minutes
     unmarked = claude.messages.create(model=MODEL_ID, max_tokens=2, system=text,
                                       messages=[{"role": "user", "content": "No marks?"}]).usage
     assert unmarked.cache_creation_input_tokens == 0 and unmarked.cache_read_input_tokens > 0
+
+
+def test_cache_control_pins_the_marked_prefix_for_the_marks_ttl():
+    """The chat request of a marked Messages request pins the prompt's tokens up to the last mark, for an hour
+    when a mark says so, else five minutes; an unmarked one pins nothing."""
+    import asyncio
+
+    from deployments.api.anthropic.handler import cache_breakpoint, chat_request
+    from deployments.api.anthropic.protocol import MessagesRequest
+
+    class Counted:  # the model's /tokenize: the marked prefix's token count
+        async def tokenize(self, req):
+            return {"count": 40 + len(req.messages)}
+
+    def pinned(system, tools=None) -> tuple[int, float]:
+        req = MessagesRequest.model_validate({"model": MODEL_ID, "max_tokens": 2, "system": system, "tools": tools,
+                                              "messages": [{"role": "user", "content": "hi"}]})
+        chat = chat_request(req)
+        asyncio.run(cache_breakpoint(req, chat, Counted()))
+        return chat.pin_prefix_tokens, chat.pin_ttl_s
+
+    block = {"type": "text", "text": "Be brief."}
+    tool = {"name": "t", "input_schema": {"type": "object"}}
+    assert pinned([{**block, "cache_control": {"type": "ephemeral"}}]) == (41, 300)
+    assert pinned([block], [{**tool, "cache_control": {"type": "ephemeral", "ttl": "1h"}}]) == (41, 3600)
+    assert pinned([block], [tool]) == (0, 300)

@@ -68,5 +68,6 @@ def test_a_stored_stream_its_replica_left_unended_ends_from_the_record(tmp_path)
 
     assert asyncio.run(main()) == [
         delta(0), delta(1),
-        {"type": "error", "sequence_number": 2, "code": "server_error", "message": "its replica stopped", "param": None},
+        {"type": "error", "sequence_number": 2, "code": "server_error", "message": "its replica stopped",
+         "param": None},
         {"type": "response.failed", "sequence_number": 3, "response": failed}]

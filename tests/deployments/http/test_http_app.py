@@ -279,6 +279,17 @@ def test_a_reply_body_too_large_to_build_whole_must_be_streamed(tmp_path, stream
         assert "stream it" in reply.json()["error"]["message"]
 
 
+def test_a_chat_pins_its_prefix_within_bounds(tmp_path):
+    """`pin_prefix_tokens` and `pin_ttl_s` reach the model; a TTL past an hour, or a negative count, is a 400."""
+    model = ScriptedModel([])
+    client = serve_in_process(model, tmp_path)
+    assert client.post("/v1/chat/completions", json={**CHAT, "pin_prefix_tokens": 64, "pin_ttl_s": 60}).is_success
+    assert (model.requests[0].pin_prefix_tokens, model.requests[0].pin_ttl_s) == (64, 60)
+    for field, value in (("pin_ttl_s", 3601), ("pin_ttl_s", 0), ("pin_prefix_tokens", -1)):
+        r = client.post("/v1/chat/completions", json={**CHAT, field: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+
+
 @pytest.mark.parametrize("by_key", [True, False])
 def test_each_keys_requests_carry_its_cache_salt(tmp_path, by_key):
     """With API keys, chat, Anthropic Messages and Responses requests reach the model salted by their key (the
