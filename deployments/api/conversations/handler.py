@@ -23,7 +23,9 @@ class ConversationsAPI:
     async def create(self, body: ConversationCreate, owner: str | None) -> dict:
         conversation = {"id": new_id("conv_"), "object": "conversation", "created_at": now(),
                         "metadata": body.metadata or {}}
-        await self.store.save(owner, {"conversation": conversation, "items": stored_items(body.items or [])})
+        await self.store.save(owner, conversation)
+        if body.items:
+            await self.store.add(owner, conversation["id"], stored_items(body.items))
         return conversation
 
     async def retrieve(self, conversation_id: str, owner: str | None) -> dict:
@@ -32,7 +34,7 @@ class ConversationsAPI:
     async def update(self, conversation_id: str, body: ConversationUpdate, owner: str | None) -> dict:
         record = await self.store.load(owner, conversation_id)
         record["conversation"]["metadata"] = body.metadata
-        await self.store.save(owner, record)
+        await self.store.save(owner, record["conversation"])
         return record["conversation"]
 
     async def delete(self, conversation_id: str, owner: str | None) -> dict:
@@ -56,11 +58,9 @@ class ConversationsAPI:
 
     async def delete_item(self, conversation_id: str, item_id: str, owner: str | None) -> dict:
         record = await self.store.load(owner, conversation_id)
-        kept = [i for i in record["items"] if i["id"] != item_id]
-        if len(kept) == len(record["items"]):
+        if all(i["id"] != item_id for i in record["items"]):
             _item_not_found(item_id)
-        record["items"] = kept
-        await self.store.save(owner, record)
+        await self.store.delete_item(owner, conversation_id, item_id)
         return record["conversation"]
 
     async def history(self, req: ResponsesRequest, owner: str | None) -> list[dict]:
@@ -69,9 +69,7 @@ class ConversationsAPI:
         return history_of(record["items"], req)
 
     async def append(self, conversation_id: str, owner: str | None, items: list[dict]) -> None:
-        record = await self.store.load(owner, conversation_id)
-        record["items"] += items
-        await self.store.save(owner, record)
+        await self.store.add(owner, conversation_id, items)
 
 
 def _item_not_found(item_id: str):

@@ -1,13 +1,18 @@
 """Stored conversations: each one's object (id, created_at, metadata) and its items, in the app's object store.
 
-Kept under `conversations/<owner>/<id>.json` (owner: the API key's digest, or `public` with auth off), beside
-the stored responses, so a conversation continues on any replica and after a restart, and one key never sees
-another's. Two responses that continue one conversation at the same time each append their turn to what they
-read: the later write wins (as a client that keeps its own history would see it, one turn is lost).
+The object is kept under `conversations/<owner>/<id>.json` (owner: the API key's digest, or `public` with auth
+off), beside the stored responses, so a conversation continues on any replica and after a restart, and one key
+never sees another's. Its items are a log that is only ever added to: each change (items added, one deleted) is an
+object of its own under `conversation-items/<owner>/<id>/`, named by the writer's clock and a random tail, read in
+name order. Two responses that continue one conversation at the same time, on any replicas, both keep their turn;
+no write replaces another's.
 """
 
 import asyncio
+import json
 import re
+import secrets
+import time
 
 from deployments.errors import OpenAIError
 from deployments.storage import MissingObjectError, ObjectStore, StoreError
@@ -21,19 +26,35 @@ class ConversationStore:
 
     async def load(self, owner: str | None, conversation_id: str, param: str | None = None) -> dict:
         """`{"conversation", "items"}`; a conversation this owner did not create is not found."""
+        key = self._key(owner, conversation_id, param)
         try:
-            return await asyncio.to_thread(self.store.get_json, self._key(owner, conversation_id, param))
+            record = await asyncio.to_thread(self.store.get_json, key)
+            changes = await asyncio.to_thread(self._changes, self._items_prefix(owner, conversation_id))
         except MissingObjectError:
             raise not_found(conversation_id, param) from None
         except StoreError as e:
             raise OpenAIError(503, f"stored conversations are unreachable: {e}") from e
+        items = record.get("items", [])  # kept in the object itself before the log
+        for change in changes:
+            if "deleted" in change:
+                items = [i for i in items if i["id"] != change["deleted"]]
+            else:
+                items += change["items"]
+        return {"conversation": record["conversation"], "items": items}
 
-    async def save(self, owner: str | None, record: dict) -> None:
-        key = self._key(owner, record["conversation"]["id"])
+    async def save(self, owner: str | None, conversation: dict) -> None:
+        """The conversation's object (its items are kept apart: `add`)."""
+        key = self._key(owner, conversation["id"])
         try:
-            await asyncio.to_thread(self.store.put_json, key, record)
+            await asyncio.to_thread(self.store.put_json, key, {"conversation": conversation})
         except StoreError as e:
             raise OpenAIError(503, f"the conversation could not be stored ({e}); retry") from e
+
+    async def add(self, owner: str | None, conversation_id: str, items: list[dict]) -> None:
+        await self._log(owner, conversation_id, {"items": items})
+
+    async def delete_item(self, owner: str | None, conversation_id: str, item_id: str) -> None:
+        await self._log(owner, conversation_id, {"deleted": item_id})
 
     async def delete(self, owner: str | None, conversation_id: str) -> None:
         key = self._key(owner, conversation_id)
@@ -41,8 +62,30 @@ class ConversationStore:
             if await asyncio.to_thread(self.store.size, key) is None:
                 raise not_found(conversation_id)
             await asyncio.to_thread(self.store.delete, key)
+            changes = await asyncio.to_thread(self.store.list, self._items_prefix(owner, conversation_id))
+            await asyncio.to_thread(self.store.delete_many, changes)
         except StoreError as e:
             raise OpenAIError(503, f"stored conversations are unreachable: {e}") from e
+
+    async def _log(self, owner: str | None, conversation_id: str, change: dict) -> None:
+        """Add `change` to the item log of a conversation that exists."""
+        name = f"{time.time_ns():020d}-{secrets.token_hex(4)}.json"
+        try:
+            if await asyncio.to_thread(self.store.size, self._key(owner, conversation_id)) is None:
+                raise not_found(conversation_id)
+            await asyncio.to_thread(self.store.put, self._items_prefix(owner, conversation_id) + name,
+                                    json.dumps(change).encode() + b"\n")
+        except StoreError as e:
+            raise OpenAIError(503, f"the conversation could not be stored ({e}); retry") from e
+
+    def _changes(self, prefix: str) -> list[dict]:
+        """The item log's changes, oldest first (one JSON line each)."""
+        data = b"".join(self.store.iter_concatenated(self.store.list(prefix)))
+        return [json.loads(line) for line in data.splitlines() if line]
+
+    def _items_prefix(self, owner: str | None, conversation_id: str) -> str:
+        key = self._key(owner, conversation_id)
+        return "conversation-items/" + key.removeprefix("conversations/").removesuffix(".json") + "/"
 
     @staticmethod
     def _key(owner: str | None, conversation_id: str, param: str | None = None) -> str:

@@ -1,6 +1,7 @@
 """OpenAI's Conversations API through the `openai` SDK: a conversation created with items, read, changed, its
 items listed, added, read and deleted, then deleted; a Responses turn that names it runs on its items (the same
-tokens as the chat of the same messages) and adds its own; errors in OpenAI's shape."""
+tokens as the chat of the same messages) and adds its own; errors in OpenAI's shape; turns added at once from two
+replicas all kept."""
 
 import openai
 import pytest
@@ -70,3 +71,32 @@ def test_bad_requests(client):
         client.conversations.items.create(conversation.id, items=[_user(str(i)) for i in range(21)])
     with pytest.raises(openai.BadRequestError):
         client.conversations.items.create(conversation.id, items=[{"type": "shell_call"}])
+
+
+def test_turns_added_at_once_from_two_replicas_are_all_kept(tmp_path):
+    """Each change to a conversation's items is an object of its own: two replicas (two APIs on one storage)
+    adding turns at the same time lose none; a conversation stored before the item log (items in its object)
+    reads as it was, with the log's changes after."""
+    import asyncio
+    import json
+
+    from deployments.api.conversations.handler import ConversationsAPI
+    from deployments.api.conversations.protocol import ConversationCreate
+    from deployments.api.conversations.store import ConversationStore
+    from deployments.storage import LocalStore
+
+    a, b = (ConversationsAPI(ConversationStore(LocalStore(str(tmp_path)))) for _ in range(2))
+
+    async def main() -> list[str]:
+        conversation = await a.create(ConversationCreate(), None)
+        await asyncio.gather(*(api.append(conversation["id"], None, [{"id": f"msg_{i}"}])
+                               for i, api in enumerate([a, b] * 8)))
+        return [i["id"] for i in (await b.store.load(None, conversation["id"]))["items"]]
+
+    assert sorted(asyncio.run(main())) == sorted(f"msg_{i}" for i in range(16))
+    legacy = "conv_" + "1" * 32
+    (tmp_path / "conversations" / "public" / f"{legacy}.json").write_text(json.dumps({
+        "conversation": {"id": legacy, "object": "conversation", "created_at": 1, "metadata": {}},
+        "items": [{"id": "msg_old"}]}))
+    asyncio.run(a.append(legacy, None, [{"id": "msg_new"}]))
+    assert [i["id"] for i in asyncio.run(b.store.load(None, legacy))["items"]] == ["msg_old", "msg_new"]
