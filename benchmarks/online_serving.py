@@ -179,20 +179,23 @@ def in_process_ttft_ms(path, tokenizer) -> float:
     return round(1000 * statistics.median(times), 1)
 
 
-def local_config_args(path, direct_streaming: bool) -> dict:
-    """configs/local.yaml's application, on the benchmark model, its replica on every core."""
+def local_config_args(path, direct_streaming: bool, stream_interval_ms: float | None = None) -> dict:
+    """configs/local.yaml's application, on the benchmark model, its replica on every core (its streams paced
+    every `stream_interval_ms` where given, else as the config says)."""
     args = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/local.yaml").read_text())
     args = args["applications"][0]["args"]
     llm = args["llm_configs"][0]
     llm["model_loading_config"] = {"model_id": MODEL_ID, "model_source": str(path)}
     llm["engine_kwargs"] = {**llm.get("engine_kwargs", {}), "max_model_len": 1024}
     llm["deployment_config"]["ray_actor_options"]["num_cpus"] = os.cpu_count()
+    if stream_interval_ms is not None:
+        llm["experimental_configs"]["stream_batching_interval_ms"] = stream_interval_ms
     return {**args, "storage_uri": f"file://{tempfile.mkdtemp(prefix='bench-storage-')}",
             "direct_streaming": direct_streaming}
 
 
 @contextmanager
-def serving(path, high_throughput: bool, direct_streaming: bool):
+def serving(path, high_throughput: bool, direct_streaming: bool, stream_interval_ms: float | None = None):
     """Our app on a fresh Ray, in one mode; yields its OpenAI base URL."""
     import ray
     from ray import serve
@@ -203,7 +206,7 @@ def serving(path, high_throughput: bool, direct_streaming: bool):
     ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(build_openai_app(local_config_args(path, direct_streaming)), route_prefix="/")
+    serve.run(build_openai_app(local_config_args(path, direct_streaming, stream_interval_ms)), route_prefix="/")
     try:
         yield f"http://127.0.0.1:{port}/v1"
     finally:
@@ -214,8 +217,9 @@ def serving(path, high_throughput: bool, direct_streaming: bool):
                    every=0.5)
 
 
-def ours(path, tokenizer, high_throughput: bool, direct_streaming: bool = False, ttft: bool = False) -> dict:
-    with serving(path, high_throughput, direct_streaming) as url:
+def ours(path, tokenizer, high_throughput: bool, direct_streaming: bool = False, ttft: bool = False,
+         stream_interval_ms: float | None = None) -> dict:
+    with serving(path, high_throughput, direct_streaming, stream_interval_ms) as url:
         result = median_pass(lambda c: uvloop.run(drive(url, MODEL_ID, c, {"ignore_eos": True})), tokenizer)
         if ttft:
             result["ttft_concurrency_1_p50_ms"] = served_ttft_ms(url, tokenizer)
