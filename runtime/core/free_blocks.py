@@ -63,6 +63,9 @@ class FreeBlocks:
         if pin is not None and pin[1] > self.clock():
             self._pinned[block_id] = pin[1]
             heapq.heappush(self._expiry, (pin[1], next(self._tie), block_id))
+            if len(self._expiry) > 2 * len(self._pinned) + 64:  # mostly stale: blocks taken since (prefix hits)
+                self._expiry = [entry for entry in self._expiry if self._pinned.get(entry[2]) == entry[0]]
+                heapq.heapify(self._expiry)
             return
         if pin is not None:
             self._unpin(block_id)

@@ -4,8 +4,9 @@ The object is kept under `conversations/<owner>/<id>.json` (owner: the API key's
 off), beside the stored responses, so a conversation continues on any replica and after a restart, and one key
 never sees another's. Its items are a log that is only ever added to: each change (items added, one deleted) is an
 object of its own under `conversation-items/<owner>/<id>/`, named by the writer's clock and a random tail, read in
-name order. Two responses that continue one conversation at the same time, on any replicas, both keep their turn;
-no write replaces another's.
+name order (a deletion removes its item wherever the item stands: the clocks of two replicas may disagree). Two
+responses that continue one conversation at the same time, on any replicas, both keep their turn; no write
+replaces another's.
 """
 
 import asyncio
@@ -34,19 +35,20 @@ class ConversationStore:
             raise not_found(conversation_id, param) from None
         except StoreError as e:
             raise OpenAIError(503, f"stored conversations are unreachable: {e}") from e
-        items = record.get("items", [])  # kept in the object itself before the log
-        for change in changes:
-            if "deleted" in change:
-                items = [i for i in items if i["id"] != change["deleted"]]
-            else:
-                items += change["items"]
-        return {"conversation": record["conversation"], "items": items}
+        items = record.get("items", []) + [i for change in changes for i in change.get("items", [])]
+        deleted = {change["deleted"] for change in changes if "deleted" in change}  # item ids are never reused
+        return {"conversation": record["conversation"], "items": [i for i in items if i["id"] not in deleted]}
 
     async def save(self, owner: str | None, conversation: dict) -> None:
-        """The conversation's object (its items are kept apart: `add`)."""
+        """The conversation's object (its items are kept apart: `add`; those of one stored before the log stay in
+        it)."""
         key = self._key(owner, conversation["id"])
         try:
-            await asyncio.to_thread(self.store.put_json, key, {"conversation": conversation})
+            try:
+                record = await asyncio.to_thread(self.store.get_json, key)
+            except MissingObjectError:
+                record = {}
+            await asyncio.to_thread(self.store.put_json, key, {**record, "conversation": conversation})
         except StoreError as e:
             raise OpenAIError(503, f"the conversation could not be stored ({e}); retry") from e
 

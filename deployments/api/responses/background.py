@@ -14,6 +14,7 @@ its drain bound (deployments/builder.py).
 """
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -51,7 +52,9 @@ class BackgroundResponses:
         if stream is not None:
             await stream.flush()  # its first chunk says the response streams
             self.streams[owner, response_id] = stream
-        task = asyncio.create_task(self._run(owner, response_id, turn, save, stream))
+        # in a context of its own: inside the request's, Serve would cancel the turn's calls to the model with the
+        # request (a streamed one's client leaving)
+        task = asyncio.create_task(self._run(owner, response_id, turn, save, stream), context=contextvars.Context())
         self.tasks.add(task)
         self.running[owner] = self.running.get(owner, 0) + 1
         task.add_done_callback(lambda _: self._done(owner, response_id, task))
@@ -135,13 +138,15 @@ class BackgroundResponses:
                     await self.store.stamp(owner, response_id, stamped)
                 if stream is not None:
                     await stream.flush()
-            await save(work.result())
             ended = work.result()
+            await save(ended)
         except asyncio.CancelledError:
             if work is not None:
                 work.cancel()
             raise
-        except Exception as e:  # the turn failed: its record says why
+        except Exception as e:  # the turn failed, or the store did: its record says why
+            if work is not None:
+                work.cancel()
             error = e.body()["error"] if isinstance(e, OpenAIError) else {"message": repr(e)}
             error = {"code": error.get("code") or "server_error", "message": error["message"]}
             try:

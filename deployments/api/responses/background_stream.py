@@ -11,10 +11,11 @@ log has no end (its replica died), the reader ends the stream itself from the st
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from deployments.api.responses.events import ResponseEvents
 from deployments.api.responses.store import ResponseStore
+from deployments.errors import OpenAIError
 
 WATCH_S = 2.0  # how often a background turn is checked for a cancel, its new events written, a stored log read
 LOST_S = 60.0  # a running response no replica has stamped for this long has lost its replica
@@ -52,13 +53,17 @@ class BackgroundStream:
         return [self.events.event("response.in_progress", response=self.events.response("in_progress"))]
 
     def add(self, event: dict) -> None:
-        self.log.append(event)
-        self._wake()
+        """A turn's event; none after the stream has ended."""
+        if not self.ended:
+            self.log.append(event)
+            self._wake()
 
     def end(self, response: dict) -> None:
         """The events that end the stream (`ending`); later ones are not added."""
         if not self.ended:
-            self.log += ending(response, self.events.sequence)
+            closing = ending(response, self.events.sequence)
+            self.events.sequence += len(closing)
+            self.log += closing
             self.ended = True
             self._wake()
 
@@ -87,10 +92,21 @@ class BackgroundStream:
 
 
 async def follow_stored(store: ResponseStore, owner: str | None, response_id: str, after: int,
-                        record_now) -> AsyncIterator[dict]:
+                        record_now: Callable[[], Awaitable[dict]]) -> AsyncIterator[dict]:
     """The stored events numbered after `after`, polled for more while a replica stamps the response. `record_now`:
     the stored response as it reads now (a lost one's: failed), for the events that end a log its replica never
-    ended."""
+    ended. The store unreachable, or the response deleted, midway: an `error` event ends the stream."""
+    try:
+        async for event in _stored(store, owner, response_id, after, record_now):
+            after = event["sequence_number"]
+            yield event
+    except OpenAIError as e:
+        yield {"type": "error", "sequence_number": after + 1, "code": e.code or "server_error",
+               "message": e.message, "param": None}
+
+
+async def _stored(store: ResponseStore, owner: str | None, response_id: str, after: int,
+                  record_now: Callable[[], Awaitable[dict]]) -> AsyncIterator[dict]:
     while True:
         events, ended = await store.events(owner, response_id, after)
         for event in events:
@@ -105,7 +121,11 @@ async def follow_stored(store: ResponseStore, owner: str | None, response_id: st
                 after = event["sequence_number"]
                 yield event
             if not ended:
-                for event in ending(await record_now(), after + 1):
+                response = await record_now()
+                if response["status"] in ("queued", "in_progress"):  # a replica stamped it again meanwhile
+                    await asyncio.sleep(WATCH_S)
+                    continue
+                for event in ending(response, after + 1):
                     yield event
             return
         await asyncio.sleep(WATCH_S)

@@ -71,3 +71,37 @@ def test_a_stored_stream_its_replica_left_unended_ends_from_the_record(tmp_path)
         {"type": "error", "sequence_number": 2, "code": "server_error", "message": "its replica stopped",
          "param": None},
         {"type": "response.failed", "sequence_number": 3, "response": failed}]
+
+
+def test_an_ended_stream_takes_no_more_events_and_numbers_on(tmp_path):
+    """A turn still adding events after its stream was ended (the store failed under it) adds nothing."""
+    from deployments.api.responses.background_stream import BackgroundStream
+    from deployments.api.responses.events import ResponseEvents
+    from deployments.api.responses.protocol import ResponsesRequest
+
+    events = ResponseEvents(ResponsesRequest.model_validate({"model": "m", "input": "hi"}), RESPONSE_ID, "m")
+    stream = BackgroundStream(events, ResponseStore(LocalStore(str(tmp_path))), None)
+    stream.end({"status": "cancelled"})
+    stream.add(events.event("response.output_text.delta", delta="late"))
+
+    async def read() -> list[dict]:
+        return await collect(stream.follow(-1))
+
+    assert [e["type"] for e in asyncio.run(read())] == ["response.created", "response.queued", "error"]
+    assert events.sequence == 4  # the late event took 3: the end's numbers are never reused
+
+
+def test_a_stored_stream_whose_response_goes_midway_ends_with_an_error_event(tmp_path):
+    from deployments.errors import OpenAIError
+
+    store = ResponseStore(LocalStore(str(tmp_path)))
+
+    async def record_now() -> dict:
+        raise OpenAIError(404, "Response not found.", None, "response_not_found")
+
+    async def main():
+        await store.put_events(None, RESPONSE_ID, 0, [delta(0)], False)
+        return await collect(follow_stored(store, None, RESPONSE_ID, -1, record_now))
+
+    assert asyncio.run(main()) == [delta(0), {"type": "error", "sequence_number": 1, "code": "response_not_found",
+                                              "message": "Response not found.", "param": None}]

@@ -81,7 +81,7 @@ def test_turns_added_at_once_from_two_replicas_are_all_kept(tmp_path):
     import json
 
     from deployments.api.conversations.handler import ConversationsAPI
-    from deployments.api.conversations.protocol import ConversationCreate
+    from deployments.api.conversations.protocol import ConversationCreate, ConversationUpdate
     from deployments.api.conversations.store import ConversationStore
     from deployments.storage import LocalStore
 
@@ -99,4 +99,5 @@ def test_turns_added_at_once_from_two_replicas_are_all_kept(tmp_path):
         "conversation": {"id": legacy, "object": "conversation", "created_at": 1, "metadata": {}},
         "items": [{"id": "msg_old"}]}))
     asyncio.run(a.append(legacy, None, [{"id": "msg_new"}]))
+    asyncio.run(b.update(legacy, ConversationUpdate(metadata={"k": "v"}), None))
     assert [i["id"] for i in asyncio.run(b.store.load(None, legacy))["items"]] == ["msg_old", "msg_new"]
