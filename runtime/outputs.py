@@ -75,18 +75,25 @@ class RequestDelta:
         self.prompt_logprobs = self.prompt_logprobs or later.prompt_logprobs
 
 
-# What a step gained for one completion, as the engine's thread records it: a plain tuple, the cheapest record
-# to make there; the text stage makes the deltas of them (`request_deltas`), off that thread. The request (read
-# there only for what never changes once it runs), the completion's index, its new token ids and their logprobs
-# (None when not asked), its finish reason and matched stop, its output tokens so far, and whether its request
-# finished.
-TokenRecord = tuple  # (Request, int, list[int], list[TokenLogprob] | None, str | None, int | str | None, int, bool)
+@dataclass(slots=True)
+class TokenRecord:
+    """What a step gained for one completion, as the engine's thread records it; the text stage makes the deltas of
+    them (`request_deltas`), off that thread."""
+
+    request: object  # its runtime.core.sequence.Request: the text stage reads what never changes once it runs
+    index: int  # the completion's
+    token_ids: list[int]  # new this step
+    logprobs: list[TokenLogprob] | None  # theirs; None when not asked
+    finish_reason: str | None
+    matched_stop: int | str | None
+    num_output_tokens: int  # so far
+    finished: bool  # its request finished with it
 
 
 def sequence_delta(record: TokenRecord) -> SequenceDelta:
     """The completion's delta a `TokenRecord` says (no text yet)."""
-    _, index, token_ids, logprobs, finish_reason, matched_stop, num_output_tokens, _ = record
-    return SequenceDelta(index, token_ids, "", logprobs, finish_reason, matched_stop, num_output_tokens)
+    return SequenceDelta(record.index, record.token_ids, "", record.logprobs, record.finish_reason, record.matched_stop,
+                         record.num_output_tokens)
 
 
 def request_deltas(step: list) -> list[RequestDelta]:
@@ -98,7 +105,7 @@ def request_deltas(step: list) -> list[RequestDelta]:
         if isinstance(item, RequestDelta):
             out.append(item)
             continue
-        request, finished, seq = item[0], item[7], sequence_delta(item)
+        request, finished, seq = item.request, item.finished, sequence_delta(item)
         delta = made.get(request.request_id)
         if delta is None:
             delta = made[request.request_id] = RequestDelta(request.request_id, request.num_prompt_tokens,

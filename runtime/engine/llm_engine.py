@@ -28,7 +28,7 @@ from runtime.lora import AdapterSlots, LoRARequest
 from runtime.models.rotary import LengthScaledRope
 from runtime.models.sliding_window import kv_window
 from runtime.multimodal import ImageInput
-from runtime.outputs import RequestDelta, SequenceDelta, sequence_delta
+from runtime.outputs import RequestDelta, SequenceDelta, TokenRecord, sequence_delta
 from runtime.sampling_params import SamplingParams
 from runtime.speculative.build import build_speculator
 from runtime.text.text_stage import TextStage
@@ -268,8 +268,8 @@ class LLMEngine(EngineLifecycle):
                 delta = deltas.get(request.request_id) or self._request_delta(request)
                 deltas[request.request_id] = delta
                 delta.seqs.append(sequence_delta(record))
-                delta.finished = record[7]
-            if record[7]:
+                delta.finished = record.finished
+            if record.finished:
                 del self.requests[request.request_id]
         for seq in result.pooled:
             if seq.num_computed_tokens == seq.num_tokens and not seq.is_finished:
@@ -282,7 +282,7 @@ class LLMEngine(EngineLifecycle):
                 delta.seqs.append(SequenceDelta(seq.index, [], "", None, "length", num_output_tokens=0))
                 delta.finished = seq.request.finished
         if failed:
-            records = [record for record in records if record[0] not in failed]
+            records = [record for record in records if record.request not in failed]
             for request, error in failed.items():
                 if not request.finished:
                     deltas[request.request_id] = self._fail(request, error)
@@ -301,7 +301,7 @@ class LLMEngine(EngineLifecycle):
             self.block_manager.shrink(seq, seq.num_computed_tokens)
         seq.draft_token_ids = []
 
-    def _advance(self, seq: Sequence, token_ids: list[int], logprobs: list) -> tuple:
+    def _advance(self, seq: Sequence, token_ids: list[int], logprobs: list) -> TokenRecord:
         """Append sampled tokens to `seq` (ends by id, length and grammar) until it finishes; its `TokenRecord`."""
         if len(token_ids) == 1:  # the rule: one token a step
             self._append_token(seq, token_ids[0])
@@ -319,8 +319,8 @@ class LLMEngine(EngineLifecycle):
             logprobs = logprobs[: len(appended)]
             seq.logprobs.extend(logprobs)
         reason = seq.finish_reason
-        return (seq.request, seq.index, appended, logprobs, reason, seq.matched_stop,
-                len(seq.token_ids) - seq.num_prompt_tokens, reason is not None and seq.request.finished)
+        return TokenRecord(seq.request, seq.index, appended, logprobs, reason, seq.matched_stop,
+                           len(seq.token_ids) - seq.num_prompt_tokens, reason is not None and seq.request.finished)
 
     def _embedded(self, seq: Sequence) -> RequestDelta:
         """Finish an embedding request whose whole prompt is computed; the delta carrying its embedding."""
