@@ -12,6 +12,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from deployments.api.request_model import Priority, RequestModel
 from runtime import InvalidInputError, SamplingParams
+from runtime.sampling_params import MAX_PIN_TTL_S
 from runtime.text.grammar import Constraint
 
 # Bounds on the work one request can ask for (a request over one is a 400 naming it)
@@ -98,7 +99,7 @@ class SamplingFields(RequestModel):
     # ours: keep the prompt's first this many tokens cached in preference for pin_ttl_s seconds (the Anthropic
     # route sets them from its cache_control marks); bounded per API key
     pin_prefix_tokens: int = Field(0, ge=0)
-    pin_ttl_s: float = Field(300.0, gt=0, le=3600)
+    pin_ttl_s: float = Field(300.0, gt=0, le=MAX_PIN_TTL_S)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None

@@ -97,6 +97,11 @@ class ObjectStore(ABC):
     def get_json(self, key: str):
         return json.loads(self.get(key))
 
+    def get_json_many(self, keys: Iterable[str]) -> list:
+        """Small JSON objects, in `keys`' order; READ_AHEAD are fetched at once, so their round trips overlap."""
+        with ThreadPoolExecutor(READ_AHEAD) as pool:
+            return list(pool.map(self.get_json, keys))
+
 
 def _rest(stream: Iterator[bytes], first: Future) -> Iterator[bytes]:
     """A stream whose first chunk `first` fetched (None: it was empty)."""

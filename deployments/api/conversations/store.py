@@ -10,7 +10,6 @@ replaces another's.
 """
 
 import asyncio
-import json
 import re
 import secrets
 import time
@@ -30,7 +29,7 @@ class ConversationStore:
         key = self._key(owner, conversation_id, param)
         try:
             record = await asyncio.to_thread(self.store.get_json, key)
-            changes = await asyncio.to_thread(self._changes, self._items_prefix(owner, conversation_id))
+            changes = await asyncio.to_thread(self._changes, self._items_prefix(owner, conversation_id))  # oldest first
         except MissingObjectError:
             raise not_found(conversation_id, param) from None
         except StoreError as e:
@@ -75,15 +74,12 @@ class ConversationStore:
         try:
             if await asyncio.to_thread(self.store.size, self._key(owner, conversation_id)) is None:
                 raise not_found(conversation_id)
-            await asyncio.to_thread(self.store.put, self._items_prefix(owner, conversation_id) + name,
-                                    json.dumps(change).encode() + b"\n")
+            await asyncio.to_thread(self.store.put_json, self._items_prefix(owner, conversation_id) + name, change)
         except StoreError as e:
             raise OpenAIError(503, f"the conversation could not be stored ({e}); retry") from e
 
     def _changes(self, prefix: str) -> list[dict]:
-        """The item log's changes, oldest first (one JSON line each)."""
-        data = b"".join(self.store.iter_concatenated(self.store.list(prefix)))
-        return [json.loads(line) for line in data.splitlines() if line]
+        return self.store.get_json_many(self.store.list(prefix))
 
     def _items_prefix(self, owner: str | None, conversation_id: str) -> str:
         key = self._key(owner, conversation_id)

@@ -108,24 +108,18 @@ async def follow_stored(store: ResponseStore, owner: str | None, response_id: st
 async def _stored(store: ResponseStore, owner: str | None, response_id: str, after: int,
                   record_now: Callable[[], Awaitable[dict]]) -> AsyncIterator[dict]:
     while True:
+        # the stamp is read first: once it is gone, the events read next hold all its replica wrote
+        stamped = await store.stamped(owner, response_id)
         events, ended = await store.events(owner, response_id, after)
         for event in events:
             after = event["sequence_number"]
             yield event
         if ended:
             return
-        stamped = await store.stamped(owner, response_id)
         if stamped is None or time.time() - stamped > LOST_S:
-            events, ended = await store.events(owner, response_id, after)  # written before the stamp went
-            for event in events:
-                after = event["sequence_number"]
-                yield event
-            if not ended:
-                response = await record_now()
-                if response["status"] in ("queued", "in_progress"):  # a replica stamped it again meanwhile
-                    await asyncio.sleep(WATCH_S)
-                    continue
+            response = await record_now()
+            if response["status"] not in ("queued", "in_progress"):  # else a replica stamped it again meanwhile
                 for event in ending(response, after + 1):
                     yield event
-            return
+                return
         await asyncio.sleep(WATCH_S)

@@ -85,7 +85,7 @@ class ResponseStore:
             keys = await asyncio.to_thread(self.store.list, prefix)
             firsts = [int(k[len(prefix):].removesuffix(".json")) for k in keys]
             start = max([i for i, first in enumerate(firsts) if first <= after + 1], default=0)  # holds after + 1
-            chunks = [await asyncio.to_thread(self.store.get_json, k) for k in keys[start:]]
+            chunks = await asyncio.to_thread(self.store.get_json_many, keys[start:])
         except StoreError as e:
             raise OpenAIError(503, f"stored responses are unreachable: {e}") from e
         events = [e for chunk in chunks for e in chunk["events"] if e["sequence_number"] > after]
