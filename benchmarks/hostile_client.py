@@ -1,5 +1,6 @@
-"""A hostile client with a valid key beside another key's ordinary use, on configs/local.yaml's app with two API
-keys (A: sk-a, B: sk-b) and the tiny test model (what `python -m testing.model_factory` writes for that config).
+"""A hostile client with a valid key beside another key's ordinary use, on configs/local.yaml's app (Serve's proxy
+wrapped as README's operations section says) with two API keys (A: sk-a, B: sk-b) and the tiny test model (what
+`python -m testing.model_factory` writes for that config).
 
 Key B's 4-token chats, one after another, alone and beside each of A's loads:
 - `streams`: 300 streamed chats of 64 tokens at once;
@@ -183,6 +184,8 @@ def _stats():
 
 
 def main() -> None:
+    # Serve's proxy wrapped as README's operations section says (its admission by key among them), before Ray starts
+    os.environ["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"] = "deployments.http.proxy:proxy_middlewares"
     logging.getLogger("httpx").setLevel(logging.WARNING)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # 1,500 connections, both their ends

@@ -16,11 +16,15 @@ from deployments.errors import OpenAIError
 
 class ApiKeys:
     def __init__(self, keys: list[str]):
-        self._digests = {_digest(k) for k in keys}
+        self._digests = {key_digest(k) for k in keys}
 
     @property
     def enabled(self) -> bool:
         return bool(self._digests)
+
+    @property
+    def digests(self) -> frozenset[str]:
+        return frozenset(self._digests)
 
     def owner(self, request: Request) -> str | None:
         """The caller's owner id (None when auth is off); raises a 401 for a missing or wrong key."""
@@ -34,13 +38,18 @@ class ApiKeys:
 
     def known_owner(self, headers: Mapping[str, str]) -> str | None:
         """The owner id of the key these headers carry; None for no key or one not configured."""
-        scheme, _, key = headers.get("authorization", "").partition(" ")
-        key = key.strip() if scheme.lower() == "bearer" else headers.get("x-api-key", "").strip()
-        digest = _digest(key) if key else None
+        key = sent_key(headers)
+        digest = key_digest(key) if key else None
         if digest is None or not any(hmac.compare_digest(digest, d) for d in self._digests):
             return None
         return digest[:32]
 
 
-def _digest(key: str) -> str:
+def sent_key(headers: Mapping[str, str]) -> str:
+    """The key a request carries, as `Authorization: Bearer` or `x-api-key` ("" for none)."""
+    scheme, _, key = headers.get("authorization", "").partition(" ")
+    return key.strip() if scheme.lower() == "bearer" else headers.get("x-api-key", "").strip()
+
+
+def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()

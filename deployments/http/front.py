@@ -18,6 +18,7 @@ from deployments.batch.api import BatchAPI
 from deployments.batch.files import FileLimits
 from deployments.batch.job import BatchLimits
 from deployments.clients import ModelClient
+from deployments.http import published_keys
 from deployments.http.auth import ApiKeys
 from deployments.http.body import BodyParser
 from deployments.http.models import ModelRegistry
@@ -53,7 +54,9 @@ class OpenAIFront:
         stored = Quota(config.max_stored_responses_per_key, config.max_stored_response_bytes_per_key)
         store = open_store(config.storage_uri)
         conversations = ConversationsAPI(ConversationStore(store))
-        return cls(config, ApiKeys(config.api_keys), models, BodyParser(models, config.max_request_bytes), batches,
+        keys = ApiKeys(config.api_keys)
+        published_keys.keep_published(app_name, keys.digests, config.max_requests_per_key, config.max_waiting_per_key)
+        return cls(config, keys, models, BodyParser(models, config.max_request_bytes), batches,
                    ResponsesAPI(ResponseStore(store, stored), batches, config.max_image_bytes, conversations,
                                 config.key_bounds_per_replica()[0]),
                    conversations)

@@ -8,11 +8,12 @@ manifests' mode) the client's connection is the ingress replica's own, and the a
 from starlette.middleware import Middleware
 
 from deployments.http.lost_replicas import LostReplicaGuard
+from deployments.http.proxy_admission import ProxyKeyAdmission
 from deployments.http.stalled_streams import StalledStreamGuard
 
 
 def proxy_middlewares() -> list[Middleware]:
-    """Serve wraps its app in these in order, so the last is outermost: a stalled client is let go first, whatever
-    the guard of a lost replica would still write to it; a lost replica costs a retry or an error in the API's
-    shape."""
-    return [Middleware(LostReplicaGuard), Middleware(StalledStreamGuard)]
+    """Serve wraps its app in these in order, so the last is outermost: a key past its bounds waits or is refused
+    before anything else is done for it; then a stalled client is let go, whatever the guard of a lost replica
+    would still write to it; a lost replica costs a retry or an error in the API's shape."""
+    return [Middleware(LostReplicaGuard), Middleware(StalledStreamGuard), Middleware(ProxyKeyAdmission)]

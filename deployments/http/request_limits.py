@@ -6,7 +6,8 @@ from the request's arrival (a body of B bytes is due within grace + B / rate), e
 and its connection closes. The rule bounds a sender that trickles a byte at a time and one that stops sending
 alike; a real client on a slow link sends far faster than the rate. A request that waited past its grace before
 anything read its body (its key's turn: key_admission.py) has LATE_READ_S from the first read, where a body
-already sent arrives at once: a slow sender's wait for its turn does not renew its grace.
+already sent arrives at once: a slow sender's wait for its turn does not renew its grace. Behind Serve's Python
+proxy, a request arrives when the proxy took it (`ARRIVED_AT`, proxy_admission.py), not when it reached the app.
 """
 
 import json
@@ -17,6 +18,7 @@ import anyio
 from deployments.errors import error_body
 
 LATE_READ_S = 1.0
+ARRIVED_AT = "rayllm_arrived_at"  # the scope's key: wall-clock seconds (the proxy and the app share no clock)
 
 
 class _BodyTooSlow(Exception):
@@ -41,7 +43,7 @@ class RequestLimits:
         if len(headers) > self.max_headers or sum(len(k) + len(v) for k, v in headers) > self.max_header_bytes:
             return await _refuse(send, 431, f"request headers are over {self.max_headers} headers or "
                                             f"{self.max_header_bytes} bytes in all")
-        arrived, started_reading, received, complete, responded = time.monotonic(), None, 0, False, False
+        arrived, started_reading, received, complete, responded = _arrival(scope), None, 0, False, False
 
         async def paced_receive():
             nonlocal started_reading, received, complete
@@ -81,3 +83,10 @@ async def send_json(send, status: int, body: dict, headers: list[tuple[bytes, by
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), *headers]})
     await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+
+
+def _arrival(scope) -> float:
+    """When the request arrived, on this process's monotonic clock: now, or when the proxy stamped it."""
+    now = time.monotonic()
+    stamped = scope.get(ARRIVED_AT)
+    return now if stamped is None else now - max(time.time() - stamped, 0.0)

@@ -1,11 +1,15 @@
 """API keys: 401 in OpenAI's shape without one; a key sees only its own files, batches, responses and conversations."""
 
 import json
+import time
 
 import openai
 import pytest
 import requests
+from ray.experimental import internal_kv
 
+from deployments.http import published_keys
+from deployments.http.auth import key_digest
 from tests.conftest import MODEL_ID, another_app, app_args
 
 KEYS = ["key-alice", "key-bob"]
@@ -30,6 +34,27 @@ def test_routes_need_a_key(secure, method, path):
         assert r.status_code == 401
         assert r.json()["error"]["type"] == "authentication_error" and r.json()["error"]["code"] == "invalid_api_key"
     assert requests.get(f"{secure}/health").status_code == 200
+
+
+def test_the_app_publishes_its_keys_as_digests_with_their_bounds_for_serves_proxy(secure):
+    """What Serve's proxy reads to hold a key's requests past its bounds before routing them
+    (deployments/http/proxy_admission.py): each key's digest, never the key."""
+    bounds = published_keys.read()
+    assert {bounds[key_digest(key)] for key in KEYS} == {(128, 256)}
+    assert not any(key in json.dumps(sorted(bounds)) for key in KEYS)
+    # an entry its app's replicas stopped renewing (the app deleted) is not read; a live one sharing a key widens it
+    for app_name, age, key, bound in (("gone", published_keys.EXPIRES_S + 1, "key-gone", 1),
+                                      ("wide", 0, KEYS[0], 1000)):
+        entry = {"digests": [key_digest(key)], "max_in_flight": bound, "max_waiting": bound,
+                 "published_at": time.time() - age}
+        internal_kv._internal_kv_put(app_name, json.dumps(entry), namespace=published_keys.NAMESPACE)
+    try:
+        bounds = published_keys.read()
+    finally:
+        for app_name in ("gone", "wide"):
+            published_keys.publish(app_name, [], 0, 0)
+    assert key_digest("key-gone") not in bounds
+    assert bounds[key_digest(KEYS[0])] == (1000, 1000) and bounds[key_digest(KEYS[1])] == (128, 256)
 
 
 def test_with_keys_the_docs_and_schema_are_off_and_without_they_are_on(secure, server):
