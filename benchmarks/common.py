@@ -13,7 +13,7 @@ from kernels import linear, pack_weight
 from kernels.linear import pack_onednn
 from testing.model_factory import build_model_dir
 
-# The CPU benchmark model (docs/architecture.md's performance notes): Qwen2-shaped, about 28M parameters, float32
+# The CPU benchmark model (docs/performance.md): Qwen2-shaped, about 28M parameters, float32
 CPU_MODEL = dict(arch="qwen2", hidden_size=512, intermediate_size=1536, num_layers=8, num_heads=8,
                  num_kv_heads=2, vocab_size=8192, max_positions=4096, init_std=0.02)
 

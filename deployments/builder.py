@@ -129,7 +129,7 @@ def _replica(config: LLMConfig, server_class: type, prefix_routing: bool = True,
 # millisecond or so). The replica shares its cores with its own asyncio and tokenizing threads, Serve's proxy and
 # the batch manager; on a small machine its idle workers' spinning took as much CPU as the engine thread
 # itself during a batch. 10,000 keeps single-stream decode as fast and cuts the replica's CPU for the same
-# batch (figures: docs/architecture.md's performance notes).
+# batch (figures: docs/performance.md).
 _REPLICA_ENV = {"GOMP_SPINCOUNT": SPINCOUNT}
 
 

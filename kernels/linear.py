@@ -3,7 +3,7 @@
 On CPU the float32 weight is packed once, after loading: into the tiles of our
 C++ grouped product (`kernels.cpu.grouped_matmul`, as a single expert) where it
 serves the shape, else into oneDNN's blocked layout: both beat the MKL path
-behind `F.linear` (docs/architecture.md's performance notes have the figures;
+behind `F.linear` (docs/performance.md has the figures;
 `python -m benchmarks.offline_throughput` reports all three). Elsewhere the
 plain weight goes to `F.linear`.
 """

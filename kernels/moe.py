@@ -69,7 +69,7 @@ def _grouped_matmul(rows: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor
     """`rows` [N, in] sorted by expert, times each segment's expert `weight` [E, in, out]: [N, out].
 
     `ends` [E] is where each expert's segment ends. One grouped matmul where torch has one (2.8 and later: it beat
-    one bmm over groups padded to the largest, see docs/architecture.md's performance notes), else one matmul per
+    one bmm over groups padded to the largest, see docs/performance.md), else one matmul per
     segment."""
     if hasattr(F, "grouped_mm"):
         return F.grouped_mm(rows, weight, offs=ends.to(torch.int32))

@@ -76,7 +76,7 @@ class EngineConfig:
     max_num_seqs_per_owner: int | None = None
     # running sequences of a lower priority (batch lines) admitted while a higher one (online) runs or waits, and
     # for scheduler.FOREGROUND_STEPS steps after: short steps for the higher one's latency; more seats give the
-    # batch more throughput and online requests a longer time to first token (figures: docs/architecture.md);
+    # batch more throughput and online requests a longer time to first token (figures: docs/performance.md);
     # default: max_num_seqs // 16
     max_num_seqs_background: int | None = None
     max_num_batched_tokens: int = 8192

@@ -43,7 +43,7 @@ def engine_threads(cpus: int) -> int:
     """The child's torch threads on CPU: a quarter of the replica's cores, rounded down, is left to the server's
     own Python, Ray's processes and the OS. Every step ends in a barrier of all its threads, so one thread that
     loses its core holds up the rest; below four cores the server's share is less than a core, and the engine
-    takes them all (docs/architecture.md's performance notes have the figures)."""
+    takes them all (docs/performance.md has the figures)."""
     return max(1, cpus - cpus // 4)
 
 

@@ -14,9 +14,8 @@ deadline; only a constraint that compiled there in time is compiled again
 here, the same work, so it ends. A new constraint thus costs its compile
 twice (a typical schema's: milliseconds). Shipping the compiled grammar back
 would cost more: xgrammar serializes it to JSON many times its size, and
-reading that back takes longer than the compile (docs/architecture.md,
-performance notes). A cached grammar is answered without waiting for any
-process.
+reading that back takes longer than the compile (docs/performance.md). A
+cached grammar is answered without waiting for any process.
 """
 
 import json
