@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from runtime.config import EngineConfig
+from runtime.engine.commands import AbortRequest, AddRequest, Command, ImportBlocks, RunLifecycle
 from runtime.engine.delivery import DeliverySchedule
 from runtime.engine.engine_process import EngineProcess
 from runtime.engine.lifecycle import LIFECYCLE
@@ -83,7 +84,7 @@ class AsyncLLMEngine:
         """Start the engine thread, which calls `build_engine`; raises what building raised."""
         self._schedule = DeliverySchedule(delivery_interval_s)
         self.observer = observer
-        self._commands: list = []
+        self._commands: list[Command] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._streams: dict[str, _Stream] = {}
@@ -205,11 +206,11 @@ class AsyncLLMEngine:
         if getattr(self.engine, "shared_tier", None) is not None:  # off the loop and the engine's thread
             fetched = await asyncio.to_thread(self.engine.fetch_shared, request)
             if fetched is not None:
-                self._send(("import", fetched))
+                self._send(ImportBlocks(fetched))
         request_id = request_id or f"req-{next(self._ids)}"
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = _Stream(asyncio.get_running_loop(), queue)
-        self._send(("add", request_id, request, priority, owner, stream))
+        self._send(AddRequest(request_id, request, priority, owner, stream))
         if self.observer is not None:
             self.observer.started(request_id)
         finished = False
@@ -257,7 +258,7 @@ class AsyncLLMEngine:
         return replace(request, grammar=grammar)
 
     def abort(self, request_id: str) -> None:
-        self._send(("abort", request_id))
+        self._send(AbortRequest(request_id))
 
     async def lifecycle(self, operation: str, *args) -> None:
         """Run one of runtime.engine.lifecycle's operations (pause, resume, reset_prefix_cache, update_weights,
@@ -269,7 +270,7 @@ class AsyncLLMEngine:
             self._deliver_step(await asyncio.to_thread(self.engine.lifecycle, operation, *args))
         else:
             done: concurrent.futures.Future = concurrent.futures.Future()
-            self._send(("lifecycle", done, operation, args))
+            self._send(RunLifecycle(operation, args, done))
             await asyncio.wrap_future(done)
         self._wake.set()  # resumed or woken up: the loop may have steps to run
 
@@ -285,7 +286,7 @@ class AsyncLLMEngine:
 
     # --- the engine thread ----------------------------------------------------
 
-    def _send(self, command: tuple) -> None:
+    def _send(self, command: Command) -> None:
         if self._commands_at_once:
             self._apply(command)
         else:
@@ -345,35 +346,31 @@ class AsyncLLMEngine:
         for command in commands:
             self._apply(command)
 
-    def _apply(self, command: tuple) -> None:
-        kind, request_id, *args = command
-        if kind == "import":  # blocks from the shared tier, queued before the request that wants them
-            self.engine.import_blocks(request_id)
-            return
-        if kind == "lifecycle":
-            done, (operation, operation_args) = request_id, args
-            self._texts.join()  # the text stage is the operation's own while it runs
-            try:
-                self._deliver_step(getattr(self.engine, operation)(*operation_args))
-            except Exception as e:
-                done.set_exception(e)
-            else:
-                done.set_result(None)
-            return
-        if kind == "abort":
-            self.engine.abort(request_id)
-            if self._text_thread is None:
-                self._schedule.forget(request_id)
-            else:
-                self._texts.put(request_id)  # held deltas are the text thread's to forget
-            return
-        request, priority, owner, stream = args
-        try:
-            self.engine.enqueue(request_id, request, priority, owner, stream)
-            if not self._commands_at_once:  # (an engine process: its child holds back the deltas)
-                self._schedule.start(request_id, stream, owner)
-        except Exception as e:
-            self._deliver(request_id, e)
+    def _apply(self, command: Command) -> None:
+        match command:
+            case ImportBlocks(fetched):
+                self.engine.import_blocks(fetched)
+            case RunLifecycle(operation, args, done):
+                self._texts.join()  # the text stage is the operation's own while it runs
+                try:
+                    self._deliver_step(getattr(self.engine, operation)(*args))
+                except Exception as e:
+                    done.set_exception(e)
+                else:
+                    done.set_result(None)
+            case AbortRequest(request_id):
+                self.engine.abort(request_id)
+                if self._text_thread is None:
+                    self._schedule.forget(request_id)
+                else:
+                    self._texts.put(request_id)  # held deltas are the text thread's to forget
+            case AddRequest(request_id, valid, priority, owner, stream):
+                try:
+                    self.engine.enqueue(request_id, valid, priority, owner, stream)
+                    if not self._commands_at_once:  # (an engine process: its child holds back the deltas)
+                        self._schedule.start(request_id, stream, owner)
+                except Exception as e:
+                    self._deliver(request_id, e)
 
     def _deliver_step(self, deltas: list[RequestDelta]) -> None:
         """Queue a step's deltas that are due, one wake-up per caller's loop."""

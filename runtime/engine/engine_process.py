@@ -27,6 +27,7 @@ from multiprocessing.connection import Connection, Pipe, wait
 import torch
 
 from runtime.config import EngineConfig
+from runtime.engine.commands import AbortRequest, AddRequest, Question, ReadStats, RunLifecycle, Stop
 from runtime.engine.delivery import DeliverySchedule
 from runtime.engine.startup_heap import freeze_startup_heap
 from runtime.engine.validator import RequestValidator, ValidRequest
@@ -88,12 +89,12 @@ class EngineProcess:
         # a compiled grammar stays here (shipping it costs more than compiling it again): the child compiles it,
         # in its own process, as this one's compile processes showed it compiles in time
         self._unfinished.add(request_id)
-        self._outbox.put(("add", request_id, replace(valid, grammar=None), priority, owner, stream))
+        self._outbox.put(AddRequest(request_id, replace(valid, grammar=None), priority, owner, stream))
 
     def abort(self, request_id: str) -> None:
         if request_id in self._unfinished:
             self._unfinished.discard(request_id)
-            self._outbox.put(("abort", request_id))
+            self._outbox.put(AbortRequest(request_id))
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._unfinished)
@@ -106,7 +107,7 @@ class EngineProcess:
     def lifecycle(self, operation: str, *args) -> list[RequestDelta]:
         """Run a lifecycle operation (runtime.engine.lifecycle) in the child, between its steps; the deltas of the
         requests it ended."""
-        answer = self._ask(("lifecycle", operation, args))
+        answer = self._ask(RunLifecycle(operation, args))
         if isinstance(answer, Exception):
             raise answer
         deltas, paused, asleep = answer
@@ -147,7 +148,7 @@ class EngineProcess:
     # --- any thread -------------------------------------------------------------
 
     def stats(self) -> dict:
-        return self._ask("stats")
+        return self._ask(ReadStats())
 
     def healthy(self) -> bool:
         return self.process.poll() is None
@@ -155,7 +156,7 @@ class EngineProcess:
     def shutdown(self) -> None:
         self._outbox.put(None)
         try:
-            self._ask("stop")
+            self._ask(Stop())
         except (OSError, EOFError):
             pass
         try:
@@ -165,7 +166,7 @@ class EngineProcess:
             self.process.wait()
         self.validator.close()
 
-    def _ask(self, question: str):
+    def _ask(self, question: Question):
         with self._control_lock:
             self._control.send(question)
             return self._control.recv()
@@ -198,15 +199,15 @@ def _serve(engine, schedule: DeliverySchedule, steps: Connection, control: Conne
     while True:
         ready = wait([steps, control], timeout=None if not engine.runnable else 0)
         if control in ready:
-            question = control.recv()
-            if question == "stop":
-                control.send(None)
-                return
-            if question == "stats":
-                control.send(engine.stats())
-            else:
-                control.send(_lifecycle(engine, schedule, *question[1:]))
-                steps.send(("step", []))  # a server thread waiting for a step may now wait for none
+            match control.recv():
+                case Stop():
+                    control.send(None)
+                    return
+                case ReadStats():
+                    control.send(engine.stats())
+                case RunLifecycle(operation, args):
+                    control.send(_lifecycle(engine, schedule, operation, args))
+                    steps.send(("step", []))  # a server thread waiting for a step may now wait for none
         received, refused = 0, []
         while received < COMMAND_MESSAGES_PER_STEP and steps.poll():  # the commands sent so far, bounded
             received += 1
@@ -234,17 +235,16 @@ def _lifecycle(engine, schedule: DeliverySchedule, operation: str, args: tuple):
     return deltas, engine.paused, engine.asleep
 
 
-def _apply(engine, schedule: DeliverySchedule, command: tuple) -> RequestDelta | None:
+def _apply(engine, schedule: DeliverySchedule, command: AddRequest | AbortRequest) -> RequestDelta | None:
     """Apply a command; a request the engine refused gets its final delta, with the error."""
-    kind, request_id, *args = command
-    if kind == "abort":
-        engine.abort(request_id)
-        schedule.forget(request_id)
-        return None
-    valid, priority, owner, stream = args
-    try:
-        engine.enqueue(request_id, valid, priority, owner, stream)
-    except Exception as e:  # the server checked the request: what fails here fails it alone
-        return RequestDelta(request_id, len(valid.prompt_token_ids), 0, [], True, error=describe(e))
-    schedule.start(request_id, stream, owner)
+    match command:
+        case AbortRequest(request_id):
+            engine.abort(request_id)
+            schedule.forget(request_id)
+        case AddRequest(request_id, valid, priority, owner, stream):
+            try:
+                engine.enqueue(request_id, valid, priority, owner, stream)
+            except Exception as e:  # the server checked the request: what fails here fails it alone
+                return RequestDelta(request_id, len(valid.prompt_token_ids), 0, [], True, error=describe(e))
+            schedule.start(request_id, stream, owner)
     return None

@@ -133,7 +133,7 @@ class EngineLifecycle:
     def _aborted(self, request) -> RequestDelta:
         """Finish every unfinished completion of `request` with reason "abort"; its last delta (to which the text stage
         adds the text not yet released)."""
-        delta = self._end_unfinished(request, "abort")
+        delta = self.post.end_unfinished(request, "abort")
         delta.finished = True
         del self.requests[request.request_id]
         return delta

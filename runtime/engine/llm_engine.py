@@ -1,8 +1,8 @@
 """The synchronous engine: add requests, abort them, and step the batch forward.
 
-`step_tokens()` schedules one batch, runs it, and turns the sampled tokens into
-per-request deltas (new tokens, logprobs, finish reason), ending sequences by
-token id and length; `step()` also gives them their text and ends sequences at
+`step_tokens()` schedules one batch, runs it, and post-processes the sampled
+tokens into per-request deltas (new tokens, logprobs, finish reason), ending
+sequences by token id and length (runtime.engine.post_process); `step()` also gives them their text and ends sequences at
 stop strings (runtime.text.text_stage), which a caller may do on a thread of its
 own instead, as AsyncLLMEngine does. An embedding request (`validate_embedding`)
 is prefilled in the same batches and finishes with its pooled embedding once its
@@ -18,17 +18,18 @@ from runtime.config import EngineConfig
 from runtime.core.block_manager import FREED, BlockManager
 from runtime.core.kv_tier import TierIndex
 from runtime.core.scheduler import ScheduledBatch, Scheduler
-from runtime.core.sequence import Request, Sequence, SequenceStatus
+from runtime.core.sequence import Request, Sequence
 from runtime.distributed import destroy_groups, free_address
 from runtime.engine.lifecycle import EngineLifecycle
+from runtime.engine.post_process import PostProcessor
 from runtime.engine.validator import RequestValidator, ValidRequest
 from runtime.engine.warm_up import warm_up
-from runtime.errors import InvalidInputError, describe
+from runtime.errors import InvalidInputError
 from runtime.lora import AdapterSlots, LoRARequest
 from runtime.models.rotary import LengthScaledRope
 from runtime.models.sliding_window import kv_window
 from runtime.multimodal import ImageInput
-from runtime.outputs import RequestDelta, SequenceDelta, TokenRecord, sequence_delta
+from runtime.outputs import RequestDelta
 from runtime.sampling_params import SamplingParams
 from runtime.speculative.build import build_speculator
 from runtime.text.text_stage import TextStage
@@ -78,13 +79,14 @@ class LLMEngine(EngineLifecycle):
                                    state_slots=stateful, whole_pictures=self.spec.pictures_attend_both_ways,
                                    scaled_rope=LengthScaledRope.of(self.spec.hf_config, self.spec.max_model_len))
         self.speculator = build_speculator(config, self.spec, self.tokenizer, self.eos_token_ids, self.runner)
+        self.requests: dict[str, Request] = {}
+        self.post = PostProcessor(self.scheduler, self.requests, self.runner.encoder_cache, self.speculator)
         self.shared_tier = None
         if config.kv_shared_tier is not None:
             from runtime.engine.shared_kv import SharedTier  # Ray, where the engine shares blocks
 
             self.shared_tier = SharedTier(config.kv_shared_tier, str(self.spec.path), self.block_manager,
                                           self.runner.kv_tier.block_bytes)
-        self.requests: dict[str, Request] = {}
         self.text = TextStage(self.tokenizer)
         self._launched: LaunchedStep | None = None  # async scheduling: the batch whose tokens are still in flight
         if config.warm_up and config.runner == "generate":
@@ -207,7 +209,7 @@ class LLMEngine(EngineLifecycle):
             request = self.requests.get(request_id)
             if request is None:
                 continue
-            delta = self._end_unfinished(request, reason, None if index is None else [request.seqs[index]])
+            delta = self.post.end_unfinished(request, reason, None if index is None else [request.seqs[index]])
             delta.finished = request.finished
             if delta.finished:
                 del self.requests[request_id]
@@ -234,147 +236,15 @@ class LLMEngine(EngineLifecycle):
         launched.needs_tokens_on_host = needs_tokens_on_host
         return launched
 
+    def _complete(self, launched: LaunchedStep) -> list:
+        """Read a launched batch's tokens and post-process them (runtime.engine.post_process)."""
+        return self.post.complete(launched, self.runner.collect(launched))
+
     def _publish(self, seq: Sequence) -> None:
         """`seq`'s prompt is computed: its full blocks go to the shared tier (its first completion's only)."""
         if seq.index == 0 and FREED not in seq.block_table:  # the sequence's own hashes: a scaled RoPE's included
             self.shared_tier.publish(seq.request.prompt_token_ids, partial(self.block_manager.prefix_hashes, seq),
                                      partial(read_blocks, self.runner.kv_cache), seq.block_table)
-
-    def _complete(self, launched: LaunchedStep) -> list:
-        """Read a launched batch's tokens: a `TokenRecord` per sequence that gained (a delta, for prompt logprobs),
-        a delta per request that ended otherwise. Sequences finished meanwhile (an abort, say) are passed over."""
-        result = self.runner.collect(launched)
-        failed = result.failed
-        for request, logprobs in result.prompt_logprobs.items():
-            request.prompt_logprobs.extend(logprobs)
-        records: list = []
-        deltas: dict[str, RequestDelta] = {}
-        finished = SequenceStatus.FINISHED
-        for seq, token_ids, logprobs in zip(launched.sampled, result.token_ids, result.logprobs):
-            seq.num_in_flight -= 1
-            request = seq.request
-            if seq.draft_token_ids:
-                self._verified(seq, len(token_ids) - 1, request in failed)
-            if seq.status is finished or (failed and request in failed):
-                continue
-            try:
-                record = self._advance(seq, token_ids, logprobs)
-            except Exception as e:  # this request's tokens or grammar: it alone fails
-                failed[request] = describe(e)
-                continue
-            if request.params.prompt_logprobs is None:
-                records.append(record)
-            else:
-                delta = deltas.get(request.request_id) or self._request_delta(request)
-                deltas[request.request_id] = delta
-                delta.seqs.append(sequence_delta(record))
-                delta.finished = record.finished
-            if record.finished:
-                del self.requests[request.request_id]
-        for seq in result.pooled:
-            if seq.num_computed_tokens == seq.num_tokens and not seq.is_finished:
-                deltas[seq.request.request_id] = self._embedded(seq)
-        for seq in launched.prefilled:
-            if seq.num_computed_tokens == seq.num_tokens and not seq.is_finished and seq.request not in failed:
-                delta = deltas.get(seq.request.request_id) or self._request_delta(seq.request)
-                deltas[seq.request.request_id] = delta
-                self._finish(seq, "length", None)
-                delta.seqs.append(SequenceDelta(seq.index, [], "", None, "length", num_output_tokens=0))
-                delta.finished = seq.request.finished
-        if failed:
-            records = [record for record in records if record.request not in failed]
-            for request, error in failed.items():
-                if not request.finished:
-                    deltas[request.request_id] = self._fail(request, error)
-        if self.speculator is not None:
-            self.speculator.observe(launched)
-        for request_id, delta in deltas.items():
-            if delta.finished:
-                self.requests.pop(request_id, None)
-        return records + list(deltas.values()) if deltas else records
-
-    def _verified(self, seq: Sequence, accepted: int, failed: bool) -> None:
-        """`seq`'s first `accepted` draft tokens hold; the slots of the rest are released."""
-        if not failed:
-            seq.num_computed_tokens += accepted
-            self.speculator.record(seq, accepted)
-            self.block_manager.shrink(seq, seq.num_computed_tokens)
-        seq.draft_token_ids = []
-
-    def _advance(self, seq: Sequence, token_ids: list[int], logprobs: list) -> TokenRecord:
-        """Append sampled tokens to `seq` (ends by id, length and grammar) until it finishes; its `TokenRecord`."""
-        if len(token_ids) == 1:  # the rule: one token a step
-            self._append_token(seq, token_ids[0])
-            appended = token_ids
-        else:
-            appended = []
-            for token_id in token_ids:
-                self._append_token(seq, token_id)
-                appended.append(token_id)
-                if seq.is_finished:
-                    break
-        if logprobs[0] is None:
-            logprobs = None
-        else:
-            logprobs = logprobs[: len(appended)]
-            seq.logprobs.extend(logprobs)
-        reason = seq.finish_reason
-        return TokenRecord(seq.request, seq.index, appended, logprobs, reason, seq.matched_stop,
-                           len(seq.token_ids) - seq.num_prompt_tokens, reason is not None and seq.request.finished)
-
-    def _embedded(self, seq: Sequence) -> RequestDelta:
-        """Finish an embedding request whose whole prompt is computed; the delta carrying its embedding."""
-        delta = self._request_delta(seq.request)
-        delta.embedding = seq.request.pooling.pool(seq.pooled, seq.num_tokens)
-        seq.pooled = None
-        self._finish(seq, "stop", None)
-        delta.finished = True
-        return delta
-
-    def _fail(self, request: Request, error: str) -> RequestDelta:
-        """Finish every unfinished completion of `request` with reason "error"; the delta that says so."""
-        logger.warning("request %s failed in the engine: %s", request.request_id, error)
-        self.block_manager.forget_pictures(request)  # their encoding may have failed: no prompt may hit the blocks
-        delta = self._end_unfinished(request, "error")
-        delta.error, delta.finished = error, True
-        return delta
-
-    def _end_unfinished(self, request: Request, reason: str, seqs: list[Sequence] | None = None) -> RequestDelta:
-        """Finish every unfinished completion of `request` (of `seqs`, if given) with `reason`; the delta that says
-        so (the text stage gives it the text not yet released)."""
-        delta = self._request_delta(request)
-        if seqs is None:
-            self.runner.encoder_cache.release(request)
-        for seq in request.seqs if seqs is None else seqs:
-            if not seq.is_finished:
-                self._finish(seq, reason, None)
-                delta.seqs.append(SequenceDelta(seq.index, [], "", None, reason,
-                                                num_output_tokens=seq.num_output_tokens))
-        return delta
-
-    def _request_delta(self, request: Request) -> RequestDelta:
-        prompt_logprobs = None
-        if request.params.prompt_logprobs is not None and all(s.num_output_tokens <= 1 for s in request.seqs):
-            prompt_logprobs = [None, *request.prompt_logprobs]
-        return RequestDelta(request.request_id, request.num_prompt_tokens, request.num_cached_tokens or 0,
-                            [], False, prompt_logprobs)
-
-    def _append_token(self, seq: Sequence, token_id: int) -> None:
-        seq.token_ids.append(token_id)
-        if seq.matcher is not None:
-            seq.matcher.accept(token_id)
-            if seq.matcher.done:  # the grammar is complete: nothing else may follow
-                self._finish(seq, "stop", token_id)
-                return
-        if token_id in seq.request.end_token_ids:
-            self._finish(seq, "stop", token_id)
-        elif len(seq.token_ids) >= seq.request.max_num_tokens:
-            self._finish(seq, "length", None)
-
-    def _finish(self, seq: Sequence, reason: str, matched_stop: int | str | None) -> None:
-        seq.finish_reason = reason
-        seq.matched_stop = matched_stop
-        self.scheduler.finish(seq)
 
     # --- introspection ------------------------------------------------------
 
