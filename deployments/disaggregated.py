@@ -1,7 +1,7 @@
 """Prefill/decode disaggregation (`llm_configs[].prefill_config`): a model served by two deployments, in Ray Serve LLM's
 `build_pd_openai_app` shape. A generation request goes first to a prefill replica, which computes its prompt alone
 (one token, thrown away) and so publishes the prompt's blocks to the KV tier both deployments share
-(runtime.engine.shared_kv), answering once the tier's directory holds them; then to a decode replica, which fetches
+(runtime.kv_tier.shared), answering once the tier's directory holds them; then to a decode replica, which fetches
 those blocks before queueing the request and answers it. Long prefills then run beside other prefills, not between a
 decode replica's steps.
 

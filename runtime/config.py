@@ -25,7 +25,7 @@ DTYPES = {
 
 @dataclass(frozen=True)
 class SharedTierConfig:
-    """`kv_shared_tier` (runtime.engine.shared_kv)."""
+    """`kv_shared_tier` (runtime.kv_tier.shared)."""
 
     size_gib: float  # what the tier keeps published, over every engine
     name: str | None = None  # engines of one name share blocks; default: the model's path
@@ -93,7 +93,7 @@ class EngineConfig:
     kv_offloading_size: float | None = None
     # a KV tier shared by the engines of a Ray cluster: {size_gib, name (default: the model's path),
     # min_prompt_tokens (1024)}; prompts' blocks published there and fetched into the offload tier
-    # (runtime.engine.shared_kv)
+    # (runtime.kv_tier.shared)
     kv_shared_tier: SharedTierConfig | dict | None = None
     # GPU: no CUDA graphs (every decode step launches its kernels one by one)
     enforce_eager: bool = False

@@ -8,7 +8,7 @@ request pinned: `runtime.core.free_blocks`), where a later request can hit it un
 it is evicted by a fresh allocation. Every operation costs O(1) per block (a dict
 lookup, an OrderedDict move or pop), a pinned one's O(log n).
 
-With an offload tier (`runtime.core.kv_tier`), a hashed block that an allocation evicts is copied there
+With an offload tier (`runtime.kv_tier.index`), a hashed block that an allocation evicts is copied there
 first, and a prefix lookup continues in the tier where the pool misses: such a hit takes a fresh block, filled
 from the tier before the step runs.
 
@@ -22,7 +22,7 @@ from array import array
 from hashlib import blake2b
 
 from runtime.core.free_blocks import FreeBlocks
-from runtime.core.kv_tier import KVMove, TierHit, TierIndex
+from runtime.kv_tier.index import KVMove, TierHit, TierIndex
 from runtime.core.sequence import Sequence
 from runtime.multimodal.inputs import ImageInput, image_hashes_in
 

@@ -34,7 +34,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from runtime.core.block_manager import BlockManager
-from runtime.core.kv_tier import KVMove
+from runtime.kv_tier.index import KVMove
 from runtime.core.sequence import BY_ORDER, Request, Sequence, SequenceStatus
 from runtime.core.waiting_queue import WaitingQueue
 from runtime.lora import AdapterSlots, LoRAAdapter

@@ -24,7 +24,7 @@ class AbortRequest:
 
 @dataclass(frozen=True, slots=True)
 class ImportBlocks:
-    """Blocks from the shared tier (runtime.engine.shared_kv.FetchedBlocks), queued before the request that wants
+    """Blocks from the shared tier (runtime.kv_tier.shared.FetchedBlocks), queued before the request that wants
     them."""
 
     fetched: object

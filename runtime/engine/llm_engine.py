@@ -2,9 +2,9 @@
 
 `step_tokens()` schedules one batch, runs it, and post-processes the sampled
 tokens into per-request deltas (new tokens, logprobs, finish reason), ending
-sequences by token id and length (runtime.engine.post_process); `step()` also gives them their text and ends sequences at
-stop strings (runtime.text.text_stage), which a caller may do on a thread of its
-own instead, as AsyncLLMEngine does. An embedding request (`validate_embedding`)
+sequences by token id and length (runtime.engine.post_process); `step()` also
+gives them their text and ends sequences at stop strings
+(runtime.text.text_stage), which a caller may do on a thread of its own instead, as AsyncLLMEngine does. An embedding request (`validate_embedding`)
 is prefilled in the same batches and finishes with its pooled embedding once its
 last prompt token is computed. A failure that belongs to one request (its
 sampling, prompt logprobs, text or stop handling) finishes that request with an
@@ -16,7 +16,7 @@ from functools import partial
 
 from runtime.config import EngineConfig
 from runtime.core.block_manager import FREED, BlockManager
-from runtime.core.kv_tier import TierIndex
+from runtime.kv_tier.index import TierIndex
 from runtime.core.scheduler import ScheduledBatch, Scheduler
 from runtime.core.sequence import Request, Sequence
 from runtime.distributed import destroy_groups, free_address
@@ -33,7 +33,7 @@ from runtime.outputs import RequestDelta
 from runtime.sampling_params import SamplingParams
 from runtime.speculative.build import build_speculator
 from runtime.text.text_stage import TextStage
-from runtime.worker.kv_offload import read_blocks
+from runtime.kv_tier.host_storage import read_blocks
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.step import LaunchedStep
 
@@ -83,7 +83,7 @@ class LLMEngine(EngineLifecycle):
         self.post = PostProcessor(self.scheduler, self.requests, self.runner.encoder_cache, self.speculator)
         self.shared_tier = None
         if config.kv_shared_tier is not None:
-            from runtime.engine.shared_kv import SharedTier  # Ray, where the engine shares blocks
+            from runtime.kv_tier.shared import SharedTier  # Ray, where the engine shares blocks
 
             self.shared_tier = SharedTier(config.kv_shared_tier, str(self.spec.path), self.block_manager,
                                           self.runner.kv_tier.block_bytes)

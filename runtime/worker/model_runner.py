@@ -32,7 +32,7 @@ from runtime.models.state_cache import StateStep, allocate_states, stateful_laye
 from runtime.multimodal.encoder_cache import EncoderCache, NoEncoder
 from runtime.speculative.verifier import split_rows
 from runtime.worker.gpu_budget import gpu_kv_budget
-from runtime.worker.kv_offload import HostKVTier
+from runtime.kv_tier.host_storage import HostKVTier
 from runtime.worker.model_builder import build_model
 from runtime.worker.pipeline import Pipeline
 from runtime.worker.runner_weights import RunnerWeights, attention_layers

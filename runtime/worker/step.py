@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kernels.picture_attention import PictureRows
-from runtime.core.kv_tier import KVMove
+from runtime.kv_tier.index import KVMove
 from runtime.core.sequence import Request, Sequence
 from runtime.lora import LoRAAdapter
 from runtime.outputs import TokenLogprob

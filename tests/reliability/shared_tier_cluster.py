@@ -34,7 +34,7 @@ def main(out: str) -> None:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from runtime import LLM, SamplingParams
-    from runtime.engine.shared_kv import DIRECTORY_PREFIX, KVDirectory
+    from runtime.kv_tier.shared import DIRECTORY_PREFIX, KVDirectory
 
     @ray.remote(num_cpus=1)
     class Engine:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from runtime import LLM, InvalidInputError, LoRARequest, SamplingParams
-from runtime.worker.kv_offload import HostKVTier
+from runtime.kv_tier.host_storage import HostKVTier
 from testing.lora_adapters import make_adapter
 from testing.model_factory import kv_cache_bytes
 

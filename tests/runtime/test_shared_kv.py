@@ -11,7 +11,7 @@ import pytest
 import ray
 
 from runtime import LLM, AsyncLLMEngine, SamplingParams
-from runtime.engine.shared_kv import DIRECTORY_PREFIX
+from runtime.kv_tier.shared import DIRECTORY_PREFIX
 from testing.helpers import wait_until
 from testing.model_factory import build_model_dir
 
@@ -167,15 +167,26 @@ def _first_hash(path, name: str, prompt: list[int]) -> list[int]:
     return llm.engine.shared_tier.hashes(prompt, None)[0][:1]
 
 
+def _blocks_held(directory) -> int | None:
+    """The directory's blocks; None while Ray restarts it."""
+    try:
+        return ray.get(directory.stats.remote())["blocks"]
+    except ray.exceptions.ActorUnavailableError:
+        return None
+
+
 def test_the_directory_comes_back_empty_after_its_process_dies(name, qwen2_model, prompts):
-    """Ray restarts the directory; an engine asking meanwhile computes the prompt itself (no error), publishes it
-    again, and a third engine hits it."""
+    """Ray restarts the directory empty; an engine then computes the prompt itself (no error), publishes it
+    again, and a third engine hits it. (An engine asking while the directory restarts waits at most
+    LOOKUP_TIMEOUT_S, a bound the restart may outlast on a busy machine: the test waits for the restart.)"""
     (prompt, _), (expected, _) = prompts
     a = LLM(str(qwen2_model), **_options(name))
     a.generate([prompt], GREEDY)
     a.engine.shared_tier.flush()
     directory = ray.get_actor(DIRECTORY_PREFIX + name, namespace="rayllm")
     ray.kill(directory, no_restart=False)
+    # the kill lands after the call returns: the directory answers with its blocks until then, 0 once restarted
+    wait_until(lambda: _blocks_held(directory) == 0, timeout=60, every=0.1)
     b = LLM(str(qwen2_model), **_options(name))
     [out] = b.generate([prompt], GREEDY)
     assert (out.outputs[0].token_ids, out.num_cached_tokens) == (expected, 0)

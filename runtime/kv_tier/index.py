@@ -4,7 +4,7 @@ its slots, and the copies between the pool and the tier that the coming step mak
 A hashed block that the pool evicts to make room is copied to a tier slot first (`store`); a prefix lookup that
 misses the pool but finds the tier gets a fresh pool block and a copy back (`load`). Slots are reused least
 recently used first. The tokens are kept beside the hash, and a hit is confirmed against them as a pool hit is.
-The copies themselves run on every rank (`runtime.worker.kv_offload`), in the order they were recorded.
+The copies themselves run on every rank (`runtime.kv_tier.host_storage`), in the order they were recorded.
 """
 
 from collections import OrderedDict

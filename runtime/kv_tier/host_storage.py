@@ -1,11 +1,11 @@
 """The KV offload tier's storage on a rank: its KV heads' share of each offloaded block, in host memory (pinned
 on a GPU, so copies run at the link's speed), beside the pool; and the copies the step makes before its forward
-pass (`runtime.core.kv_tier` records them). On a CPU the tier is plain memory outside the pool's budget: a
+pass (`runtime.kv_tier.index` records them). On a CPU the tier is plain memory outside the pool's budget: a
 block that leaves the pool's LRU stays one copy away instead of a recomputation."""
 
 import torch
 
-from runtime.core.kv_tier import KVMove
+from runtime.kv_tier.index import KVMove
 
 
 class HostKVTier:
