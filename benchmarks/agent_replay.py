@@ -1,6 +1,7 @@
 """Coding-agent sessions replayed against three replicas: the share of each turn's prompt served from the prefix
-cache, with the prefix-aware router (deployments/prefix_router.py) against Serve's power-of-two-choices router
-(random for this purpose), one session alone and 20 interleaved.
+cache, with the prefix-aware router (deployments/prefix_router.py), the same with a load tolerance that a cached
+prefix does not widen, and Serve's power-of-two-choices router (random for this purpose), one session alone and
+20 interleaved.
 
     python -m benchmarks.agent_replay [--sessions 20] [--turns 20]
 
@@ -15,6 +16,7 @@ import asyncio
 import json
 import random
 import tempfile
+import time
 from pathlib import Path
 
 import openai
@@ -25,6 +27,9 @@ from testing.model_factory import build_model_dir
 
 MODEL_ID = "agent-model"
 ROUTERS = {"prefix_aware": {},
+           # the same router with a tolerance that a cached prefix does not widen
+           "prefix_aware_flat_tolerance": {"request_router_class": "deployments.prefix_router:PrefixAwareRouter",
+                                           "request_router_kwargs": {"cached_chars_per_extra_request": 1 << 40}},
            "random": {"request_router_class": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"}}
 WORDS = ("def return import class self value list dict error test file path line read write open close config "
          "model token cache replica request response stream batch engine kernel tensor shape index").split()
@@ -89,7 +94,9 @@ def run(model_dir: Path, router: str, sessions: int, turns: int) -> dict:
                                           timeout=600) as client:
                 return await asyncio.gather(*(session(client, i, turns) for i in range(sessions)))
 
+        start = time.monotonic()
         per_session = asyncio.run(main())
+        seconds = time.monotonic() - start
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -100,7 +107,7 @@ def run(model_dir: Path, router: str, sessions: int, turns: int) -> dict:
               "last_prompt_tokens": max(figures[-1][0] for figures in per_session),
               "cached_share": round(cached / prompt, 3),
               "cached_share_after_first_turn": round(sum(c for _, c in later) / sum(p for p, _ in later), 3),
-              "turns_under_half_cached": sum(c < p / 2 for p, c in later)}
+              "turns_under_half_cached": sum(c < p / 2 for p, c in later), "seconds": round(seconds, 1)}
     report("agent_replay", **result)
     return result
 

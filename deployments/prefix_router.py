@@ -3,7 +3,12 @@
 The router remembers, for chunks of prompt text, which replica it last sent
 them to: that replica's prefix cache most likely still holds their KV. A
 request goes to the replica owning its longest known prefix while that
-replica's queue is within `imbalance_tolerance` of the least loaded one.
+replica's queue is within a tolerance of the least loaded one's:
+`imbalance_tolerance` requests, and one more for every
+`cached_chars_per_extra_request` characters of the prefix it holds (at most
+three times `imbalance_tolerance` more), since recomputing a long prefix
+elsewhere costs more than waiting behind a few requests where it is cached
+(an agent's session, whose prompt grows turn after turn, stays on its replica).
 A prompt this router has not seen goes to its home replica, picked by
 rendezvous hashing of its first chunk: every router (one per ingress
 replica, each with its own memory) picks the same home, so a conversation
@@ -31,8 +36,10 @@ CHUNK_CHARS = 64
 
 
 class PrefixAwareRouter(RequestRouter):
-    def initialize_state(self, imbalance_tolerance: int = 4, max_prefixes: int = 200_000, **kwargs) -> None:
+    def initialize_state(self, imbalance_tolerance: int = 4, cached_chars_per_extra_request: int = 512,
+                         max_prefixes: int = 200_000, **kwargs) -> None:
         self.imbalance_tolerance = imbalance_tolerance
+        self.cached_chars_per_extra_request = cached_chars_per_extra_request
         self.max_prefixes = max_prefixes
         self._owners: OrderedDict[int, ReplicaID] = OrderedDict()  # prefix hash -> replica, least recent first
         self._last: tuple[PendingRequest | None, tuple] = (None, ([], ""))  # hashed when chosen, reused when routed
@@ -46,15 +53,20 @@ class PrefixAwareRouter(RequestRouter):
         load = {rid: self.replica_queue_len_cache.get(rid) or 0 for rid in by_id}
         least = min(load.values())
         hashes, home_key = self._prefix(pending_request)
-        for h in reversed(hashes):  # the longest known prefix first
-            owner = self._owners.get(h)
-            if owner in by_id and load[owner] <= least + self.imbalance_tolerance:
+        for depth in range(len(hashes), 0, -1):  # the longest known prefix first
+            owner = self._owners.get(hashes[depth - 1])
+            if owner in by_id and load[owner] <= least + self._tolerance(depth * CHUNK_CHARS):
                 return [[by_id[owner]], [r for r in candidate_replicas if r.replica_id != owner]]
         if home_key:
             home = max(by_id, key=lambda rid: _rendezvous(home_key, rid))
             if load[home] <= least + self.imbalance_tolerance:
                 return [[by_id[home]], [r for r in candidate_replicas if r.replica_id != home]]
         return [random.sample(candidate_replicas, 2), candidate_replicas]
+
+    def _tolerance(self, cached_chars: int) -> int:
+        """How many more queued requests than the least loaded replica's the owner of a prefix may have."""
+        extra = cached_chars // self.cached_chars_per_extra_request
+        return self.imbalance_tolerance + min(extra, 3 * self.imbalance_tolerance)
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: ReplicaResult) -> None:
         for h in self._prefix(pending_request)[0]:
