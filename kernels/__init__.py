@@ -9,8 +9,8 @@ engine, which builds each step's metadata, stores K/V and attends.
 """
 
 from kernels.activation import clamped_swiglu, gelu_tanh_and_mul, silu_and_mul
-from kernels.attention_backend import AttentionBackend, AttentionMetadata
-from kernels.backends import choose_attention_backend
+from kernels.attention.backend import AttentionBackend, AttentionMetadata
+from kernels.attention.select import choose_attention_backend
 from kernels.linear import linear, pack_weight
 from kernels.moe import fused_experts
 from kernels.norm import rms_norm

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 CHECK = """
 import json, sys, torch
 import kernels
-from kernels.attention import TorchBackend
+from kernels.attention.torch_backend import TorchBackend
 from kernels.cpu import attention, elementwise, grouped_matmul
 from kernels.norm import rms_norm_reference
 

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention_backend import AttentionBackend, AttentionMetadata, new_tokens
+from kernels.attention.backend import AttentionBackend, AttentionMetadata, new_tokens
 from kernels.transfer import tensor_on, to_device
 from kernels.triton.elementwise import store_kv_cache
 

@@ -234,7 +234,7 @@ class CausalLM(nn.Module):
     # a vision-language model: prompts may hold pictures, whose tokens' inputs its vision encoder computes
     # (`encode_images`; `runtime.multimodal`)
     takes_images = False
-    # a picture's tokens attend to each other both ways (Gemma 3: `kernels.picture_attention`)
+    # a picture's tokens attend to each other both ways (Gemma 3: `kernels.attention.pictures`)
     pictures_attend_both_ways = False
     # positions rotate by three axes (M-RoPE: `rope_layout` gives a request's, `runtime.multimodal.mrope`)
     multimodal_rope = False

@@ -2,7 +2,7 @@
 averages the tower's patch grid down to `mm_tokens_per_image` tokens, norms them (1 + weight) and projects them
 to the language model's width, and Gemma 3's language model, in which a picture's tokens attend to each other both
 ways (`pictures_attend_both_ways`: a prefill chunk never ends inside a picture, and the attention layers let a
-picture's queries see its later keys: `kernels.picture_attention`). Pan-and-scan crops are refused: transformers'
+picture's queries see its later keys: `kernels.attention.pictures`). Pan-and-scan crops are refused: transformers'
 processor does not make them, so no reference checks them. Checkpoints name their tensors in either of
 transformers' layouts (`vision_language.LLAVA_LAYOUT`)."""
 

@@ -10,7 +10,7 @@ token, or every prompt token of the chunk), and nothing is sampled for them.
 import torch
 
 from kernels import AttentionMetadata, choose_attention_backend, tensor_on, to_device
-from kernels.picture_attention import PictureAttention, pictures_in_chunk
+from kernels.attention.pictures import PictureAttention, pictures_in_chunk
 from runtime.config import KV_CACHE_DTYPES, EngineConfig
 from runtime.core.scheduler import ScheduledBatch
 from runtime.core.sequence import Request, Sequence

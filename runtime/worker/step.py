@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels.picture_attention import PictureRows
+from kernels.attention.pictures import PictureRows
 from runtime.kv_tier.index import KVMove
 from runtime.core.sequence import Request, Sequence
 from runtime.lora import LoRAAdapter

@@ -4,7 +4,7 @@ every kind of row in a mixed batch, with and without a sliding window, soft-capp
 import pytest
 import torch
 
-from kernels.attention import TorchBackend
+from kernels.attention.torch_backend import TorchBackend
 from kernels.cpu.attention import CpuBackend
 
 BACKENDS = [

@@ -1,4 +1,4 @@
-"""A picture's rows attended both ways (`kernels.picture_attention`, Gemma 3) equal dense attention under
+"""A picture's rows attended both ways (`kernels.attention.pictures`, Gemma 3) equal dense attention under
 transformers' mask (causal or within the picture; under a window, keys less than `window` positions back), for a
 chunk holding the whole picture and for one starting inside it (a cached prefix ended there), beside a decode row
 and another prefill that stay as the backend computed them."""
@@ -6,8 +6,8 @@ and another prefill that stay as the backend computed them."""
 import pytest
 import torch
 
-from kernels.attention import TorchBackend
-from kernels.picture_attention import PictureAttention, pictures_in_chunk
+from kernels.attention.torch_backend import TorchBackend
+from kernels.attention.pictures import PictureAttention, pictures_in_chunk
 
 HQ, HKV, D, BLOCK = 4, 2, 8, 4
 

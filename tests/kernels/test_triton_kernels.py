@@ -6,9 +6,9 @@ import torch
 
 from kernels import QuantizedWeight, code_table
 from kernels.activation import silu_and_mul_reference
-from kernels.attention import TorchBackend
-from kernels.attention import paged_attention as reference_attention
-from kernels.attention import store_kv_cache as reference_store
+from kernels.attention.torch_backend import TorchBackend
+from kernels.attention.torch_backend import paged_attention as reference_attention
+from kernels.attention.torch_backend import store_kv_cache as reference_store
 from kernels.gated_delta import gated_delta_rule_reference
 from kernels.moe import fused_experts_reference
 from kernels.norm import rms_norm_reference as reference_rms_norm

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels.attention import masked_attention, read_slots
+from kernels.attention.torch_backend import masked_attention, read_slots
 from kernels.transfer import to_device
 
 

@@ -26,7 +26,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] where each new token's K/V is stored (negative: nowhere)
     num_decodes: int  # the batch's first rows are this many decodes, one token each
     # a step of a model whose pictures' tokens attend both ways, with such pictures: their rows, attended again
-    # after the backend's causal attention (a `kernels.picture_attention.PictureAttention`, which imports this)
+    # after the backend's causal attention (a `kernels.attention.pictures.PictureAttention`, which imports this)
     pictures: Any = field(default=None, kw_only=True)
 
 

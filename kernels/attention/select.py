@@ -4,8 +4,8 @@ installed torch. The GPU backends are imported only when chosen: a CPU machine m
 
 import torch
 
-from kernels.attention import TorchBackend
-from kernels.attention_backend import AttentionBackend
+from kernels.attention.torch_backend import TorchBackend
+from kernels.attention.backend import AttentionBackend
 from kernels.cpu import attention as cpu_attention
 
 BACKENDS = ("torch", "cpu", "triton", "flash")
@@ -41,7 +41,7 @@ def _best(device: str, cache_dtype: torch.dtype, head_dim: int) -> str:
 
 
 def _flash_available() -> bool:
-    from kernels import flash
+    from kernels.attention import flash
 
     return flash.available()
 
@@ -55,6 +55,6 @@ def _make(name: str) -> AttentionBackend:
         from kernels.triton.attention import TritonBackend
 
         return TritonBackend()
-    from kernels.flash import FlashBackend
+    from kernels.attention.flash import FlashBackend
 
     return FlashBackend()

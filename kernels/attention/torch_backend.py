@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from kernels.attention_backend import AttentionBackend, AttentionMetadata, new_tokens
+from kernels.attention.backend import AttentionBackend, AttentionMetadata, new_tokens
 from kernels.transfer import to_device
 
 _FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
