@@ -180,7 +180,8 @@ def test_in_serves_proxy_a_stalled_client_is_let_go_before_the_guard_would_write
                 await asyncio.Event().wait()
             written.append(message)
 
-        await asyncio.wait_for(app({"type": "http", "path": "/v1/chat/completions", "headers": []}, receive, send), 5)
+        await asyncio.wait_for(app({"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []},
+                                   receive, send), 5)
 
     asyncio.run(main())
     assert [m["type"] for m in written] == ["http.response.start"]
