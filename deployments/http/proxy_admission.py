@@ -48,10 +48,11 @@ class ProxyKeyAdmission:
             return await self.app(scope, receive, send)
         scope[ARRIVED_AT] = time.time()
         key = sent_key(Headers(scope=scope)) if scope["method"] == "POST" else ""
-        bounds = await self._bounds_of(key_digest(key)) if key else None
+        digest = key_digest(key) if key else None
+        bounds = await self._bounds_of(digest) if digest else None
         if bounds is None:
             return await self.app(scope, receive, send)
-        async with self._gates.turn(key_digest(key), *bounds) as admitted:
+        async with self._gates.turn(digest, *bounds) as admitted:
             if not admitted:
                 return await refuse_too_many(scope, send, *bounds)
             await self.app(scope, receive, send)

@@ -50,7 +50,7 @@ class PostProcessor:
             if request.params.prompt_logprobs is None:
                 records.append(record)
             else:
-                delta = deltas.get(request.request_id) or self.request_delta(request)
+                delta = deltas.get(request.request_id) or self._request_delta(request)
                 deltas[request.request_id] = delta
                 delta.seqs.append(sequence_delta(record))
                 delta.finished = record.finished
@@ -61,16 +61,16 @@ class PostProcessor:
                 deltas[seq.request.request_id] = self._embedded(seq)
         for seq in launched.prefilled:
             if seq.num_computed_tokens == seq.num_tokens and not seq.is_finished and seq.request not in failed:
-                delta = deltas.get(seq.request.request_id) or self.request_delta(seq.request)
+                delta = deltas.get(seq.request.request_id) or self._request_delta(seq.request)
                 deltas[seq.request.request_id] = delta
-                self.finish(seq, "length", None)
+                self._finish(seq, "length", None)
                 delta.seqs.append(SequenceDelta(seq.index, [], "", None, "length", num_output_tokens=0))
                 delta.finished = seq.request.finished
         if failed:
             records = [record for record in records if record.request not in failed]
             for request, error in failed.items():
                 if not request.finished:
-                    deltas[request.request_id] = self.fail(request, error)
+                    deltas[request.request_id] = self._fail(request, error)
         if self.speculator is not None:
             self.speculator.observe(launched)
         for request_id, delta in deltas.items():
@@ -78,7 +78,20 @@ class PostProcessor:
                 self.requests.pop(request_id, None)
         return records + list(deltas.values()) if deltas else records
 
-    def fail(self, request: Request, error: str) -> RequestDelta:
+    def end_unfinished(self, request: Request, reason: str, seqs: list[Sequence] | None = None) -> RequestDelta:
+        """Finish every unfinished completion of `request` (of `seqs`, if given) with `reason`; the delta that says
+        so (the text stage gives it the text not yet released)."""
+        delta = self._request_delta(request)
+        if seqs is None:
+            self.encoder_cache.release(request)
+        for seq in request.seqs if seqs is None else seqs:
+            if not seq.is_finished:
+                self._finish(seq, reason, None)
+                delta.seqs.append(SequenceDelta(seq.index, [], "", None, reason,
+                                                num_output_tokens=seq.num_output_tokens))
+        return delta
+
+    def _fail(self, request: Request, error: str) -> RequestDelta:
         """Finish every unfinished completion of `request` with reason "error"; the delta that says so."""
         logger.warning("request %s failed in the engine: %s", request.request_id, error)
         self.block_manager.forget_pictures(request)  # their encoding may have failed: no prompt may hit the blocks
@@ -86,27 +99,14 @@ class PostProcessor:
         delta.error, delta.finished = error, True
         return delta
 
-    def end_unfinished(self, request: Request, reason: str, seqs: list[Sequence] | None = None) -> RequestDelta:
-        """Finish every unfinished completion of `request` (of `seqs`, if given) with `reason`; the delta that says
-        so (the text stage gives it the text not yet released)."""
-        delta = self.request_delta(request)
-        if seqs is None:
-            self.encoder_cache.release(request)
-        for seq in request.seqs if seqs is None else seqs:
-            if not seq.is_finished:
-                self.finish(seq, reason, None)
-                delta.seqs.append(SequenceDelta(seq.index, [], "", None, reason,
-                                                num_output_tokens=seq.num_output_tokens))
-        return delta
-
-    def request_delta(self, request: Request) -> RequestDelta:
+    def _request_delta(self, request: Request) -> RequestDelta:
         prompt_logprobs = None
         if request.params.prompt_logprobs is not None and all(s.num_output_tokens <= 1 for s in request.seqs):
             prompt_logprobs = [None, *request.prompt_logprobs]
         return RequestDelta(request.request_id, request.num_prompt_tokens, request.num_cached_tokens or 0,
                             [], False, prompt_logprobs)
 
-    def finish(self, seq: Sequence, reason: str, matched_stop: int | str | None) -> None:
+    def _finish(self, seq: Sequence, reason: str, matched_stop: int | str | None) -> None:
         seq.finish_reason = reason
         seq.matched_stop = matched_stop
         self.scheduler.finish(seq)
@@ -142,10 +142,10 @@ class PostProcessor:
 
     def _embedded(self, seq: Sequence) -> RequestDelta:
         """Finish an embedding request whose whole prompt is computed; the delta carrying its embedding."""
-        delta = self.request_delta(seq.request)
+        delta = self._request_delta(seq.request)
         delta.embedding = seq.request.pooling.pool(seq.pooled, seq.num_tokens)
         seq.pooled = None
-        self.finish(seq, "stop", None)
+        self._finish(seq, "stop", None)
         delta.finished = True
         return delta
 
@@ -154,9 +154,9 @@ class PostProcessor:
         if seq.matcher is not None:
             seq.matcher.accept(token_id)
             if seq.matcher.done:  # the grammar is complete: nothing else may follow
-                self.finish(seq, "stop", token_id)
+                self._finish(seq, "stop", token_id)
                 return
         if token_id in seq.request.end_token_ids:
-            self.finish(seq, "stop", token_id)
+            self._finish(seq, "stop", token_id)
         elif len(seq.token_ids) >= seq.request.max_num_tokens:
-            self.finish(seq, "length", None)
+            self._finish(seq, "length", None)
