@@ -2,7 +2,7 @@
 negligible, 256 running sequences, and the step's time split into its phases (schedule, prepare the inputs,
 the forward pass, sample, collect the tokens, post-process: tokens appended, ends by id and length, deltas
 built), with async scheduling off and on, in one run. `text_ms` is the text stage's work per step
-(detokenized, stop strings checked: runtime.text.text_stage), which a server does on a thread of its own, off
+(detokenized, stop strings checked: runtime.engine.text_stage), which a server does on a thread of its own, off
 the engine's (AsyncLLMEngine); `host_ms` is the engine thread's own.
 
 On a CPU nothing runs beside the host, so both modes do the same host work; what async scheduling changes is

@@ -11,7 +11,8 @@ import time
 import ray
 
 from benchmarks.common import build_cpu_model, report, shared_prefix_prompts
-from runtime import LLM, SamplingParams, model_runner
+from runtime import LLM, SamplingParams
+from runtime.worker import model_runner
 
 OUTPUT = 64
 

@@ -13,7 +13,8 @@
 
 `target_ongoing_requests` is a proxy that long prompts and long outputs both defeat; what users feel is the time
 to the first token and between tokens. Each replica reports the p90 of both over its last seconds, the longest
-wait of a request still without its first token as a floor under TTFT (`LLMServer.record_autoscaling_stats`); Serve averages each replica's figures over `look_back_period_s`. Over a
+wait of a request still without its first token as a floor under TTFT (`LLMServer.record_autoscaling_stats`);
+Serve averages each replica's figures over `look_back_period_s`. Over a
 target, the policy asks for replicas in proportion to the worst overshoot (at most twice as many at once); well
 under both (below `headroom` of each), it gives back one replica at a time, and only while the ongoing requests
 would still be under `target_ongoing_requests` per replica; between the two it holds. With no latency measured

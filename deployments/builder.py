@@ -8,9 +8,9 @@ from ray import serve
 from ray.serve import Application, Deployment
 
 from deployments.app_config import AppConfig, LLMConfig, parse_app_config, replica_name
+from deployments.http.direct_server import DirectLLMServer
 from deployments.http.ingress import HTTP_MAX_ONGOING, OpenAIIngress
 from deployments.prefix_router import PrefixAwareRouter
-from deployments.replica.direct_server import DirectLLMServer
 from deployments.replica.server import LLMServer
 from runtime.openmp_env import SPINCOUNT
 from runtime.worker.placement import check_placement

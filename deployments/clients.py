@@ -4,7 +4,7 @@ This is the only interface that crosses a Ray hop: the HTTP routes and the
 batch manager reach a model through it, and nothing else of a replica.
 `ModelClient` is what they call: chat, completions and /generate, each as one
 reply or a stream of chunks (dicts, serialised to SSE only at the HTTP edge:
-api/sse.py); embeddings and the other pooling routes; /tokenize and /detokenize; a health probe. `LLMServer` (the
+http/sse.py); embeddings and the other pooling routes; /tokenize and /detokenize; a health probe. `LLMServer` (the
 replica) implements it in-process, which is what direct streaming uses; `RemoteModel` implements it
 over a Serve handle to the model's replicas, which is what the ingress and the
 batch manager use; a request it sends carries the current trace context

@@ -1,6 +1,6 @@
 """The layout's rules, read from the source: imports point down the layers (kernels <- runtime <- deployments),
-the engine knows nothing of Serve or HTTP, nothing shipped or benchmarked imports the tests, no two modules import
-each other round a circle, and no file outgrows a read."""
+and inside runtime/ and deployments/ down their floors; the engine knows nothing of Serve or HTTP, nothing shipped
+or benchmarked imports the tests, no two modules import each other round a circle, and no file outgrows a read."""
 
 import ast
 from functools import cache
@@ -59,6 +59,63 @@ def test_imports_point_down(package, forbidden):
     wrong = sorted(f"{name} imports {n}" for name in modules() if under(name, package)
                    for n in imports(name) if any(under(n, f) for f in forbidden))
     assert wrong == []
+
+
+# Each package's rooms (its subpackages and top-level modules), bottom floor first: a room imports only rooms on
+# floors below its own. An entry may name a module inside a room, which then stands on its own floor (the KV
+# offload tier's index, which the block manager consults; the rest of the tier is built on the block manager).
+FLOORS = {
+    "runtime": [
+        ("errors", "openmp_env"),
+        ("distributed", "outputs"),
+        ("text", "layers"),
+        ("sampling_params", "pooling", "multimodal", "lora", "kv_tier.index"),
+        ("config", "scoring"),
+        ("core",),
+        ("models", "kv_tier"),
+        ("worker",),
+        ("speculative",),
+        ("engine",),
+        ("",),  # the package's own __init__, which re-exports the public API
+    ],
+    "deployments": [
+        ("errors",),
+        ("metrics", "tracing", "work_pool", "parsers", "broadcast", "storage"),
+        ("media",),
+        ("app_config", "api"),
+        ("clients",),
+        ("replica", "prefix_router", "disaggregated"),
+        ("batch",),
+        ("http", "autoscaling"),
+        ("builder",),
+        ("",),
+    ],
+}
+
+
+def floor_of(package: str, name: str) -> tuple[int, str]:
+    """The floor a module stands on and the room (entry) that places it: the longest entry that holds it."""
+    rest = name[len(package) + 1:]
+    placed = [(len(entry), level, entry) for level, entries in enumerate(FLOORS[package]) for entry in entries
+              if rest == entry or rest.startswith(entry + ".") or (entry == "" and rest == "")]
+    assert placed, f"{name} stands on no floor of {package}: add its room to FLOORS"
+    _, level, entry = max(placed)
+    return level, entry
+
+
+@pytest.mark.parametrize("package", sorted(FLOORS))
+def test_imports_point_down_the_floors(package):
+    wrong = []
+    for name in modules():
+        if not under(name, package):
+            continue
+        level, room = floor_of(package, name)
+        for n in project_imports(name):
+            if under(n, package):
+                other_level, other_room = floor_of(package, n)
+                if other_room != room and other_level >= level:
+                    wrong.append(f"{name} imports {n}")
+    assert sorted(wrong) == []
 
 
 def test_no_import_circles():

@@ -1,4 +1,3 @@
-"""One folder per API (chat, completions, generate, embeddings, tokenize, responses, anthropic, batches), each
-with its request bodies (protocol.py, parsed on the HTTP side), its handler (turning a request into engine work
-and its outputs into reply bodies, on the replica) and its routes. Beside them, what several APIs share: the
-request base and sampling fields, reply pieces, ids, list pages, SSE framing and the routes' helpers."""
+"""The contracts both processes import: one folder per API with its request bodies (protocol.py), and what
+several APIs share (the request base, sampling fields, tool schemas, reply pieces, ids, list pages, strict JSON).
+The ingress parses bodies into these models (deployments/http/); the replica serves them (deployments/replica/)."""

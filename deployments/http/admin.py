@@ -18,9 +18,9 @@ from fastapi.responses import PlainTextResponse
 from pydantic import Field
 
 from deployments.api.request_model import RequestModel
-from deployments.api.routing import Front
 from deployments.errors import OpenAIError
 from deployments.http.front import OpenAIFront
+from deployments.http.routing import Front
 from deployments.replica.adapters import AdapterSource
 from runtime.engine.lifecycle import PAUSE_MODES
 from runtime.worker.weight_transfer import BACKENDS

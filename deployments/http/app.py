@@ -1,8 +1,8 @@
-"""The OpenAI-compatible HTTP app: each API's routes (deployments/api/<api>/routes.py), and the app's own:
-models, health and metrics.
+"""The OpenAI-compatible HTTP app: each API's routes (routes/; the Responses, Anthropic and Conversations
+adapters' in their own folders), and the app's own: models, health and metrics.
 
 Bodies are parsed by `OpenAIFront` (front.py), so bad input never reaches an engine; streams leave as
-server-sent events (framed at the edge: api/sse.py); every error leaves in OpenAI's shape. The app is the same
+server-sent events (framed at the edge: sse.py); every error leaves in OpenAI's shape. The app is the same
 whichever deployment hosts it: the ingress, which reaches each model's replicas through Serve handles, or a
 model's replica itself in direct streaming (see clients.py).
 """
@@ -14,25 +14,19 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
 
-from deployments.api.anthropic import routes as anthropic
-from deployments.api.batches import routes as batches
-from deployments.api.chat import routes as chat
-from deployments.api.completions import routes as completions
-from deployments.api.conversations import routes as conversations
-from deployments.api.embeddings import routes as embeddings
-from deployments.api.generate import routes as generate
-from deployments.api.responses import routes as responses
-from deployments.api.routing import Front
-from deployments.api.scores import routes as scores
-from deployments.api.tokenize import routes as tokenize
 from deployments.clients import ModelClient
 from deployments.errors import OpenAIError, error_body, model_not_found
 from deployments.http import admin
+from deployments.http.anthropic import routes as anthropic
+from deployments.http.conversations import routes as conversations
 from deployments.http.disconnect import DisconnectOnCancel
 from deployments.http.front import OpenAIFront
 from deployments.http.key_admission import KeyAdmission
 from deployments.http.metrics import RequestCounter, node_metrics_text
 from deployments.http.request_limits import RequestLimits
+from deployments.http.responses import routes as responses
+from deployments.http.routes import batches, chat, completions, embeddings, generate, scores, tokenize
+from deployments.http.routing import Front
 from deployments.http.stalled_streams import StalledStreamGuard
 from deployments.tracing import HttpSpans, tracing
 

@@ -8,10 +8,6 @@ from dataclasses import dataclass
 from fastapi import Request
 from pydantic import BaseModel
 
-from deployments.api.conversations.handler import ConversationsAPI
-from deployments.api.conversations.store import ConversationStore
-from deployments.api.responses.handler import ResponsesAPI
-from deployments.api.responses.store import ResponseStore
 from deployments.api.sampling_fields import salted_by_owner
 from deployments.app_config import AppConfig, replica_name
 from deployments.batch.api import BatchAPI
@@ -21,7 +17,11 @@ from deployments.clients import ModelClient
 from deployments.http import published_keys
 from deployments.http.auth import ApiKeys
 from deployments.http.body import BodyParser
+from deployments.http.conversations.handler import ConversationsAPI
+from deployments.http.conversations.store import ConversationStore
 from deployments.http.models import ModelRegistry
+from deployments.http.responses.handler import ResponsesAPI
+from deployments.http.responses.store import ResponseStore
 from deployments.storage import open_store
 from deployments.storage.usage import Quota
 from deployments.tracing import start_tracing

@@ -10,7 +10,6 @@ from deployments.http.app import build_app
 from deployments.http.front import OpenAIFront
 from runtime.engine.startup_heap import freeze_startup_heap
 
-
 # requests a replica that serves HTTP holds at once: well past any one key's bounds (key_admission.py), so a key's
 # waiting requests wait in it, where they are counted, and not in Serve's queue in front of other keys
 HTTP_MAX_ONGOING = 1000

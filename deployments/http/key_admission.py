@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import anyio
 from starlette.datastructures import Headers
 
-from deployments.api.anthropic.handler import anthropic_error_of
 from deployments.errors import OpenAIError
+from deployments.http.anthropic.handler import anthropic_error_of
 from deployments.http.auth import ApiKeys
 from deployments.http.request_limits import send_json
 

@@ -10,7 +10,6 @@ from deployments.clients import ModelClient
 from deployments.errors import OpenAIError, model_not_found
 from deployments.replica.adapters import adapter_name, adapters_of
 
-
 RELIST_S = 1.0  # the least time between two listings of the adapters prompted by unknown model names
 
 

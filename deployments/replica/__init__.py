@@ -1,1 +1,2 @@
-"""What runs on a model's replica, beside its engine: the model server, its LoRA adapters, its gauges."""
+"""What runs on a model's replica, beside its engine: the model server, each API's handler, chat prompt rendering,
+choice parsing, its LoRA adapters, its gauges."""

@@ -10,25 +10,25 @@ from collections.abc import AsyncIterator
 
 from ray import serve
 
-from deployments.api.chat.handler import ChatHandler
 from deployments.api.chat.protocol import ChatCompletionRequest
-from deployments.api.completions.handler import CompletionHandler
 from deployments.api.completions.protocol import CompletionRequest
-from deployments.api.embeddings.handler import EmbeddingHandler
 from deployments.api.embeddings.protocol import EmbeddingRequest, PoolingRequest
 from deployments.api.format import TokenTexts
-from deployments.api.generate.handler import GenerateHandler
 from deployments.api.generate.protocol import GenerateRequest
 from deployments.api.ids import new_id
-from deployments.api.scores.handler import ScoreHandler
 from deployments.api.scores.protocol import ClassifyRequest, PoolingCall, RerankRequest, ScoreRequest
-from deployments.api.tokenize.handler import TokenizeHandler
 from deployments.api.tokenize.protocol import DetokenizeRequest, TokenizeRequest
 from deployments.app_config import LLMConfig
 from deployments.broadcast import on_every_replica
 from deployments.errors import OpenAIError, StreamError
 from deployments.media import MediaLoader, MediaPolicy
 from deployments.replica.adapters import adapters_of
+from deployments.replica.handlers.chat import ChatHandler
+from deployments.replica.handlers.completions import CompletionHandler
+from deployments.replica.handlers.embeddings import EmbeddingHandler
+from deployments.replica.handlers.generate import GenerateHandler
+from deployments.replica.handlers.scores import ScoreHandler
+from deployments.replica.handlers.tokenize import TokenizeHandler
 from deployments.replica.metrics import EngineGauges, RequestMetrics
 from deployments.tracing import Observers, RequestSpans, continued, start_tracing, tracing
 from runtime import (

@@ -4,8 +4,8 @@ installed torch. The GPU backends are imported only when chosen: a CPU machine m
 
 import torch
 
-from kernels.attention.torch_backend import TorchBackend
 from kernels.attention.backend import AttentionBackend
+from kernels.attention.torch_backend import TorchBackend
 from kernels.cpu import attention as cpu_attention
 
 BACKENDS = ("torch", "cpu", "triton", "flash")

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.attention.torch_backend import store_kv_cache
 from kernels.attention.backend import AttentionBackend, AttentionMetadata, new_tokens
+from kernels.attention.torch_backend import store_kv_cache
 from kernels.cpu import build
 
 HEAD_DIMS = (16, 32, 48, 64, 80, 96, 128, 256, 576)  # the instances attention.cpp compiles (576: DeepSeek's latent)

@@ -22,8 +22,8 @@ from array import array
 from hashlib import blake2b
 
 from runtime.core.free_blocks import FreeBlocks
-from runtime.kv_tier.index import KVMove, TierHit, TierIndex
 from runtime.core.sequence import Sequence
+from runtime.kv_tier.index import KVMove, TierHit, TierIndex
 from runtime.multimodal.inputs import ImageInput, image_hashes_in
 
 FREED = -1  # a block-table entry whose block was freed: no attention reads it again

@@ -27,18 +27,18 @@ for theirs.
 A model with stateful layers (linear attention) gives each running sequence a state slot of its own, of
 `max_num_seqs`, so a seat always comes with one; it goes back with the seat. Where the RoPE scales with length
 past the original context, a sequence is admitted with the scale its length calls for, and one that outgrows
-it (longrope) is preempted, to be recomputed (`runtime.models.rotary.LengthScaledRope`).
+it (longrope) is preempted, to be recomputed (`runtime.layers.rotary.LengthScaledRope`).
 """
 
 from collections import Counter
 from dataclasses import dataclass, field
 
 from runtime.core.block_manager import BlockManager
-from runtime.kv_tier.index import KVMove
 from runtime.core.sequence import BY_ORDER, Request, Sequence, SequenceStatus
 from runtime.core.waiting_queue import WaitingQueue
+from runtime.kv_tier.index import KVMove
+from runtime.layers.rotary import LengthScaledRope
 from runtime.lora import AdapterSlots, LoRAAdapter
-from runtime.models.rotary import LengthScaledRope
 
 FOREGROUND_STEPS = 100  # steps a higher priority keeps lower ones at their background seats after it was last seen
 

@@ -14,7 +14,7 @@ instead: the same interface, the engine itself in a child process
 Commands (add, abort) are queued to the thread and applied between steps, so
 the engine itself is only ever touched by its thread (an engine process takes
 them at once, on any thread, and its child applies them between its steps).
-The step's token deltas get their text on a second thread (runtime.text.text_stage),
+The step's token deltas get their text on a second thread (runtime.engine.text_stage),
 so the engine's thread goes on to the next step meanwhile (on a GPU, the host
 work while the device computes); it waits only for the text of the step before,
 so a sequence ends at most a step after its stop string. An engine process

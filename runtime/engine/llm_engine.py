@@ -4,7 +4,8 @@
 tokens into per-request deltas (new tokens, logprobs, finish reason), ending
 sequences by token id and length (runtime.engine.post_process); `step()` also
 gives them their text and ends sequences at stop strings
-(runtime.text.text_stage), which a caller may do on a thread of its own instead, as AsyncLLMEngine does. An embedding request (`validate_embedding`)
+(runtime.engine.text_stage), which a caller may do on a thread of its own instead, as
+AsyncLLMEngine does. An embedding request (`validate_embedding`)
 is prefilled in the same batches and finishes with its pooled embedding once its
 last prompt token is computed. A failure that belongs to one request (its
 sampling, prompt logprobs, text or stop handling) finishes that request with an
@@ -16,24 +17,24 @@ from functools import partial
 
 from runtime.config import EngineConfig
 from runtime.core.block_manager import FREED, BlockManager
-from runtime.kv_tier.index import TierIndex
 from runtime.core.scheduler import ScheduledBatch, Scheduler
 from runtime.core.sequence import Request, Sequence
 from runtime.distributed import destroy_groups, free_address
 from runtime.engine.lifecycle import EngineLifecycle
 from runtime.engine.post_process import PostProcessor
+from runtime.engine.text_stage import TextStage
 from runtime.engine.validator import RequestValidator, ValidRequest
 from runtime.engine.warm_up import warm_up
 from runtime.errors import InvalidInputError
+from runtime.kv_tier.host_storage import read_blocks
+from runtime.kv_tier.index import TierIndex
+from runtime.layers.rotary import LengthScaledRope
+from runtime.layers.sliding_window import kv_window
 from runtime.lora import AdapterSlots, LoRARequest
-from runtime.models.rotary import LengthScaledRope
-from runtime.models.sliding_window import kv_window
 from runtime.multimodal import ImageInput
 from runtime.outputs import RequestDelta
 from runtime.sampling_params import SamplingParams
 from runtime.speculative.build import build_speculator
-from runtime.text.text_stage import TextStage
-from runtime.kv_tier.host_storage import read_blocks
 from runtime.worker.model_runner import ModelRunner
 from runtime.worker.step import LaunchedStep
 
@@ -170,7 +171,7 @@ class LLMEngine(EngineLifecycle):
     # --- stepping -----------------------------------------------------------
 
     def step(self) -> list[RequestDelta]:
-        """`step_tokens()`, as deltas with their text (runtime.text.text_stage)."""
+        """`step_tokens()`, as deltas with their text (runtime.engine.text_stage)."""
         return self.text.apply(self.step_tokens())
 
     def step_tokens(self) -> list:

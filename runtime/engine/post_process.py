@@ -5,7 +5,7 @@ Each sampled token is appended to its sequence, which ends by token id, by lengt
 complete; verified draft tokens count as computed and the rest give their slots back; an embedding whose prompt is
 computed is pooled; a request whose tokens or grammar fail ends alone with an error. What a batch gained comes
 back as `TokenRecord`s (one per sequence that gained) and `RequestDelta`s (a request that ended otherwise, or
-that asked for prompt logprobs), which the text stage (runtime.text.text_stage) gives their text.
+that asked for prompt logprobs), which the text stage (runtime.engine.text_stage) gives their text.
 """
 
 import logging

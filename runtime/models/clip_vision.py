@@ -1,13 +1,13 @@
 """CLIP's vision transformer (LLaVA's vision tower): patches and a class token, learned positions, pre-norm
 encoder layers with bidirectional attention. Module names mirror transformers' `CLIPVisionTransformer`, so the
-checkpoint's names map directly. It is not sharded: rank 0 runs it whole (`runtime.multimodal.encoder_cache`)."""
+checkpoint's names map directly. It is not sharded: rank 0 runs it whole (`runtime.worker.encoder_cache`)."""
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
-from runtime.models.layers import activation
+from runtime.layers.mlp import activation
 
 
 class VisionEmbeddings(nn.Module):

@@ -1,4 +1,5 @@
-"""The decoder-only transformer every family builds on: attention, gated MLP, layers, model, LM head.
+"""The decoder-only transformer every family builds on: its layers (attention and MLP from runtime/layers/),
+the model, the LM head, and the MoE variant that loads per-expert checkpoint tensors into stacked experts.
 
 A family (`runtime/models/<family>.py`) subclasses `CausalLM` and sets what differs: biases on the q/k/v
 projections, per-head q/k norms, each layer's attention and MLP, how checkpoint names map to parameters.
@@ -7,139 +8,24 @@ to the attention backend (`sliding_window.layer_windows`).
 """
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from kernels import AttentionMetadata, apply_rotary, silu_and_mul
-from runtime.distributed import all_reduce, pipeline_stage
-from runtime.models.layers import (
-    MergedColumnParallelLinear,
+from runtime.distributed import pipeline_stage
+from runtime.layers.attention import Attention, head_dim_of
+from runtime.layers.linear import (
     ParallelLMHead,
-    QKVParallelLinear,
-    RMSNorm,
-    RowParallelLinear,
     VocabParallelEmbedding,
-    head_parameter,
 )
-from runtime.models.rotary import RotaryTables, check_rope, deinterleave_pairs, rope_key
-from runtime.models.sliding_window import layer_windows
+from runtime.layers.mlp import MLP
+from runtime.layers.norms import RMSNorm
+from runtime.layers.rotary import RotaryTables, check_rope, rope_key
+from runtime.layers.sliding_window import layer_windows
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
-
-
-def head_dim_of(config: PretrainedConfig) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
-class Attention(nn.Module):
-    """Self-attention over the paged cache. Beyond the plain layer: a sliding `window`, a `scale` other than
-    head_dim ** -0.5, soft-capped scores (`softcap`), per-head q/k norms of class `qk_norm`, learned
-    per-head attention `sinks` (gpt-oss), no rotary embedding (`rope` False: SmolLM3's NoPE layers), a
-    rotary embedding over interleaved pairs (`interleaved`: ERNIE), and an output gate per head that the query
-    projection computes beside each query (`gated`: Qwen3-Next, the sigmoid of it scales the head's output)."""
-
-    kv_planes = 2  # the KV cache's planes: keys, values
-
-    def __init__(self, config: PretrainedConfig, qkv_bias: bool, o_bias: bool, qk_norm: type[nn.Module] | None,
-                 window: int | None = None, scale: float | None = None, softcap: float | None = None,
-                 sinks: bool = False, rope: bool = True, interleaved: bool = False, gated: bool = False):
-        super().__init__()
-        head_dim = head_dim_of(config)
-        self.gated = gated
-        q_heads = config.num_attention_heads * (2 if gated else 1)  # a gate beside each query head
-        self.qkv_proj = QKVParallelLinear(config.hidden_size, head_dim, q_heads, config.num_key_value_heads, qkv_bias)
-        self.num_heads = self.qkv_proj.num_heads // (2 if gated else 1)
-        self.num_kv_heads = self.qkv_proj.num_kv_heads
-        self.head_dim = head_dim
-        self.scale = scale or head_dim**-0.5
-        self.window, self.softcap, self.rope, self.interleaved = window, softcap, rope, interleaved
-        self.o_proj = RowParallelLinear(config.num_attention_heads * head_dim, config.hidden_size, o_bias)
-        self.q_norm = self.k_norm = None
-        if qk_norm is not None:
-            self.q_norm = qk_norm(head_dim, config.rms_norm_eps)
-            self.k_norm = qk_norm(head_dim, config.rms_norm_eps)
-        self.sinks = head_parameter(self.num_heads) if sinks else None
-        self.k_cache = self.v_cache = torch.empty(0)  # bound by the model runner
-
-    def forward(self, hidden: torch.Tensor, cos_sin, meta: AttentionMetadata) -> torch.Tensor:
-        """Attention runs on the backend that built `meta`, reached through it: metadata is only readable by
-        its own backend, so pairing them in one object rules out a mismatch, and the forward pass (a CUDA
-        graph's captured one included) needs no backend bound to each layer."""
-        kv_size = self.num_kv_heads * self.head_dim
-        if not self.gated:
-            q, k, v = self.qkv_proj(hidden).split([self.num_heads * self.head_dim, kv_size, kv_size], dim=-1)
-            return self.o_proj(self.attend(q.reshape(-1, self.num_heads, self.head_dim), k, v, cos_sin, meta))
-        q_gate, k, v = self.qkv_proj(hidden).split([2 * self.num_heads * self.head_dim, kv_size, kv_size], dim=-1)
-        q, gate = q_gate.reshape(-1, self.num_heads, 2, self.head_dim).unbind(2)  # per head: its query, its gate
-        out = self.attend(q.contiguous(), k, v, cos_sin, meta)
-        return self.o_proj(out * torch.sigmoid(gate.reshape(out.shape)))
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin, meta: AttentionMetadata
-               ) -> torch.Tensor:
-        """The attention output [T, heads x head_dim] of q [T, heads, head_dim] and the new tokens' k and v
-        (each [T, kv_heads x head_dim]): norms and rotary embedding applied, k and v stored in the cache."""
-        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
-        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.norm_qk(q, k)
-        if self.rope:
-            q, k = rotate(q, k, *cos_sin, self.interleaved)
-        meta.backend.store_kv(k, v, self.k_cache, self.v_cache, meta)
-        out = meta.backend.attend(q, self.k_cache, self.v_cache, meta, self.scale, self.window, self.softcap,
-                                  self.sinks)
-        if meta.pictures is not None:
-            meta.pictures.attend(out, q, self.k_cache, self.v_cache, self.scale, self.window, self.softcap, self.sinks)
-        return out.reshape(-1, self.num_heads * self.head_dim)
-
-    def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q [T, heads, head_dim] and k [T, kv_heads, head_dim] after their norms (none, or per head)."""
-        if self.q_norm is None:
-            return q, k
-        return self.q_norm(q), self.k_norm(k)
-
-
-def rotate(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False
-           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rotary embedding over each head's first 2 x cos.shape[-1] features (all of them but where the model's
-    `partial_rotary_factor` is below 1), as halves or as `interleaved` pairs; the rest pass as they are."""
-    rotated = 2 * cos.shape[-1]
-    if rotated == q.shape[-1] and not interleaved:
-        return apply_rotary(q, k, cos, sin)
-    q_rot, k_rot = q[..., :rotated], k[..., :rotated]
-    if interleaved:
-        q_rot, k_rot = deinterleave_pairs(q_rot), deinterleave_pairs(k_rot)
-    q_rot, k_rot = apply_rotary(q_rot.contiguous(), k_rot.contiguous(), cos, sin)
-    return torch.cat([q_rot, q[..., rotated:]], dim=-1), torch.cat([k_rot, k[..., rotated:]], dim=-1)
-
-
-# On CPU a long prefill goes through the MLP this many rows at a time, so the wide gate/up activations
-# stay in cache
-_CPU_MLP_ROWS = 512
-
-
-class MLP(nn.Module):
-    """The gated MLP (SiLU, or another `activation` of gate times up), its intermediate features split across
-    ranks."""
-
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False,
-                 activation: Callable[[torch.Tensor], torch.Tensor] = silu_and_mul):
-        super().__init__()
-        self.activation = activation
-        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias)
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias)
-
-    def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
-        """The output, or this rank's partial sum of it when the caller reduces (an MoE block's shared expert)."""
-        # with LoRA, every projection sees the whole step: its adapters' rows are the step's rows
-        if x.is_cuda or x.shape[0] <= _CPU_MLP_ROWS or self.down_proj.lora is not None:
-            return self.down_proj(self._gated(x), reduce=reduce)
-        blocks = torch.cat([self.down_proj(self._gated(rows), reduce=False) for rows in x.split(_CPU_MLP_ROWS)])
-        return all_reduce(blocks) if reduce else blocks  # one collective for the whole step, not one per block
-
-    def _gated(self, x: torch.Tensor) -> torch.Tensor:
-        return self.activation(self.gate_up_proj(x))
 
 
 class DecoderLayer(nn.Module):
@@ -227,9 +113,9 @@ class CausalLM(nn.Module):
     # its pooled vector is its labels' logits (`runtime.models.classifier`)
     classifies = False
     supports_lora = True
-    # layers that keep a state per sequence (`runtime.models.state_cache`): no prefix caching, no speculation
+    # layers that keep a state per sequence (`runtime.layers.state_cache`): no prefix caching, no speculation
     has_recurrent_state = False
-    # layers that attend within chunks of this many positions (`runtime.models.chunked_attention`), if any
+    # layers that attend within chunks of this many positions (`runtime.layers.chunked_attention`), if any
     attention_chunk_size: int | None = None
     # a vision-language model: prompts may hold pictures, whose tokens' inputs its vision encoder computes
     # (`encode_images`; `runtime.multimodal`)
@@ -346,3 +232,29 @@ def language_model_config(config: PretrainedConfig) -> PretrainedConfig:
     text = config.text_config
     text.tie_word_embeddings = getattr(config, "tie_word_embeddings", False)
     return text
+
+
+# an expert's tensor: its weight, or a quantized checkpoint's codes, scales, zero points (`weight_packed`, ...;
+# GPTQ's and AWQ's `qweight`, `scales`, `qzeros`, `g_idx`)
+_EXPERT = re.compile(r"\.experts\.(\d+)\.(\w+)\.(weight(?:_\w+)?|qweight|scales|qzeros|g_idx)$")
+
+
+class MoeCausalLM(CausalLM):
+    """A causal LM with MoE blocks, loading per-expert checkpoint tensors into the stacked parameters."""
+
+    supports_lora = False
+    expert_names = ("gate_proj", "up_proj", "down_proj")  # the checkpoint's gate, up and down projections
+
+    def param_for(self, name: str) -> tuple[str, tuple]:
+        """A per-expert tensor fills its expert's rows of the stacked parameter (args: expert, gate or up), a
+        quantized one's the parameter of its suffix (`gate_up_proj_weight_scale`: `QuantizedExperts`); fused
+        expert tensors already carry the stacked parameter's name."""
+        match = _EXPERT.search(name)
+        if match is None or match.group(2) not in self.expert_names or self.past_last_layer(name):
+            return super().param_for(name)
+        expert, which = int(match.group(1)), self.expert_names.index(match.group(2))
+        suffix = "" if match.group(3) == "weight" else f"_{match.group(3)}"
+        stem = name[: match.start()] + ".experts."
+        if which == 2:
+            return stem + "down_proj" + suffix, (expert,)
+        return stem + "gate_up_proj" + suffix, (expert, which)

@@ -9,8 +9,8 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from runtime.errors import InvalidInputError
+from runtime.layers.mla import LatentAttention
 from runtime.models.deepseek_v3 import DeepseekV3ForCausalLM
-from runtime.models.mla import LatentAttention
 
 _TOPK_METHODS = ("greedy", "group_limited_greedy")
 

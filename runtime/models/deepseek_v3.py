@@ -7,10 +7,10 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from runtime.errors import InvalidInputError
-from runtime.models.decoder import MLP
-from runtime.models.mla import LatentAttention, latent_cache_head_dim
-from runtime.models.moe import MoeCausalLM
-from runtime.models.sigmoid_moe import GroupedTopkRouter, SigmoidMoE
+from runtime.layers.mla import LatentAttention, latent_cache_head_dim
+from runtime.layers.mlp import MLP
+from runtime.layers.sigmoid_moe import GroupedTopkRouter, SigmoidMoE
+from runtime.models.decoder import MoeCausalLM
 
 
 class DeepseekV3ForCausalLM(MoeCausalLM):

@@ -10,9 +10,10 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from runtime.errors import InvalidInputError
-from runtime.models.decoder import MLP, Attention, CausalLM
-from runtime.models.moe import MoeCausalLM
-from runtime.models.sigmoid_moe import SigmoidMoE
+from runtime.layers.attention import Attention
+from runtime.layers.mlp import MLP
+from runtime.layers.sigmoid_moe import SigmoidMoE
+from runtime.models.decoder import CausalLM, MoeCausalLM
 
 
 class ErnieRouter(nn.Module):

@@ -4,8 +4,9 @@ four by `layer_types`), the sliding layers rotate and the full ones attend witho
 from torch import nn
 from transformers import PretrainedConfig
 
-from runtime.models.decoder import Attention, CausalLM
-from runtime.models.layers import RMSNorm
+from runtime.layers.attention import Attention
+from runtime.layers.norms import RMSNorm
+from runtime.models.decoder import CausalLM
 from runtime.models.olmo2 import Olmo2DecoderLayer
 
 

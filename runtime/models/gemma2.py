@@ -9,8 +9,10 @@ from transformers import PretrainedConfig
 
 from kernels import gelu_tanh_and_mul
 from runtime.errors import InvalidInputError
-from runtime.models.decoder import MLP, Attention, CausalLM, DecoderModel, normed_input
-from runtime.models.layers import GemmaRMSNorm
+from runtime.layers.attention import Attention
+from runtime.layers.mlp import MLP
+from runtime.layers.norms import GemmaRMSNorm
+from runtime.models.decoder import CausalLM, DecoderModel, normed_input
 
 
 class GemmaDecoderLayer(nn.Module):

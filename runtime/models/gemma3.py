@@ -4,8 +4,8 @@ layers (`rope_local_base_freq`, kept per layer type in `rope_parameters`). With 
 
 from transformers import PretrainedConfig
 
+from runtime.layers.norms import GemmaRMSNorm
 from runtime.models.gemma2 import Gemma2ForCausalLM
-from runtime.models.layers import GemmaRMSNorm
 
 
 class Gemma3ForCausalLM(Gemma2ForCausalLM):

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
+from runtime.layers.norms import GemmaRMSNorm
 from runtime.models.gemma3 import Gemma3ForCausalLM
-from runtime.models.layers import GemmaRMSNorm
 from runtime.models.siglip_vision import SiglipVisionTower
 from runtime.models.vision_language import VisionLanguage
 

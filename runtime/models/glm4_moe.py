@@ -5,10 +5,11 @@ per-head q/k norms and a rotary embedding over part of each head (`partial_rotar
 from torch import nn
 from transformers import PretrainedConfig
 
-from runtime.models.decoder import MLP, Attention
-from runtime.models.layers import RMSNorm
-from runtime.models.moe import MoeCausalLM
-from runtime.models.sigmoid_moe import SigmoidMoE
+from runtime.layers.attention import Attention
+from runtime.layers.mlp import MLP
+from runtime.layers.norms import RMSNorm
+from runtime.layers.sigmoid_moe import SigmoidMoE
+from runtime.models.decoder import MoeCausalLM
 
 
 class Glm4MoeForCausalLM(MoeCausalLM):

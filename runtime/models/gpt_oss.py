@@ -4,7 +4,7 @@ renormalised, experts with biases and a clamped SwiGLU (`swiglu_alpha`, `swiglu_
 
 Checkpoints in bf16/fp32 (transformers' layout: each layer's experts fused, input-major, gate and up
 interleaved), or with MXFP4 experts as OpenAI publishes them (`quantization_config`'s `quant_method: mxfp4`),
-which stay MXFP4 in memory (`runtime.models.quantization.mxfp4_experts`).
+which stay MXFP4 in memory (`runtime.layers.quantization.mxfp4`).
 """
 
 from functools import partial
@@ -14,10 +14,11 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from kernels import clamped_swiglu
-from runtime.models.decoder import Attention
-from runtime.models.moe import FusedExperts, MoeCausalLM, SparseMoeBlock
-from runtime.models.quantization.mxfp4_experts import Mxfp4Experts, gate_then_up
-from runtime.models.quantization.scheme import is_mxfp4
+from runtime.layers.attention import Attention
+from runtime.layers.moe import FusedExperts, SparseMoeBlock
+from runtime.layers.quantization.checkpoint import is_mxfp4
+from runtime.layers.quantization.mxfp4 import Mxfp4Experts, gate_then_up
+from runtime.models.decoder import MoeCausalLM
 
 
 def _activation(config: PretrainedConfig):

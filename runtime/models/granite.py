@@ -6,7 +6,8 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from runtime.models.decoder import Attention, CausalLM, DecoderLayer, DecoderModel, normed_input
+from runtime.layers.attention import Attention
+from runtime.models.decoder import CausalLM, DecoderLayer, DecoderModel, normed_input
 
 
 class GraniteDecoderLayer(DecoderLayer):

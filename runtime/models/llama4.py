@@ -1,5 +1,5 @@
 """Llama 4 (text): three layers of four attend within chunks of `attention_chunk_size` positions
-(`runtime.models.chunked_attention`) with rotary embedding over interleaved pairs and an L2 norm on q and k; the
+(`runtime.layers.chunked_attention`) with rotary embedding over interleaved pairs and an L2 norm on q and k; the
 fourth attends to everything without RoPE, its queries scaled up with the position (`attn_temperature_tuning`).
 Every `interleave_moe_layer_step`-th layer is a mixture of experts: a top-k router whose sigmoid score scales the
 expert's input (not its output), beside an ungated shared expert; the others are dense MLPs of
@@ -14,9 +14,11 @@ from transformers import PretrainedConfig
 
 from runtime.distributed import all_reduce
 from runtime.errors import InvalidInputError
-from runtime.models.decoder import MLP, Attention, DecoderModel, language_model_config
-from runtime.models.layers import ReplicatedLinear
-from runtime.models.moe import FusedExperts, MoeCausalLM
+from runtime.layers.attention import Attention
+from runtime.layers.linear import ReplicatedLinear
+from runtime.layers.mlp import MLP
+from runtime.layers.moe import FusedExperts
+from runtime.models.decoder import DecoderModel, MoeCausalLM, language_model_config
 
 
 class L2Norm(nn.Module):

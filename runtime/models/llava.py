@@ -9,14 +9,15 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from runtime.layers.mlp import activation
 from runtime.models.clip_vision import CLIPVisionTower
 from runtime.models.decoder import CausalLM
-from runtime.models.layers import activation
 from runtime.models.llama import LlamaForCausalLM
 from runtime.models.mistral import MistralForCausalLM
 from runtime.models.qwen2 import Qwen2ForCausalLM
 from runtime.models.qwen3 import Qwen3ForCausalLM
 from runtime.models.vision_language import VisionLanguage, feature_layers
+
 
 class LlavaProjector(nn.Module):
     def __init__(self, config: PretrainedConfig, num_feature_layers: int):

@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from runtime.models.layers import default_weight_loader
+from runtime.layers.linear import default_weight_loader
 
 
 def tensor_names(model: nn.Module, model_dir: Path) -> set[str]:

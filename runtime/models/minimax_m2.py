@@ -6,10 +6,10 @@ experts' projections w1 (gate), w3 (up), w2 (down), and keep the bias beside the
 from torch import nn
 from transformers import PretrainedConfig
 
-from runtime.models.cross_head_norm import CrossHeadNormAttention
-from runtime.models.decoder import Attention
-from runtime.models.moe import MoeCausalLM
-from runtime.models.sigmoid_moe import SigmoidMoE
+from runtime.layers.attention import Attention
+from runtime.layers.cross_head_norm import CrossHeadNormAttention
+from runtime.layers.sigmoid_moe import SigmoidMoE
+from runtime.models.decoder import MoeCausalLM
 
 
 class MiniMaxM2ForCausalLM(MoeCausalLM):

@@ -13,7 +13,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from runtime.errors import InvalidInputError
-from runtime.models.layers import RMSNorm
+from runtime.layers.norms import RMSNorm
 from runtime.models.llava import LlavaProjector
 from runtime.models.mistral import MistralForCausalLM
 from runtime.models.pixtral_vision import PixtralVisionTower

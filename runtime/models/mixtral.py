@@ -6,7 +6,8 @@ Its checkpoints name the block `block_sparse_moe` and the experts' projections w
 from torch import nn
 from transformers import PretrainedConfig
 
-from runtime.models.moe import MoeCausalLM, SparseMoeBlock
+from runtime.layers.moe import SparseMoeBlock
+from runtime.models.decoder import MoeCausalLM
 
 
 class MixtralForCausalLM(MoeCausalLM):

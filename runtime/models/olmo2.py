@@ -4,9 +4,10 @@ them, and q/k norms over the whole projection (cross_head_norm.py); OLMo 3 slide
 from torch import nn
 from transformers import PretrainedConfig
 
-from runtime.models.cross_head_norm import CrossHeadNormAttention
-from runtime.models.decoder import Attention, CausalLM
-from runtime.models.layers import RMSNorm
+from runtime.layers.attention import Attention
+from runtime.layers.cross_head_norm import CrossHeadNormAttention
+from runtime.layers.norms import RMSNorm
+from runtime.models.decoder import CausalLM
 
 
 class Olmo2DecoderLayer(nn.Module):

@@ -1,14 +1,14 @@
 """Pixtral's vision tower (Mistral 3's): patches of the picture at its own size (no padding, no resizing of
 positions), an RMSNorm, and RMSNorm blocks attending over the whole picture under a 2D rotary embedding (a patch's
 row rotates the first half of each half-head's frequencies, its column the second), with a gated MLP. Module names
-mirror transformers' `PixtralVisionModel`. Not sharded: rank 0 runs it whole (`runtime.multimodal.encoder_cache`)."""
+mirror transformers' `PixtralVisionModel`. Not sharded: rank 0 runs it whole (`runtime.worker.encoder_cache`)."""
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
-from runtime.models.layers import RMSNorm
+from runtime.layers.norms import RMSNorm
 from runtime.models.qwen2_5_vl_vision import VisionMLP, rotate_halves
 
 _EPS = 1e-5  # transformers' Pixtral norms take no eps from the config

@@ -10,14 +10,15 @@ transformers 5 saves them, `model.visual.` and `model.language_model.`."""
 import torch
 from transformers import PretrainedConfig
 
-from runtime.models.decoder import head_dim_of
+from runtime.layers.attention import head_dim_of
+from runtime.layers.rotary import MultimodalRotaryTables
 from runtime.models.qwen2 import Qwen2ForCausalLM
 from runtime.models.qwen2_5_vl_vision import Qwen2_5VisionTower
 from runtime.models.qwen2_vl_vision import Qwen2VisionTower
-from runtime.models.rotary import MultimodalRotaryTables
 from runtime.models.vision_language import VisionLanguage
 from runtime.multimodal.inputs import ImageInput
 from runtime.multimodal.mrope import MRopeLayout
+
 
 class QwenVisionLanguage(VisionLanguage):
     multimodal_rope = True

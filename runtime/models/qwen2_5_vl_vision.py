@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
-from runtime.models.layers import RMSNorm, activation
+from runtime.layers.mlp import activation
+from runtime.layers.norms import RMSNorm
 
 
 class PatchEmbed(nn.Module):

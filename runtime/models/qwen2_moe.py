@@ -4,8 +4,9 @@ renormalised only if `norm_topk_prob`; layers in `mlp_only_layers` or off `decod
 from torch import nn
 from transformers import PretrainedConfig
 
-from runtime.models.decoder import MLP
-from runtime.models.moe import MoeCausalLM, SparseMoeBlock
+from runtime.layers.mlp import MLP
+from runtime.layers.moe import SparseMoeBlock
+from runtime.models.decoder import MoeCausalLM
 
 
 def is_sparse(config: PretrainedConfig, layer: int) -> bool:

@@ -1,7 +1,7 @@
 """Qwen3: q and k normalised per head before the rotary embedding, its own head_dim."""
 
+from runtime.layers.norms import RMSNorm
 from runtime.models.decoder import CausalLM
-from runtime.models.layers import RMSNorm
 
 
 class Qwen3ForCausalLM(CausalLM):

@@ -11,8 +11,9 @@ the language model (`qwen3_5_vision`): pictures in prompts take M-RoPE's three p
 from torch import nn
 from transformers import PretrainedConfig
 
-from runtime.models.decoder import MLP, CausalLM
-from runtime.models.moe import SparseMoeBlock
+from runtime.layers.mlp import MLP
+from runtime.layers.moe import SparseMoeBlock
+from runtime.models.decoder import CausalLM
 from runtime.models.qwen2_5_vl import QwenVisionLanguage
 from runtime.models.qwen3_5_vision import Qwen3_5VisionTower
 from runtime.models.qwen3_next import Qwen3NextForCausalLM

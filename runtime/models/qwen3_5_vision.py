@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
-from runtime.models.layers import activation
+from runtime.layers.mlp import activation
 from runtime.models.qwen2_5_vl_vision import (
     PatchEmbed,
     VisionBlock,

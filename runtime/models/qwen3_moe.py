@@ -3,9 +3,10 @@
 from torch import nn
 from transformers import PretrainedConfig
 
-from runtime.models.decoder import MLP
-from runtime.models.layers import RMSNorm
-from runtime.models.moe import MoeCausalLM, SparseMoeBlock
+from runtime.layers.mlp import MLP
+from runtime.layers.moe import SparseMoeBlock
+from runtime.layers.norms import RMSNorm
+from runtime.models.decoder import MoeCausalLM
 from runtime.models.qwen2_moe import is_sparse
 
 

@@ -2,16 +2,16 @@
 (`layer_types`). Its full attention gates each head's output and rotates a quarter of each head; every RMSNorm
 scales by 1 + weight; the MLPs are Qwen2-MoE's sparse blocks with a gated shared expert.
 
-Its linear layers keep a state per sequence (`runtime.models.state_cache`), not keys and values per token, so a
+Its linear layers keep a state per sequence (`runtime.layers.state_cache`), not keys and values per token, so a
 cached prefix of blocks cannot restore them: the engine runs these models without prefix caching."""
 
 from torch import nn
 from transformers import PretrainedConfig
 
-from runtime.models.decoder import Attention, DecoderModel, normed_input
-from runtime.models.gated_deltanet import GatedDeltaNet
-from runtime.models.layers import GemmaRMSNorm
-from runtime.models.moe import MoeCausalLM
+from runtime.layers.attention import Attention
+from runtime.layers.gated_deltanet import GatedDeltaNet
+from runtime.layers.norms import GemmaRMSNorm
+from runtime.models.decoder import DecoderModel, MoeCausalLM, normed_input
 from runtime.models.qwen2_moe import sparse_block_with_shared_expert
 
 

@@ -17,8 +17,8 @@ from runtime.models.glm4_moe import Glm4MoeForCausalLM
 from runtime.models.gpt_oss import GptOssForCausalLM
 from runtime.models.granite import GraniteForCausalLM
 from runtime.models.llama import LlamaForCausalLM
-from runtime.models.llava import LLAVA_FAMILIES
 from runtime.models.llama4 import Llama4ForCausalLM, Llama4ForConditionalGeneration
+from runtime.models.llava import LLAVA_FAMILIES
 from runtime.models.minimax_m2 import MiniMaxM2ForCausalLM
 from runtime.models.mistral import MistralForCausalLM
 from runtime.models.mistral3 import Mistral3ForConditionalGeneration
@@ -36,8 +36,8 @@ from runtime.models.qwen3_5 import (
     Qwen3_5MoeForConditionalGeneration,
 )
 from runtime.models.qwen3_moe import Qwen3MoeForCausalLM
-from runtime.models.qwen3_vl import Qwen3VLForConditionalGeneration
 from runtime.models.qwen3_next import Qwen3NextForCausalLM
+from runtime.models.qwen3_vl import Qwen3VLForConditionalGeneration
 from runtime.models.seed_oss import SeedOssForCausalLM
 from runtime.models.smollm3 import SmolLM3ForCausalLM
 

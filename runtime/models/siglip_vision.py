@@ -1,6 +1,6 @@
 """SigLIP's vision transformer (Gemma 3's vision tower): CLIP's encoder layers (`clip_vision`) over patches with
 learned positions, no class token and no pre-norm, a LayerNorm after the last layer. Module names mirror
-transformers' `SiglipVisionTransformer`. Not sharded: rank 0 runs it whole (`runtime.multimodal.encoder_cache`)."""
+transformers' `SiglipVisionTransformer`. Not sharded: rank 0 runs it whole (`runtime.worker.encoder_cache`)."""
 
 import torch
 from torch import nn

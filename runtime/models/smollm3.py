@@ -3,7 +3,8 @@ without a rotary embedding (NoPE)."""
 
 from transformers import PretrainedConfig
 
-from runtime.models.decoder import Attention, CausalLM
+from runtime.layers.attention import Attention
+from runtime.models.decoder import CausalLM
 
 
 class SmolLM3ForCausalLM(CausalLM):

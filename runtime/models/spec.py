@@ -16,11 +16,11 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 
 from runtime.config import DTYPES, EngineConfig
 from runtime.errors import InvalidInputError, require
+from runtime.layers.quantization import Quantization
+from runtime.layers.rotary import max_context
 from runtime.models import CausalLM, model_class
 from runtime.models.classifier import resolve_classifier_tokens
 from runtime.models.files import resolve_model_path
-from runtime.models.quantization import Quantization
-from runtime.models.rotary import max_context
 from runtime.models.weights_identity import checkpoint_fingerprint
 
 
@@ -32,7 +32,7 @@ class ModelSpec:
     max_model_len: int
     tokenizer: str  # the tokenizer's directory or Hub id
     model_class: type[CausalLM]  # the family's implementation (runtime.models.registry)
-    quantization: Quantization | None = None  # a quantized checkpoint's scheme (runtime.models.quantization)
+    quantization: Quantization | None = None  # a quantized checkpoint's scheme (runtime.layers.quantization)
     serving: str = ""  # how its weights are served: dtype, KV cache dtype, quantization, tensor-parallel size
     weights_version: str = ""  # the checkpoint's fingerprint as served (runtime.models.weights_identity)
 

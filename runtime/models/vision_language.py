@@ -1,7 +1,7 @@
 """What every vision-language family adds to its language model's: the checkpoint's full config kept beside the
 language model's (the tower is built from it), pictures' tensors split one dict per picture, and an encoder that
 turns each picture into the rows its placeholder tokens take (`encode_images`, run by
-`runtime.multimodal.encoder_cache`). Served text-only (`limit_mm_per_prompt` image 0: `runtime.models.spec`),
+`runtime.worker.encoder_cache`). Served text-only (`limit_mm_per_prompt` image 0: `runtime.models.spec`),
 the config's `vision_language` is None and no tower is built or loaded."""
 
 from collections.abc import Callable
@@ -11,7 +11,6 @@ from transformers import PretrainedConfig
 
 from runtime.models.decoder import language_model_config
 from runtime.multimodal.processor import split_by_image
-
 
 # transformers' names for a vision-language checkpoint's parts, older (`language_model.model.…`, what LLaVA's and
 # Gemma 3's publishers ship and transformers still saves) and newer (`model.language_model.…`), mapped to ours:

@@ -4,7 +4,7 @@ from transformers import PreTrainedTokenizerBase
 
 from runtime.config import EngineConfig
 from runtime.errors import InvalidInputError
-from runtime.models.sliding_window import kv_window
+from runtime.layers.sliding_window import kv_window
 from runtime.models.spec import ModelSpec
 from runtime.speculative.ngram import NgramProposer
 from runtime.speculative.speculator import Speculator

@@ -21,8 +21,9 @@ from torch import nn
 from kernels import tensor_on
 from runtime.core.sequence import Sequence
 from runtime.errors import InvalidInputError
+from runtime.layers.linear import ParallelLMHead, ReplicatedLinear, VocabParallelEmbedding
+from runtime.layers.norms import RMSNorm
 from runtime.models import CausalLM, load_weights, pack_linear_weights
-from runtime.models.layers import ParallelLMHead, ReplicatedLinear, RMSNorm, VocabParallelEmbedding
 from runtime.models.loader import tensor_names
 from runtime.models.spec import ModelSpec
 from runtime.speculative.speculator import SequenceSpeculation

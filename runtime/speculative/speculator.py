@@ -10,8 +10,8 @@ every `PROBE_EVERY` steps after it stops; no sequence proposes in a step where m
 
 from dataclasses import dataclass, field
 
+from runtime.config import SpeculativeConfig
 from runtime.core.sequence import Sequence
-from runtime.speculative.config import SpeculativeConfig
 from runtime.speculative.ngram import NgramIndex
 
 MIN_REACH = 0.3

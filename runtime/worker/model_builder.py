@@ -10,10 +10,10 @@ from torch import nn
 
 from runtime.config import EngineConfig
 from runtime.errors import InvalidInputError
+from runtime.layers.quantization import finish_quantized_linears, quantize_model
 from runtime.lora import LoRABatch, attach_lora
 from runtime.models import load_weights, pack_linear_weights
 from runtime.models.loader import load_tensors, tensor_names
-from runtime.models.quantization import finish_quantized_linears, quantize_model
 from runtime.models.spec import ModelSpec
 
 

@@ -24,20 +24,20 @@ from runtime.distributed import (
     set_pipeline_stage,
 )
 from runtime.errors import InvalidInputError, describe
-from runtime.lora import load_into_slot
-from runtime.models.chunked_attention import ChunkedAttentionMetadata, chunked_view
-from runtime.models.rotary import LengthScaledRope
-from runtime.models.spec import ModelSpec
-from runtime.models.state_cache import StateStep, allocate_states, stateful_layers
-from runtime.multimodal.encoder_cache import EncoderCache, NoEncoder
-from runtime.speculative.verifier import split_rows
-from runtime.worker.gpu_budget import gpu_kv_budget
 from runtime.kv_tier.host_storage import HostKVTier
+from runtime.layers.chunked_attention import ChunkedAttentionMetadata, chunked_view
+from runtime.layers.rotary import LengthScaledRope
+from runtime.layers.state_cache import StateStep, allocate_states, stateful_layers
+from runtime.lora import load_into_slot
+from runtime.models.spec import ModelSpec
+from runtime.worker.encoder_cache import EncoderCache, NoEncoder
+from runtime.worker.gpu_budget import gpu_kv_budget
 from runtime.worker.model_builder import build_model
 from runtime.worker.pipeline import Pipeline
 from runtime.worker.runner_weights import RunnerWeights, attention_layers
 from runtime.worker.sampler import Sampler, draw_offsets, token_logprob
 from runtime.worker.step import LaunchedStep, RunnerCall, StepInputs, StepResult
+from runtime.worker.verifier import split_rows
 
 _CPU_KV_BYTES = 2 << 30
 

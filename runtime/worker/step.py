@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 import torch
 
 from kernels.attention.pictures import PictureRows
-from runtime.kv_tier.index import KVMove
 from runtime.core.sequence import Request, Sequence
+from runtime.kv_tier.index import KVMove
 from runtime.lora import LoRAAdapter
 from runtime.outputs import TokenLogprob
 
@@ -68,7 +68,7 @@ class StepInputs:
     lora_slots: list[int] = field(default_factory=list)  # each sequence's adapter slot (-1: none), with LoRA
     state_slots: list[int] = field(default_factory=list)  # each sequence's state slot, for stateful layers
     # a model whose RoPE scales with length, past its original context: each token's rotary-table row
-    # (`runtime.models.rotary`)
+    # (`runtime.layers.rotary`)
     rope_rows: list[int] = field(default_factory=list)
     lora_loads: list[tuple[int, LoRAAdapter]] = field(default_factory=list)  # applied before the forward
     kv_moves: list[KVMove] = field(default_factory=list)  # copies between the KV pool and its tier, made first
@@ -76,7 +76,7 @@ class StepInputs:
     # (row, row of the previous step's tokens) of input tokens still on the device (async scheduling; rank 0 only)
     in_flight: list[tuple[int, int]] = field(default_factory=list)
     # rows whose input is a picture's encoder output instead of its placeholder token's embedding, and those outputs
-    # (`runtime.multimodal.encoder_cache`, on rank 0; sent to the other ranks with the rest)
+    # (`runtime.worker.encoder_cache`, on rank 0; sent to the other ranks with the rest)
     image_rows: list[int] = field(default_factory=list)
     image_embeds: torch.Tensor | None = None
     # pictures whose tokens attend both ways (`runtime.models.decoder.CausalLM.pictures_attend_both_ways`)

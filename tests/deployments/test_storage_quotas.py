@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from deployments.api.responses.store import ResponseStore
 from deployments.batch.files import FileLimits, FileStore
 from deployments.errors import OpenAIError
+from deployments.http.responses.store import ResponseStore
 from deployments.storage import LocalStore
 from deployments.storage.usage import Quota
 from tests.deployments.http.test_http_app import ScriptedModel, serve_in_process

@@ -6,8 +6,8 @@ and another prefill that stay as the backend computed them."""
 import pytest
 import torch
 
-from kernels.attention.torch_backend import TorchBackend
 from kernels.attention.pictures import PictureAttention, pictures_in_chunk
+from kernels.attention.torch_backend import TorchBackend
 
 HQ, HKV, D, BLOCK = 4, 2, 8, 4
 

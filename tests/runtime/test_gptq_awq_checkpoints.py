@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from runtime import LLM, InvalidInputError
-from runtime.models.quantization.experts import QuantizedExperts
+from runtime.layers.quantization.experts import QuantizedExperts
 from testing.auto_round_checkpoints import decoded_reference_model, write_auto_round
 from testing.model_factory import build_model_dir
 from tests.runtime.test_quantized_checkpoints import (

@@ -3,9 +3,9 @@ vocabulary rebuilt offline (testing/harmony_vocab.py)."""
 
 import pytest
 
-from deployments.api.choice_parser import HarmonyChoiceParser
 from deployments.parsers.harmony import HarmonyParser
 from deployments.parsers.tool_calls import ToolCall
+from deployments.replica.choice_parser import HarmonyChoiceParser
 from runtime.text.harmony_chat import harmony_encoding, render_harmony, stop_token_ids
 
 WEATHER_TOOL = {"type": "function", "function": {

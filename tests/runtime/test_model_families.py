@@ -12,9 +12,9 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from runtime import LLM, InvalidInputError, SamplingParams
 from runtime.core.block_manager import FREED
+from runtime.layers.moe import FusedExperts
+from runtime.layers.rotary import RotaryTables
 from runtime.models import SUPPORTED_ARCHITECTURES
-from runtime.models.moe import FusedExperts
-from runtime.models.rotary import RotaryTables
 from testing.bf16_reference import assert_tokens_are_bf16_argmax
 from testing.model_factory import add_vision_tower, build_model_dir
 from tests.runtime.test_greedy_parity import WORDS, _reference

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from runtime import LLM, InvalidInputError, LoRARequest, SamplingParams
-from runtime.models.quantization.experts import QuantizedExperts
-from runtime.models.quantization.mxfp4_experts import Mxfp4Experts
+from runtime.layers.quantization.experts import QuantizedExperts
+from runtime.layers.quantization.mxfp4 import Mxfp4Experts
 from testing.lora_adapters import ALL, adapt
 from testing.model_factory import build_model_dir
 from testing.quantized_checkpoints import (

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 
 from runtime import LLM, SamplingParams
+from runtime.config import SpeculativeConfig
 from runtime.errors import InvalidInputError
 from runtime.speculative import speculator
-from runtime.speculative.config import SpeculativeConfig
 from runtime.speculative.ngram import NgramProposer
 from runtime.speculative.speculator import SequenceSpeculation
 from runtime.text.grammar import Constraint
@@ -217,7 +217,7 @@ def test_sampled_tokens_have_plain_decodings_distribution_at_temperature_1(tmp_p
     assert stats["spec_acceptance_rate"] > 0.05 and stats["spec_num_draft_tokens"] > 3000
     assert max(ratios) < 1, ratios
     # the same test catches a wrong rule: a draft also accepted when the target sampled its neighbour
-    monkeypatch.setattr("runtime.speculative.verifier.accepted_length", lambda drafts, samples: next(
+    monkeypatch.setattr("runtime.worker.verifier.accepted_length", lambda drafts, samples: next(
         (i for i, (d, s) in enumerate(zip(drafts, samples)) if abs(d - s) > 1), len(drafts)))
     assert max(_excess_over_critical(path)[0]) > 1
 

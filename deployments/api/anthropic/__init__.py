@@ -1,1 +1,2 @@
-"""Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens) over the chat route, on the HTTP side."""
+"""Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens): its request and reply bodies (the
+adapter over the chat route and its routes: deployments/http/anthropic/)."""

@@ -1,2 +1,2 @@
-"""OpenAI's Files and Batches APIs on the HTTP side: the batch request body and the routes (the batch manager
-that runs them: deployments/batch/)."""
+"""OpenAI's Files and Batches APIs: the batch request body (the routes: deployments/http/routes/batches.py; the
+batch manager that runs them: deployments/batch/)."""

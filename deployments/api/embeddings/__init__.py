@@ -1,2 +1,3 @@
-"""OpenAI's Embeddings API (/v1/embeddings) and vLLM's /pooling: their request bodies, the handler on the replica
-and the /v1/embeddings route (/pooling's is with the scoring routes, `deployments.api.scores.routes`)."""
+"""OpenAI's Embeddings API (/v1/embeddings) and vLLM's /pooling: their request bodies (the handler on the replica:
+deployments/replica/handlers/; the routes: deployments/http/routes/embeddings.py, /pooling's with the scoring
+routes)."""

@@ -1,1 +1,2 @@
-"""OpenAI's Responses API (/v1/responses) over the chat route, with responses stored in the app's object store."""
+"""OpenAI's Responses API (/v1/responses): its request body, tools and stream events' shapes (the adapter over
+the chat route, its store and routes: deployments/http/responses/)."""

@@ -214,8 +214,8 @@ def test_cache_control_pins_the_marked_prefix_for_the_marks_ttl():
     when a mark says so, else five minutes; an unmarked one pins nothing."""
     import asyncio
 
-    from deployments.api.anthropic.handler import cache_breakpoint, chat_request
     from deployments.api.anthropic.protocol import MessagesRequest
+    from deployments.http.anthropic.handler import cache_breakpoint, chat_request
 
     class Counted:  # the model's /tokenize: the marked prefix's token count
         async def tokenize(self, req):

@@ -4,8 +4,8 @@ while the running replica stamps the response, and the stream ended from the sto
 import asyncio
 import time
 
-from deployments.api.responses.background_stream import follow_stored
-from deployments.api.responses.store import ResponseStore
+from deployments.http.responses.background_stream import follow_stored
+from deployments.http.responses.store import ResponseStore
 from deployments.storage import LocalStore
 
 RESPONSE_ID = "resp_" + "1" * 32
@@ -75,9 +75,9 @@ def test_a_stored_stream_its_replica_left_unended_ends_from_the_record(tmp_path)
 
 def test_an_ended_stream_takes_no_more_events_and_numbers_on(tmp_path):
     """A turn still adding events after its stream was ended (the store failed under it) adds nothing."""
-    from deployments.api.responses.background_stream import BackgroundStream
-    from deployments.api.responses.events import ResponseEvents
     from deployments.api.responses.protocol import ResponsesRequest
+    from deployments.http.responses.background_stream import BackgroundStream
+    from deployments.http.responses.events import ResponseEvents
 
     events = ResponseEvents(ResponsesRequest.model_validate({"model": "m", "input": "hi"}), RESPONSE_ID, "m")
     stream = BackgroundStream(events, ResponseStore(LocalStore(str(tmp_path))), None)

@@ -80,9 +80,9 @@ def test_turns_added_at_once_from_two_replicas_are_all_kept(tmp_path):
     import asyncio
     import json
 
-    from deployments.api.conversations.handler import ConversationsAPI
     from deployments.api.conversations.protocol import ConversationCreate, ConversationUpdate
-    from deployments.api.conversations.store import ConversationStore
+    from deployments.http.conversations.handler import ConversationsAPI
+    from deployments.http.conversations.store import ConversationStore
     from deployments.storage import LocalStore
 
     a, b = (ConversationsAPI(ConversationStore(LocalStore(str(tmp_path)))) for _ in range(2))

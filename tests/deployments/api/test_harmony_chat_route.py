@@ -5,8 +5,8 @@ import asyncio
 
 import pytest
 
-from deployments.api.chat.handler import ChatHandler
 from deployments.api.chat.protocol import ChatCompletionRequest
+from deployments.replica.handlers.chat import ChatHandler
 from runtime import RequestDelta, SequenceDelta, ValidRequest
 from runtime.text.harmony_chat import harmony_encoding, render_harmony
 

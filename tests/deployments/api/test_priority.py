@@ -4,11 +4,11 @@ import asyncio
 
 import pytest
 
-from deployments.api.chat.handler import ChatHandler
 from deployments.api.chat.protocol import ChatCompletionRequest
 from deployments.api.format import TokenTexts
 from deployments.batch.manager import BATCH_PRIORITY
 from deployments.replica.adapters import ModelAdapters
+from deployments.replica.handlers.chat import ChatHandler
 from runtime import AsyncLLMEngine
 
 

@@ -10,10 +10,6 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from deployments.api.conversations.handler import ConversationsAPI
-from deployments.api.conversations.store import ConversationStore
-from deployments.api.responses.handler import ResponsesAPI
-from deployments.api.responses.store import ResponseStore
 from deployments.app_config import parse_app_config
 from deployments.batch.api import BatchAPI
 from deployments.batch.files import FileLimits
@@ -22,8 +18,12 @@ from deployments.errors import OpenAIError, StreamError
 from deployments.http.app import build_app
 from deployments.http.auth import ApiKeys
 from deployments.http.body import BodyParser
+from deployments.http.conversations.handler import ConversationsAPI
+from deployments.http.conversations.store import ConversationStore
 from deployments.http.front import OpenAIFront
 from deployments.http.models import ModelRegistry
+from deployments.http.responses.handler import ResponsesAPI
+from deployments.http.responses.store import ResponseStore
 from deployments.storage import open_store
 from deployments.storage.usage import Quota
 

@@ -5,7 +5,6 @@ picture is a 400 in the API's shape, after which the next request is served."""
 
 import base64
 import http.server
-import json
 import threading
 
 import anthropic

@@ -1,0 +1,1 @@
+"""Anthropic's Messages API on the ingress: the adapter over the chat route and its routes."""
