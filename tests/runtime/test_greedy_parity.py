@@ -69,7 +69,7 @@ def test_greedy_matches_transformers_with_a_shared_system_prompt(qwen2_model):
 
 def test_greedy_matches_transformers_when_one_step_prefills_more_rows_than_the_cpu_mlp_block(qwen2_model):
     """Over 512 new tokens in one step: the MLP runs in row blocks on CPU; tokens must not change."""
-    from runtime.models.decoder import _CPU_MLP_ROWS
+    from runtime.layers.mlp import _CPU_MLP_ROWS
 
     llm = LLM(str(qwen2_model), dtype="float32", max_model_len=256, enable_prefix_caching=False)
     prompts = _prompts(llm.tokenizer, 10)

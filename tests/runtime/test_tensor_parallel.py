@@ -11,7 +11,7 @@ import requests
 
 from runtime import LLM, InvalidInputError, SamplingParams
 from runtime.distributed import free_address
-from runtime.models.decoder import _CPU_MLP_ROWS
+from runtime.layers.mlp import _CPU_MLP_ROWS
 from runtime.worker.rank_workers import WORKER_PREFIX
 from testing.model_factory import build_model_dir
 from testing.weight_trainer import checkpoint_update
