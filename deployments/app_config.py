@@ -76,18 +76,28 @@ class PlacementGroupConfig(StrictModel):
     strategy: Literal["PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD"] = "PACK"
 
 
-class PrefillConfig(StrictModel):
-    """Prefill/decode disaggregation (deployments/disaggregated.py): the prefill deployment's options, over the
-    model's own. Both deployments share a KV tier (`engine_kwargs.kv_shared_tier`, which each must have)."""
+class CompanionConfig(StrictModel):
+    """A deployment beside the model's replicas: its engine and deployment options, over the model's own."""
 
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
     deployment_config: dict[str, Any] = Field(default_factory=dict)
+
+
+class PrefillConfig(CompanionConfig):
+    """Prefill/decode disaggregation (deployments/disaggregated.py): the prefill deployment's options. Both
+    deployments share a KV tier (`engine_kwargs.kv_shared_tier`, which each must have)."""
+
+
+class EncoderConfig(CompanionConfig):
+    """A vision-language model's image encoder as a deployment of its own (deployments/replica/encoder_server.py):
+    the model's replicas have it encode their prompts' pictures. It runs the tower whole, on one device."""
 
 
 class LLMConfig(StrictModel):
     model_loading_config: ModelLoadingConfig
     lora_config: LoraConfig | None = None
     prefill_config: PrefillConfig | None = None  # a prefill deployment beside the model's (disaggregation)
+    encoder_config: EncoderConfig | None = None  # an image encoder deployment beside the model's
     # default: a bundle per tensor-parallel rank, STRICT_PACK
     placement_group_config: PlacementGroupConfig | None = None
     experimental_configs: ExperimentalConfigs = Field(default_factory=ExperimentalConfigs)
@@ -133,12 +143,21 @@ class LLMConfig(StrictModel):
 
     def prefill(self) -> "LLMConfig":
         """The prefill deployment's config: the model's, with `prefill_config`'s options over it."""
+        return self._beside(self.prefill_config)
+
+    def encoder(self) -> "LLMConfig":
+        """The image encoder deployment's config: the model's, with `encoder_config`'s options over it, on one
+        device."""
+        one_device = {"tensor_parallel_size": 1, "pipeline_parallel_size": 1}
+        return self._beside(self.encoder_config, one_device, placement_group_config=None)
+
+    def _beside(self, companion: CompanionConfig, fixed: dict | None = None, **update) -> "LLMConfig":
         return self.model_copy(update={
-            "engine_kwargs": _only_known({**self.engine_kwargs, **self.prefill_config.engine_kwargs}, _ENGINE_OPTIONS,
-                                         "engine"),
-            "deployment_config": _only_known({**self.deployment_config, **self.prefill_config.deployment_config},
+            "engine_kwargs": _only_known({**self.engine_kwargs, **companion.engine_kwargs, **(fixed or {})},
+                                         _ENGINE_OPTIONS, "engine"),
+            "deployment_config": _only_known({**self.deployment_config, **companion.deployment_config},
                                              _DEPLOYMENT_OPTIONS, "deployment"),
-            "prefill_config": None})
+            "prefill_config": None, "encoder_config": None, **update})
 
     def ranks(self) -> int:
         """The engine's ranks: tensor times pipeline parallel size (a placement bundle each)."""
@@ -289,6 +308,11 @@ class AppConfig(StrictModel):
 def replica_name(model_id: str, prefill: bool = False) -> str:
     """The Serve deployment name of a model's replicas (or of its prefill replicas)."""
     return "LLMServer:" + model_id.replace("/", "--") + (":prefill" if prefill else "")
+
+
+def encoder_name(model_id: str) -> str:
+    """The Serve deployment name of a model's image encoder (`encoder_config`)."""
+    return "ImageEncoder:" + model_id.replace("/", "--")
 
 
 def parse_app_config(args: dict) -> AppConfig:

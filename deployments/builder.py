@@ -7,10 +7,11 @@ import ray
 from ray import serve
 from ray.serve import Application, Deployment
 
-from deployments.app_config import AppConfig, LLMConfig, parse_app_config, replica_name
+from deployments.app_config import AppConfig, LLMConfig, encoder_name, parse_app_config, replica_name
 from deployments.http.direct_server import DirectLLMServer
 from deployments.http.ingress import HTTP_MAX_ONGOING, OpenAIIngress
 from deployments.prefix_router import PrefixAwareRouter
+from deployments.replica.encoder_server import EncoderServer
 from deployments.replica.server import LLMServer
 from runtime.openmp_env import SPINCOUNT
 from runtime.worker.placement import check_placement
@@ -29,17 +30,22 @@ def build_openai_app(args: dict) -> Application:
     ingress; in direct streaming, the model's replica deployment is the ingress."""
     config = parse_app_config(args)
     _check_storage_is_shared(config)
+    # image encoder deployments (deployments/replica/encoder_server.py), bound into their models' replicas
+    encoders = {c.model_id: _replica(c.encoder(), EncoderServer, prefix_routing=False,
+                                     name=encoder_name(c.model_id)).bind(c.encoder())
+                for c in config.llm_configs if c.encoder_config is not None}
     if config.direct_streaming:
         # Under HAProxy, HAProxy picks the replica for HTTP requests and Serve refuses a custom router on the
         # ingress deployment: the replica, its own ingress here, keeps Serve's default router
         return _replica(config.llm_configs[0], DirectLLMServer, prefix_routing=not _haproxy(),
-                        max_ongoing=HTTP_MAX_ONGOING).bind(config)
-    replicas = {c.model_id: _replica(c, LLMServer).bind(c, config.otlp_traces_endpoint, config.media_policy())
+                        max_ongoing=HTTP_MAX_ONGOING).bind(config, encoders.get(config.llm_configs[0].model_id))
+    replicas = {c.model_id: _replica(c, LLMServer).bind(c, config.otlp_traces_endpoint, config.media_policy(),
+                                                        encoders.get(c.model_id))
                 for c in config.llm_configs}
     # disaggregated models' prefill replicas (deployments/disaggregated.py)
     prefill_configs = [c.prefill() for c in config.llm_configs if c.prefill_config is not None]
-    prefill = {p.model_id: _replica(p, LLMServer, prefill=True).bind(p, config.otlp_traces_endpoint,
-                                                                     config.media_policy())
+    prefill = {p.model_id: _replica(p, LLMServer, name=replica_name(p.model_id, prefill=True)).bind(
+                   p, config.otlp_traces_endpoint, config.media_policy(), encoders.get(p.model_id))
                for p in prefill_configs}
     options = dict(config.ingress_deployment_config)
     # the ingress drains for longer than the replicas it streams from, so their streams end in the API's shape
@@ -89,12 +95,13 @@ def _haproxy() -> bool:
     return os.environ.get("RAY_SERVE_ENABLE_HA_PROXY", "0") == "1"
 
 
-def _replica(config: LLMConfig, server_class: type, prefix_routing: bool = True, prefill: bool = False,
+def _replica(config: LLMConfig, server_class: type, prefix_routing: bool = True, name: str | None = None,
              max_ongoing: int = 256) -> Deployment:
-    """The model's replica deployment (or its prefill replicas'), with its Serve options and resources (a GPU when
-    wanted, a bundle per tensor-parallel rank). `max_ongoing`: its `max_ongoing_requests` unless the config sets
-    one (a replica that serves HTTP itself takes the ingress's)."""
-    options = {"name": replica_name(config.model_id, prefill), **config.deployment_config}
+    """The model's replica deployment (or another of its deployments, by `name`: its prefill replicas, its image
+    encoder), with its Serve options and resources (a GPU when wanted, a bundle per tensor-parallel rank).
+    `max_ongoing`: its `max_ongoing_requests` unless the config sets one (a replica that serves HTTP itself takes
+    the ingress's)."""
+    options = {"name": name or replica_name(config.model_id), **config.deployment_config}
     options.setdefault("max_ongoing_requests", max_ongoing)
     options.setdefault("graceful_shutdown_timeout_s", DRAIN_TIMEOUT_S)
     if prefix_routing:

@@ -13,7 +13,8 @@ from deployments.app_config import _DEPLOYMENT_OPTIONS, AppConfig, LLMConfig
 from runtime.config import EngineConfig, SharedTierConfig
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-NESTED = {"model_loading_config", "experimental_configs", "lora_config", "prefill_config", "placement_group_config"}
+NESTED = {"model_loading_config", "experimental_configs", "lora_config", "prefill_config", "encoder_config",
+          "placement_group_config"}
 ROW = re.compile(r"^\| `([\w.]+)` \| ([^|]+) \|")
 
 

@@ -17,8 +17,8 @@ from deployments.replica.server import LLMServer
 
 @serve.ingress()
 class DirectLLMServer(LLMServer):
-    def __init__(self, config: AppConfig):
-        super().__init__(config.llm_configs[0], config.otlp_traces_endpoint, config.media_policy())
+    def __init__(self, config: AppConfig, encoder=None):
+        super().__init__(config.llm_configs[0], config.otlp_traces_endpoint, config.media_policy(), encoder)
         # the replica is its own ModelClient
         self.front = OpenAIFront.for_app(config, {self.model_id: self}, serve.get_replica_context().app_name)
 

@@ -23,6 +23,7 @@ from deployments.broadcast import on_every_replica
 from deployments.errors import OpenAIError, StreamError
 from deployments.media import MediaLoader, MediaPolicy
 from deployments.replica.adapters import adapters_of
+from deployments.replica.encoder_server import EncoderClient
 from deployments.replica.handlers.chat import ChatHandler
 from deployments.replica.handlers.completions import CompletionHandler
 from deployments.replica.handlers.embeddings import EmbeddingHandler
@@ -46,9 +47,11 @@ logger = logging.getLogger("ray.serve")
 PUBLISH_TIMEOUT_S = 10.0  # a disaggregated prefill's wait for its blocks to reach the shared tier's directory
 
 class LLMServer:
-    def __init__(self, config: LLMConfig, otlp_traces_endpoint: str | None = None, media: MediaPolicy = MediaPolicy()):
+    def __init__(self, config: LLMConfig, otlp_traces_endpoint: str | None = None, media: MediaPolicy = MediaPolicy(),
+                 encoder=None):
         """`otlp_traces_endpoint`: where this replica's spans go (deployments/tracing.py); None: it makes none.
-        `media`: where pictures named by URL may be read from (deployments/media.py)."""
+        `media`: where pictures named by URL may be read from (deployments/media.py). `encoder`: a handle to the
+        model's image encoder deployment (`encoder_config`), if it has one."""
         self.model_id = config.model_id
         start_tracing(otlp_traces_endpoint, f"rayllm-replica {self.model_id}")
         # new tokens reach this process at most once per interval: fewer wake-ups, SSE events and hops per token
@@ -64,7 +67,7 @@ class LLMServer:
         texts = TokenTexts(self.engine.tokenizer)
         self.adapters = adapters = adapters_of(config)
         self.chat_handler = ChatHandler(self.engine, self.model_id, texts, adapters, config.reasoning_parser,
-                                        config.tool_call_parser, MediaLoader(media))
+                                        config.tool_call_parser, MediaLoader(media), EncoderClient(encoder))
         self.completion_handler = CompletionHandler(self.engine, self.model_id, texts, adapters)
         self.generate_handler = GenerateHandler(self.engine, adapters)
         self.embedding_handler = EmbeddingHandler(self.engine, self.model_id)

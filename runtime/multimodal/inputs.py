@@ -2,7 +2,7 @@
 hash of its content, which the prefix cache's block hashes take in."""
 
 from bisect import bisect_left
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from hashlib import blake2b
 
 import torch
@@ -17,6 +17,13 @@ class ImageInput:
     # positions (from `offset`) of its tokens that keep their own embeddings (Pixtral's row breaks); every other
     # token's row is the encoder's output, in order
     gaps: tuple[int, ...] = ()
+    # its encoder's output, [num_rows, hidden], when an encoder deployment computed it (its tensors then left out):
+    # the engine takes it as is
+    encoded: torch.Tensor | None = field(default=None, repr=False, compare=False)
+
+    def replaced_by(self, encoded: torch.Tensor) -> "ImageInput":
+        """This picture with its encoder's output in place of the tensors it was computed from."""
+        return replace(self, tensors={}, encoded=encoded)
 
     @property
     def end(self) -> int:

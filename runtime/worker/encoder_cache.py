@@ -1,7 +1,8 @@
 """The vision encoder's outputs, kept on rank 0 from the step whose prefill chunk first reaches a picture until a
 chunk has consumed its last token: a picture's tokens may span several chunks, and it is encoded once.
 
-A step's pictures that are not held yet are encoded together (the model batches them). An entry goes as soon as
+A step's pictures that are not held yet are encoded together (the model batches them); a picture that arrives
+encoded (by the model's encoder deployment: `ImageInput.encoded`) is held as it came. An entry goes as soon as
 its picture is consumed, or at the next step once its request has no running sequence (it finished, was aborted
 or was preempted: a preempted request's pictures are encoded again when it is), so the cache holds at most the
 pictures of the running requests' prefills in progress."""
@@ -13,12 +14,14 @@ from runtime.errors import describe
 
 
 class EncoderCache:
-    def __init__(self, encode, device: torch.device):
-        """`encode(pictures)`: the model's encoder outputs, [placeholder tokens, hidden] for each picture's tensors."""
+    def __init__(self, encode, device: torch.device, dtype: torch.dtype):
+        """`encode(pictures)`: the model's encoder outputs, [placeholder tokens, hidden] for each picture's tensors
+        (`dtype`: the model's)."""
         self._encode = encode
-        self._device = device
+        self._device, self._dtype = device, dtype
         self._outputs: dict[Request, dict[int, torch.Tensor]] = {}
         self.images_encoded = 0  # over the cache's life
+        self.images_received = 0  # encoded elsewhere, over the cache's life
         self.failed: dict[Request, str] = {}  # requests whose pictures the encoder refused this step: why
 
     def __len__(self) -> int:
@@ -54,19 +57,30 @@ class EncoderCache:
         return rows, torch.cat(pieces) if pieces else None
 
     def _fill(self, missing: list[tuple[Request, int]]) -> None:
-        """Encode the pictures in one batch; if that raises, one at a time, so only the requests whose pictures
-        raise fail."""
+        """Hold the pictures that came encoded; encode the others in one batch, and if that raises, one at a time,
+        so only the requests whose pictures raise fail."""
         missing = list(dict.fromkeys(missing))  # siblings of one request need its picture once
-        with torch.inference_mode():
-            self._fill_each(missing)
+        for request, i in [(r, i) for r, i in missing if r.images[i].encoded is not None]:
+            missing.remove((request, i))
+            try:
+                self._store([(request, i)], [request.images[i].encoded.to(self._device, self._dtype)])
+            except ValueError as e:
+                self.failed[request] = f"its image {i} came encoded wrongly: {e}"
+            else:
+                self.images_received += 1
+        if missing:
+            with torch.inference_mode():
+                self._fill_each(missing)
 
     def _fill_each(self, missing: list[tuple[Request, int]]) -> None:
         try:
             self._store(missing, self._encode([self._tensors(request, i) for request, i in missing]))
+            self.images_encoded += len(missing)
         except Exception:
             for request, i in missing:
                 try:
                     self._store([(request, i)], self._encode([self._tensors(request, i)]))
+                    self.images_encoded += 1
                 except Exception as e:
                     self.failed[request] = f"its image {i} could not be encoded: {describe(e)}"
 
@@ -80,7 +94,6 @@ class EncoderCache:
                 raise ValueError(f"the encoder gave {output.shape[0]} rows for a picture of {expected}")
         for (request, i), output in zip(pictures, outputs):
             self._outputs.setdefault(request, {})[i] = output
-        self.images_encoded += len(pictures)
 
     def release(self, request: Request) -> None:
         """Let go of `request`'s pictures now (it ended before its prefill did: aborted, failed; the next step
@@ -88,7 +101,8 @@ class EncoderCache:
         self._outputs.pop(request, None)
 
     def stats(self) -> dict:
-        return {"encoder_cache_images": len(self), "images_encoded": self.images_encoded}
+        return {"encoder_cache_images": len(self), "images_encoded": self.images_encoded,
+                "images_received": self.images_received}
 
     def _sweep(self) -> None:
         """Let go of the pictures of requests that no longer run."""
@@ -113,3 +127,8 @@ class NoEncoder:
 
     def stats(self) -> dict:
         return {}
+
+
+def encoder_cache_of(model, spec, device: torch.device) -> EncoderCache | NoEncoder:
+    """A model's encoder cache: its own encoder's, or none for a model serving text only (`spec`: its ModelSpec)."""
+    return EncoderCache(model.encode_images, device, spec.dtype) if spec.takes_images else NoEncoder()

@@ -30,7 +30,7 @@ from runtime.layers.rotary import LengthScaledRope
 from runtime.layers.state_cache import StateStep, allocate_states, stateful_layers
 from runtime.lora import load_into_slot
 from runtime.models.spec import ModelSpec
-from runtime.worker.encoder_cache import EncoderCache, NoEncoder
+from runtime.worker.encoder_cache import encoder_cache_of
 from runtime.worker.gpu_budget import gpu_kv_budget
 from runtime.worker.model_builder import build_model
 from runtime.worker.pipeline import Pipeline
@@ -79,7 +79,7 @@ class ModelRunner(RunnerWeights):
         self.keep_hidden = False  # a multi-token-prediction proposer reads each step's hidden states (every row)
         self.hidden: torch.Tensor | None = None  # the last step's, when kept
         self.attention_layers = attention_layers(self.model)
-        self.encoder_cache = EncoderCache(self.model.encode_images, self.device) if spec.takes_images else NoEncoder()
+        self.encoder_cache = encoder_cache_of(self.model, spec, self.device)
         self.num_blocks = self._allocate_kv_cache()
         self.kv_tier = None
         if config.kv_offloading_size:

@@ -9,6 +9,7 @@ by openai-harmony, its analysis channel being the reasoning.
 """
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from functools import partial
 
 from PIL import Image
@@ -21,6 +22,7 @@ from deployments.media import MediaLoader, MediaPolicy
 from deployments.parsers import FORCED_CALL_FORMAT, REASONING_PARSERS, TOOL_CALL_FORMATS
 from deployments.replica.adapters import ModelAdapters
 from deployments.replica.choice_parser import ChoiceParser, HarmonyChoiceParser, tool_call_json
+from deployments.replica.encoder_server import EncoderClient
 from deployments.replica.prompt import ChatPrompt
 from deployments.work_pool import off_loop
 from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput, ValidRequest
@@ -32,9 +34,10 @@ PROMPT_TAIL_TOKENS = 16  # enough to hold a reasoning tag the template wrote at 
 class ChatHandler:
     def __init__(self, engine: AsyncLLMEngine, model_id: str, texts: TokenTexts, adapters: ModelAdapters,
                  reasoning_parser: str | None = None, tool_call_parser: str | None = None,
-                 media: MediaLoader | None = None):
+                 media: MediaLoader | None = None, encoder: EncoderClient | None = None):
         self.engine = engine
         self.media = media or MediaLoader(MediaPolicy())  # by default: data: URLs only
+        self.encoder = encoder or EncoderClient()  # by default: the engine encodes pictures itself
         self.adapters = adapters
         self.model_id = model_id
         self.texts = texts
@@ -55,6 +58,12 @@ class ChatHandler:
             raise OpenAIError(400, f"messages: {len(urls)} images, over the {limit} a prompt may hold "
                               "(limit_mm_per_prompt)", "messages")
         return await self.media.images(urls)
+
+    async def _valid(self, req: ChatCompletionRequest, priority: int = 0) -> ValidRequest:
+        """The request prepared off the loop, its pictures encoded by the model's encoder deployment where it has
+        one."""
+        valid = await off_loop(self._prepare, req, await self.pictures(req.messages), priority=priority)
+        return replace(valid, images=await self.encoder.encode(valid.images)) if valid.images else valid
 
     def _prepare(self, req: ChatCompletionRequest, images: list[Image.Image]) -> ValidRequest:
         """Called on a worker thread: chat templates, tokenizing and image processing never hold up the replica's
@@ -112,7 +121,7 @@ class ChatHandler:
 
     async def complete(self, req: ChatCompletionRequest, request_id: str, priority: int = 0,
                        owner: str | None = None) -> dict:
-        valid = await off_loop(self._prepare, req, await self.pictures(req.messages), priority=priority)
+        valid = await self._valid(req, priority)
         prompt = valid.prompt_token_ids
         result = RequestOutput.empty(request_id, prompt, valid.params.n)
         async for delta in self.engine.generate(valid, request_id, engine_priority(priority, req.priority), owner,
@@ -164,7 +173,7 @@ class ChatHandler:
                      owner: str | None = None) -> AsyncIterator[dict]:
         """Prepare (errors raise before the first chunk), then stream the chunks."""
         # a bad picture or grammar: refused before streaming
-        valid = await self.engine.compile(await off_loop(self._prepare, req, await self.pictures(req.messages)))
+        valid = await self.engine.compile(await self._valid(req))
         generator = self.engine.generate(valid, request_id, engine_priority(0, req.priority), owner)
         return self._chunks(req, request_id, valid.prompt_token_ids, valid.params.n, generator)
 

@@ -1,7 +1,8 @@
 """Pictures through the served app, on a tiny LLaVA: the `openai` SDK's chat (whole and streamed, data: URLs, an allowed
 http URL, an allowed s3:// URI), the `anthropic` SDK's image blocks, the Responses API's input_image (by URL and by
-the file_id of an upload) and a batch file with image lines each answer as the offline engine does; every kind of bad
-picture is a 400 in the API's shape, after which the next request is served."""
+the file_id of an upload) and a batch file with image lines each answer as the offline engine does, the pictures
+encoded by the app's encoder deployment; every kind of bad picture is a 400 in the API's shape, after which the next
+request is served."""
 
 import base64
 import http.server
@@ -12,7 +13,9 @@ import boto3
 import openai
 import pytest
 import requests
+from ray import serve
 
+from deployments.app_config import encoder_name, replica_name
 from runtime import LLM, SamplingParams
 from testing.helpers import wait_until
 from testing.vision_checkpoints import build_llava_dir, data_url, declared_size_png, encoded, random_picture
@@ -67,11 +70,13 @@ def host():
 @pytest.fixture(scope="module")
 def vision_app(server, llava, host, s3_endpoint, tmp_path_factory):
     """The base URL of an app beside the shared one serving the tiny LLaVA, reading pictures from 127.0.0.1 and
-    s3://vision-images/ too (allowed_media_domains, allowed_media_prefixes), two pictures a prompt at most."""
+    s3://vision-images/ too (allowed_media_domains, allowed_media_prefixes), two pictures a prompt at most, its
+    pictures encoded by an encoder deployment of its own (encoder_config)."""
     boto3.client("s3").create_bucket(Bucket=BUCKET)
     args = app_args(llava, f"file://{tmp_path_factory.mktemp('vision-storage')}")
     args["llm_configs"][0].update(model_loading_config={"model_id": MODEL, "model_source": str(llava)},
-                                  engine_kwargs={**ENGINE_KWARGS, "limit_mm_per_prompt": {"image": 2}})
+                                  engine_kwargs={**ENGINE_KWARGS, "limit_mm_per_prompt": {"image": 2}},
+                                  encoder_config={"deployment_config": {"ray_actor_options": {"num_cpus": 0}}})
     args.update(allowed_media_domains=["127.0.0.1"], allowed_media_prefixes=[f"s3://{BUCKET}/"],
                 media_fetch_timeout_s=2, max_batch_line_bytes=1 << 20)
     with another_app(server, "vision", args) as url:
@@ -110,6 +115,23 @@ def test_chat_whole_and_streamed_equal_the_offline_engine(vision_app, offline, c
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
     counted = requests.post(f"{vision_app}/tokenize", json={"model": MODEL, "messages": messages}).json()
     assert counted["count"] == prompt_tokens
+
+
+def encoder_counts() -> tuple[int, int, int]:
+    """Pictures the replica's engine encoded, the pictures it received encoded, and those the encoder encoded."""
+    replica = serve.get_deployment_handle(replica_name(MODEL), app_name="vision").stats.remote().result()
+    encoder = serve.get_deployment_handle(encoder_name(MODEL), app_name="vision").stats.remote().result()
+    return replica["images_encoded"], replica["images_received"], encoder["images_encoded"]
+
+
+def test_the_encoder_deployment_encodes_the_pictures(vision_app, offline):
+    client = openai.Client(base_url=f"{vision_app}/v1", api_key="None")
+    picture = random_picture(11)
+    text, _ = offline("Describe ", [picture])
+    before = encoder_counts()
+    reply = client.chat.completions.create(model=MODEL, messages=user_turn("Describe ", data_url(picture)), **GREEDY)
+    assert reply.choices[0].message.content == text
+    assert encoder_counts() == (0, before[1] + 1, before[2] + 1)
 
 
 def test_pictures_by_allowed_http_and_s3_urls(vision_app, offline, host):

@@ -1,0 +1,50 @@
+"""A vision-language model's image encoder as a deployment of its own (`llm_configs[].encoder_config`).
+
+The model's replicas process a prompt's pictures as before (the processor, on their work pool), then send the
+pictures' tensors here and get back the rows each picture's placeholder tokens take, through Ray's object store;
+their engines take those rows as they come, so no step of theirs waits for a tower. Where the encoder cannot
+answer (its replicas lost or failing), a replica's engine encodes the pictures itself, as it does without one.
+"""
+
+import asyncio
+import logging
+
+import torch
+
+from deployments.app_config import LLMConfig
+from runtime import EngineConfig
+from runtime.engine.image_encoder import ImageEncoder
+
+logger = logging.getLogger("ray.serve")
+
+
+class EncoderServer:
+    def __init__(self, config: LLMConfig):
+        self.encoder = ImageEncoder(EngineConfig(model=config.model_loading_config.source, **config.engine_options))
+        self._lock = asyncio.Lock()  # one batch through the tower at a time: they would only share its cores
+
+    async def encode(self, pictures: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+        async with self._lock:
+            return await asyncio.to_thread(self.encoder.encode, pictures)
+
+    async def stats(self) -> dict:
+        return {"images_encoded": self.encoder.images_encoded}
+
+
+class EncoderClient:
+    """A replica's way to its model's encoder deployment (a Serve handle), or to none."""
+
+    def __init__(self, handle=None):
+        self.handle = handle
+
+    async def encode(self, images: tuple) -> tuple:
+        """`images` (the prompt's `ImageInput`s) with their encoder outputs in place of their tensors; as they were
+        where there is no encoder deployment or it fails (the engine then encodes them)."""
+        if self.handle is None or not images:
+            return images
+        try:
+            outputs = await self.handle.encode.remote([image.tensors for image in images])
+        except Exception as e:
+            logger.warning("the image encoder failed (%r): this replica's engine encodes the pictures", e)
+            return images
+        return tuple(image.replaced_by(output) for image, output in zip(images, outputs, strict=True))
