@@ -37,14 +37,17 @@ class EncoderClient:
     def __init__(self, handle=None):
         self.handle = handle
 
-    async def encode(self, images: tuple) -> tuple:
-        """`images` (the prompt's `ImageInput`s) with their encoder outputs in place of their tensors; as they were
-        where there is no encoder deployment or it fails (the engine then encodes them)."""
-        if self.handle is None or not images:
+    async def encode(self, images: tuple, cached_tokens: int = 0) -> tuple:
+        """`images` (the prompt's `ImageInput`s) with their encoder outputs in place of their tensors, but for those
+        within the prompt's first `cached_tokens`, which the prefix cache holds; as they were where there is no
+        encoder deployment or it fails (the engine then encodes what it needs)."""
+        wanted = [i for i, image in enumerate(images) if image.end > cached_tokens]
+        if self.handle is None or not wanted:
             return images
         try:
-            outputs = await self.handle.encode.remote([image.tensors for image in images])
+            outputs = await self.handle.encode.remote([images[i].tensors for i in wanted])
         except Exception as e:
             logger.warning("the image encoder failed (%r): this replica's engine encodes the pictures", e)
             return images
-        return tuple(image.replaced_by(output) for image, output in zip(images, outputs, strict=True))
+        encoded = dict(zip(wanted, outputs, strict=True))
+        return tuple(image.replaced_by(encoded[i]) if i in encoded else image for i, image in enumerate(images))

@@ -126,6 +126,21 @@ class BlockManager:
         return self._pooled(block_hash, token_ids) is not None or (self.tier is not None
                                                                    and self.tier.holds(block_hash, token_ids))
 
+    def prompt_hashes(self, prompt: list[int], adapter: str | None, images: tuple[ImageInput, ...] = (),
+                      salt: str | None = None) -> tuple[list[int], list[tuple[int, ...]]]:
+        """The hashes and tokens of `prompt`'s full blocks but its last token's (which is always computed), chained
+        as its admission would chain them."""
+        tokens = full_blocks(prompt, self.block_size)
+        return hash_chain(self.chain_start(adapter, salt=salt), prompt, self.block_size, images, 0, len(tokens)), tokens
+
+    def held_prefix(self, hashes: list[int], tokens: list[tuple[int, ...]]) -> int:
+        """How many of a prompt's blocks (`prompt_hashes`), from the first, the pool or the tier holds (a read
+        another thread may make)."""
+        held = 0
+        while held < len(hashes) and self.holds(hashes[held], tokens[held]):
+            held += 1
+        return held
+
     def prefix_hashes(self, seq: Sequence, count: int) -> list[int]:
         """The hashes of `seq`'s first `count` blocks, as its admission computed them."""
         return [self._hash(seq, i) for i in range(count)]
@@ -305,6 +320,11 @@ class BlockManager:
                 if self.enable_prefix_caching else f"request {seq.request.request_id}"
             hashes += hash_chain(parent, seq.token_ids, self.block_size, seq.request.images, len(hashes), index + 1)
         return hashes[index]
+
+
+def full_blocks(prompt: list[int], block_size: int) -> list[tuple[int, ...]]:
+    """The tokens of `prompt`'s full blocks but its last token's."""
+    return [tuple(prompt[i * block_size : (i + 1) * block_size]) for i in range((len(prompt) - 1) // block_size)]
 
 
 def hash_chain(parent: int | str, token_ids: list[int], block_size: int, images: tuple[ImageInput, ...],

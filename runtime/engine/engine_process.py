@@ -150,6 +150,10 @@ class EngineProcess:
     def stats(self) -> dict:
         return self._ask(ReadStats())
 
+    def cached_prompt_tokens(self, valid) -> int:
+        """None known here: the prefix cache is in the engine's process (`LLMEngine.cached_prompt_tokens`)."""
+        return 0
+
     def healthy(self) -> bool:
         return self.process.poll() is None
 

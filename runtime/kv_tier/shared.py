@@ -22,7 +22,7 @@ import ray
 import torch
 
 from runtime.config import SharedTierConfig
-from runtime.core.block_manager import BlockManager, hash_chain
+from runtime.core.block_manager import BlockManager, full_blocks
 from runtime.multimodal.inputs import ImageInput
 
 logger = logging.getLogger(__name__)
@@ -110,24 +110,12 @@ class SharedTier:
     def stats(self) -> dict:
         return {"kv_shared_published_blocks": self.published_blocks, "kv_shared_fetched_blocks": self.fetched_blocks}
 
-    def _blocks_of(self, prompt: list[int]) -> list[tuple[int, ...]]:
-        """The tokens of `prompt`'s full blocks but its last token's (which is always computed)."""
-        size = self.blocks.block_size
-        return [tuple(prompt[i * size : (i + 1) * size]) for i in range((len(prompt) - 1) // size)]
-
-    def hashes(self, prompt: list[int], adapter: str | None, images: tuple[ImageInput, ...] = (),
-               salt: str | None = None) -> tuple[list[int], list[tuple[int, ...]]]:
-        """The hashes and tokens of `prompt`'s full blocks (`_blocks_of`), chained as an admission chains them."""
-        tokens = self._blocks_of(prompt)
-        return hash_chain(self.blocks.chain_start(adapter, salt=salt), prompt, self.blocks.block_size, images, 0,
-                          len(tokens)), tokens
-
     def publish(self, prompt: list[int], prefix_hashes, read_blocks, block_ids: list[int]) -> None:
         """A prompt whose prefill just ended: its full blocks (`block_ids`, read by `read_blocks`) into the tier,
         under the hashes its admission gave them (`prefix_hashes(count)`)."""
         if len(prompt) < self.config.min_prompt_tokens:
             return
-        tokens = self._blocks_of(prompt)
+        tokens = full_blocks(prompt, self.blocks.block_size)
         hashes = prefix_hashes(len(tokens))
         data = read_blocks(block_ids[: len(tokens)])  # before the pool reuses them
         self._publisher.submit(self._put, hashes, tokens, data)
@@ -145,10 +133,8 @@ class SharedTier:
         tokens. Prompts under `min_prompt_tokens` are not looked up (nor published): a round trip saved."""
         if len(prompt) < self.config.min_prompt_tokens:
             return None
-        hashes, tokens = self.hashes(prompt, adapter, images, salt)
-        held = 0
-        while held < len(hashes) and self.blocks.holds(hashes[held], tokens[held]):
-            held += 1
+        hashes, tokens = self.blocks.prompt_hashes(prompt, adapter, images, salt)
+        held = self.blocks.held_prefix(hashes, tokens)
         hashes, tokens = hashes[held:], tokens[held:]
         if not hashes:
             return None

@@ -164,7 +164,7 @@ def test_blocks_of_a_dead_publisher_are_recomputed_and_published_again(name, qwe
 def _first_hash(path, name: str, prompt: list[int]) -> list[int]:
     """The hash of `prompt`'s first block, as an engine of the tier computes it."""
     llm = LLM(str(path), **_options(name))
-    return llm.engine.shared_tier.hashes(prompt, None)[0][:1]
+    return llm.engine.block_manager.prompt_hashes(prompt, None)[0][:1]
 
 
 def _blocks_held(directory) -> int | None:

@@ -63,7 +63,10 @@ class ChatHandler:
         """The request prepared off the loop, its pictures encoded by the model's encoder deployment where it has
         one."""
         valid = await off_loop(self._prepare, req, await self.pictures(req.messages), priority=priority)
-        return replace(valid, images=await self.encoder.encode(valid.images)) if valid.images else valid
+        if not valid.images or self.encoder.handle is None:
+            return valid
+        cached = await off_loop(self.engine.engine.cached_prompt_tokens, valid)  # those pictures need no encoding
+        return replace(valid, images=await self.encoder.encode(valid.images, cached))
 
     def _prepare(self, req: ChatCompletionRequest, images: list[Image.Image]) -> ValidRequest:
         """Called on a worker thread: chat templates, tokenizing and image processing never hold up the replica's

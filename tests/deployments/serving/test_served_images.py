@@ -124,14 +124,21 @@ def encoder_counts() -> tuple[int, int, int]:
     return replica["images_encoded"], replica["images_received"], encoder["images_encoded"]
 
 
-def test_the_encoder_deployment_encodes_the_pictures(vision_app, offline):
+def test_the_encoder_deployment_encodes_the_pictures_the_cache_lacks(vision_app, llava):
+    """A picture goes through the encoder deployment, not the replica's tower; asked again, its prefix is cached
+    and neither encodes it."""
     client = openai.Client(base_url=f"{vision_app}/v1", api_key="None")
-    picture = random_picture(11)
-    text, _ = offline("Describe ", [picture])
+    picture, text = random_picture(11), " Describe it in a few words, and then say what colours it has." * 3
+    reference = LLM(str(llava), **ENGINE_KWARGS).chat(
+        [{"role": "user", "content": [{"type": "image", "image": picture}, {"type": "text", "text": text}]}],
+        SamplingParams(temperature=0, max_tokens=12))[0].outputs[0].text
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(picture)}},
+                                             {"type": "text", "text": text}]}]
     before = encoder_counts()
-    reply = client.chat.completions.create(model=MODEL, messages=user_turn("Describe ", data_url(picture)), **GREEDY)
-    assert reply.choices[0].message.content == text
-    assert encoder_counts() == (0, before[1] + 1, before[2] + 1)
+    for _ in range(2):
+        reply = client.chat.completions.create(model=MODEL, messages=messages, **GREEDY)
+        assert reply.choices[0].message.content == reference
+        assert encoder_counts() == (0, before[1] + 1, before[2] + 1)
 
 
 def test_pictures_by_allowed_http_and_s3_urls(vision_app, offline, host):
