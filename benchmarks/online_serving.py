@@ -127,7 +127,9 @@ async def drive(base_url: str, model: str, conversations, extra_body: dict, conc
             "ttft_p50_ms": round(1000 * statistics.median(ttfts), 1),
             "ttft_p99_ms": round(1000 * ttfts[int(0.99 * (len(ttfts) - 1))], 1),
             "tpot_p50_ms": round(1000 * statistics.median(per_token), 2),
-            "itl_p50_ms": round(1000 * statistics.median(gaps), 2) if gaps else None, "seconds": round(elapsed, 2)}
+            "itl_p50_ms": round(1000 * statistics.median(gaps), 2) if gaps else None,
+            "itl_p99_ms": round(1000 * sorted(gaps)[int(0.99 * (len(gaps) - 1))], 2) if gaps else None,
+            "seconds": round(elapsed, 2)}
 
 
 def healthy(url: str) -> bool:
@@ -195,8 +197,10 @@ def local_config_args(path, direct_streaming: bool, stream_interval_ms: float | 
 
 
 @contextmanager
-def serving(path, high_throughput: bool, direct_streaming: bool, stream_interval_ms: float | None = None):
-    """Our app on a fresh Ray, in one mode; yields its OpenAI base URL."""
+def serving(path, high_throughput: bool, direct_streaming: bool, stream_interval_ms: float | None = None,
+            args: dict | None = None):
+    """Our app on a fresh Ray, in one mode (`args`: the app's, else `local_config_args`'); yields its OpenAI base
+    URL."""
     import ray
     from ray import serve
 
@@ -206,7 +210,7 @@ def serving(path, high_throughput: bool, direct_streaming: bool, stream_interval
     ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(build_openai_app(local_config_args(path, direct_streaming, stream_interval_ms)), route_prefix="/")
+    serve.run(build_openai_app(args or local_config_args(path, direct_streaming, stream_interval_ms)), route_prefix="/")
     try:
         yield f"http://127.0.0.1:{port}/v1"
     finally:

@@ -17,6 +17,7 @@ The child exits when asked, or when the server's end of its pipes closes: the se
 """
 
 import os
+import pickle
 import queue
 import subprocess
 import sys
@@ -40,6 +41,28 @@ STARTUP_TIMEOUT_S = 600  # the child loads the weights (and on a GPU, profiles m
 COMMAND_MESSAGES_PER_STEP = 16
 
 
+class ValueConnection:
+    """A pipe end whose messages are pickled by value. A `Connection` pickles with multiprocessing's pickler, which
+    carries torch's reductions once `torch.multiprocessing` is imported (Ray imports it): a tensor (a picture's
+    pixels, an encoder's rows, new weights) would cross as a shared-memory handle that only a multiprocessing child
+    can open, and the engine's process is not one."""
+
+    def __init__(self, connection: Connection):
+        self.connection = connection
+
+    def send(self, message) -> None:
+        self.connection.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+
+    def recv(self):
+        return pickle.loads(self.connection.recv_bytes())
+
+    def poll(self, timeout: float | None = 0.0) -> bool:
+        return self.connection.poll(timeout)
+
+    def fileno(self) -> int:  # what `multiprocessing.connection.wait` waits on
+        return self.connection.fileno()
+
+
 def engine_threads(cpus: int) -> int:
     """The child's torch threads on CPU: a quarter of the replica's cores, rounded down, is left to the server's
     own Python, Ray's processes and the OS. Every step ends in a barrier of all its threads, so one thread that
@@ -53,8 +76,9 @@ class EngineProcess:
         self.config = config
         self.validator = RequestValidator(config)
         self.spec, self.tokenizer = self.validator.spec, self.validator.tokenizer
-        self._steps, steps_child = Pipe()
-        self._control, control_child = Pipe()
+        steps, steps_child = Pipe()
+        control, control_child = Pipe()
+        self._steps, self._control = ValueConnection(steps), ValueConnection(control)
         self._control_lock = threading.Lock()
         self._unfinished: set[str] = set()
         self._held = False  # the child is paused or asleep: it runs no step
@@ -180,7 +204,7 @@ class EngineProcess:
 
 
 def main() -> None:
-    steps, control = (Connection(int(fd)) for fd in sys.argv[1:3])
+    steps, control = (ValueConnection(Connection(int(fd))) for fd in sys.argv[1:3])
     from runtime.engine.llm_engine import LLMEngine
 
     try:
@@ -199,7 +223,7 @@ def main() -> None:
         engine.shutdown()
 
 
-def _serve(engine, schedule: DeliverySchedule, steps: Connection, control: Connection) -> None:
+def _serve(engine, schedule: DeliverySchedule, steps: ValueConnection, control: ValueConnection) -> None:
     while True:
         ready = wait([steps, control], timeout=None if not engine.runnable else 0)
         if control in ready:

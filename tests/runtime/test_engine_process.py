@@ -11,9 +11,13 @@ import psutil
 import pytest
 import torch
 
-from runtime import AsyncLLMEngine, EngineDeadError, InvalidInputError, SamplingParams
+from runtime import LLM, AsyncLLMEngine, EngineDeadError, InvalidInputError, SamplingParams
+from runtime.config import EngineConfig
 from runtime.engine.engine_process import engine_threads
+from runtime.engine.image_encoder import ImageEncoder
 from runtime.text.grammar import Constraint
+from testing.vision_checkpoints import build_llava_dir, random_picture
+from tests.runtime.test_vision_models import conversation, conversation_with
 
 
 def start(model, **options) -> AsyncLLMEngine:
@@ -86,3 +90,27 @@ def test_a_killed_engine_process_fails_the_requests_in_flight_and_marks_the_engi
             generate(engine, [5], SamplingParams(max_tokens=1))
     finally:
         engine.shutdown()
+
+
+def test_pictures_and_encoded_rows_cross_to_the_child_by_value(tmp_path):
+    """A picture's pixel tensors, and the rows an encoder deployment computed for it, reach the child whole (not as
+    shared-memory handles, which a process that multiprocessing did not start cannot open): both answer as the
+    in-process engine does."""
+    llava, options = build_llava_dir(tmp_path / "llava"), {"dtype": "float32", "max_model_len": 512}
+    picture, greedy = random_picture(3), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    expected = LLM(str(llava), **options).chat(conversation_with([picture]), greedy)[0].outputs[0].token_ids
+    engine = AsyncLLMEngine.from_options(str(llava), engine_process=True, enable_prefix_caching=False, **options)
+    try:
+        text = engine.tokenizer.apply_chat_template(conversation(1), tokenize=False, add_generation_prompt=True)
+        ids, images = engine.validator.process_images(text, [picture])
+        rows = ImageEncoder(EngineConfig(model=str(llava), **options)).encode([images[0].tensors])[0]
+        for pictures in (images, (images[0].replaced_by(rows),)):
+            deltas = asyncio.run(_collect(engine.generate(engine.validate(ids, greedy, images=pictures))))
+            assert [t for d in deltas for s in d.seqs for t in s.token_ids] == expected
+        assert (engine.stats()["images_encoded"], engine.stats()["images_received"]) == (1, 1)
+    finally:
+        engine.shutdown()
+
+
+async def _collect(stream) -> list:
+    return [delta async for delta in stream]
