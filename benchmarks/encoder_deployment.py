@@ -5,9 +5,9 @@ Eight text chats stream 128 tokens each (the online benchmark's prompts) while p
 time (a fresh 320 x 240 picture each, one output token); reported: the text streams' inter-token latency (p50,
 p99) and output tokens/s, and the picture chats' latency (p50). The checkpoint is `benchmarks.images`'s (a CLIP
 tower of 6 layers, 256 tokens a picture, the CPU benchmark model's language model), served as
-configs/local.yaml serves its model (direct streaming). The encoder deployment asks for no CPU of its own here,
-so on a small machine it shares the replica's cores: what is measured is the steps no longer waiting for the
-tower, not more compute.
+configs/local.yaml serves its model (direct streaming), but with every step's tokens sent, so the gaps are the
+steps'. The encoder deployment asks for no CPU of its own here, so on a small machine it shares the replica's
+cores: what is measured is the steps no longer waiting for the tower, not more compute.
 
     python -m benchmarks.encoder_deployment [--rounds 2]
 """
@@ -31,7 +31,7 @@ TEXT_STREAMS, TEXT_OUTPUT, PICTURES, PICTURE_CONCURRENCY = 8, 128, 16, 2
 
 
 def app_args(path: Path, encoder: bool) -> dict:
-    args = local_config_args(path, direct_streaming=True)
+    args = local_config_args(path, direct_streaming=True, stream_interval_ms=0)  # every step's tokens sent
     if encoder:
         args["llm_configs"][0]["encoder_config"] = {"deployment_config": {"ray_actor_options": {"num_cpus": 0}}}
     return args
