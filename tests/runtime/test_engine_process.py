@@ -1,4 +1,5 @@
-"""The engine in a process of its own (engine_process): what crosses the process boundary, and what happens
+"""The engine in a process of its own (engine_process): what crosses the process boundary (pictures, encoded rows
+and adapters by value), and what happens
 when that process fails or dies. Its deltas equal the in-thread engine's in test_async_engine.py, which runs
 every test on both."""
 
@@ -15,7 +16,9 @@ from runtime import LLM, AsyncLLMEngine, EngineDeadError, InvalidInputError, Sam
 from runtime.config import EngineConfig
 from runtime.engine.engine_process import engine_threads
 from runtime.engine.image_encoder import ImageEncoder
+from runtime.lora import LoRARequest
 from runtime.text.grammar import Constraint
+from testing.lora_adapters import make_adapter
 from testing.vision_checkpoints import build_llava_dir, random_picture
 from tests.runtime.test_vision_models import conversation, conversation_with
 
@@ -110,6 +113,22 @@ def test_pictures_and_encoded_rows_cross_to_the_child_by_value(tmp_path):
         assert (engine.stats()["images_encoded"], engine.stats()["images_received"]) == (1, 1)
     finally:
         engine.shutdown()
+
+
+def test_an_adapter_crosses_to_the_child_by_value(qwen2_model, tmp_path):
+    """A LoRA request's adapter, read on the server's side, reaches the child whole: its tokens are the in-process
+    engine's."""
+    make_adapter(qwen2_model, tmp_path / "adapter", 8, 16, ["q_proj", "v_proj"], False, seed=1)
+    lora, greedy = LoRARequest("adapter", str(tmp_path / "adapter")), SamplingParams(temperature=0, max_tokens=6,
+                                                                                    ignore_eos=True)
+    expected = LLM(str(qwen2_model), dtype="float32", max_model_len=128, enable_lora=True).generate(
+        [[5, 6, 7]], greedy, lora_request=lora)[0].outputs[0].token_ids
+    engine = start(qwen2_model, enable_lora=True)
+    try:
+        deltas = asyncio.run(_collect(engine.generate(engine.validate([5, 6, 7], greedy, lora))))
+    finally:
+        engine.shutdown()
+    assert deltas[-1].error is None and [t for d in deltas for s in d.seqs for t in s.token_ids] == expected
 
 
 async def _collect(stream) -> list:
