@@ -1,7 +1,6 @@
 """The engine in a process of its own (engine_process): what crosses the process boundary (pictures, encoded rows
-and adapters by value), and what happens
-when that process fails or dies. Its deltas equal the in-thread engine's in test_async_engine.py, which runs
-every test on both."""
+and adapters by value), and what happens when that process fails or dies. Its deltas equal the in-thread engine's
+in test_async_engine.py, which runs every test on both."""
 
 import asyncio
 import json
