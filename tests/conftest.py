@@ -119,7 +119,7 @@ def s3_endpoint(s3_server) -> str:
 
 
 # Serve's Python proxy lets go of a client that stops reading and answers for a lost replica
-# (deployments/http/proxy.py), as README's operations section configures it; 20 s: no test's client stalls a write
+# (deployments/http/proxy/), as README's operations section configures it; 20 s: no test's client stalls a write
 # for that long
 PROXY_ENV = {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "deployments.http.proxy:proxy_middlewares",
              "RAYLLM_STREAM_STALL_S": "20"}

@@ -10,7 +10,7 @@ Where it runs:
 - HAProxy / direct ingress (`RAY_SERVE_THROUGHPUT_OPTIMIZED=1`, the manifests' mode): the app writes to the
   client's connection itself, so the app's own middleware (deployments/http/app.py) does it.
 - Serve's Python proxy (plain `serve run`): the proxy writes to the client and the app's writes never wait, so
-  the proxy must run it (deployments/http/proxy.py). Without it nothing limits such a stream but the engine
+  the proxy must run it (deployments/http/proxy/middlewares.py). Without it nothing limits such a stream but the engine
   finishing it.
 """
 

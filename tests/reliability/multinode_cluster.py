@@ -9,7 +9,7 @@ replacements. Scenarios, in order:
 1. A node with a model replica is SIGKILLed while 20 streams run, the one of them that also runs the most of
    the other roles (an ingress replica, the batch manager): each stream must complete or end with an error event
    and `[DONE]`, never be cut or get a plain-text body, even through an ingress replica on that node (Serve's
-   proxy on the head answers for it: deployments/http/lost_replicas.py); a prober sending new requests
+   proxy on the head answers for it: deployments/http/proxy/lost_replicas.py); a prober sending new requests
    throughout must see every one succeed, within Ray's verdict on the node and a retry.
 2. A worker node with an ingress replica is SIGKILLed: the prober's requests may fail only inside a short
    window.

@@ -38,7 +38,7 @@ def test_routes_need_a_key(secure, method, path):
 
 def test_the_app_publishes_its_keys_as_digests_with_their_bounds_for_serves_proxy(secure):
     """What Serve's proxy reads to hold a key's requests past its bounds before routing them
-    (deployments/http/proxy_admission.py): each key's digest, never the key."""
+    (deployments/http/proxy/admission.py): each key's digest, never the key."""
     bounds = published_keys.read()
     assert {bounds[key_digest(key)] for key in KEYS} == {(128, 256)}
     assert not any(key in json.dumps(sorted(bounds)) for key in KEYS)

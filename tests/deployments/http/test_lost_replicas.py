@@ -1,4 +1,4 @@
-"""A replica lost under a request (deployments/http/lost_replicas.py): the guard's own logic around an app that
+"""A replica lost under a request (deployments/http/proxy/lost_replicas.py): the guard's own logic around an app that
 behaves as Serve's proxy does when the replica it called dies (it returns without a response, or without the
 end of one it started), driven by ASGI calls. Served end to end (a node killed under load on a multi-node
 cluster): tests/reliability/multinode_cluster.py."""
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from deployments.http.lost_replicas import LostReplicaGuard
+from deployments.http.proxy.lost_replicas import LostReplicaGuard
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

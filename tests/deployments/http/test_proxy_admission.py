@@ -1,4 +1,4 @@
-"""Admission by key in Serve's proxy (deployments/http/proxy_admission.py), driven by ASGI calls around an app that
+"""Admission by key in Serve's proxy (deployments/http/proxy/admission.py), driven by ASGI calls around an app that
 holds each request until the test lets it go; the app's body rule counting from the proxy's stamp
 (deployments/http/request_limits.py). Served end to end (a key's 1,500 slow senders beside another key's chat):
 tests/reliability/test_key_admission.py."""
@@ -8,7 +8,7 @@ import json
 import time
 
 from deployments.http.auth import key_digest
-from deployments.http.proxy_admission import ProxyKeyAdmission
+from deployments.http.proxy.admission import ProxyKeyAdmission
 from deployments.http.request_limits import ARRIVED_AT, RequestLimits
 
 

@@ -14,7 +14,7 @@ How soon that happens is how soon Ray declares the replica dead: at once for a p
 node that stops answering, after the raylet's missed health checks (`health_check_period_ms` times
 `health_check_failure_threshold`, 3 s x 5 by default; the KubeRay manifests set 1 s x 3).
 
-It runs in Serve's proxy (deployments/http/proxy.py); behind HAProxy the client's connection is the ingress
+It runs in Serve's proxy (deployments/http/proxy/middlewares.py); behind HAProxy the client's connection is the ingress
 replica's own, and a lost ingress replica is HAProxy's to route around. Requests that create stored objects
 (files, uploads, batches) are not sent again: a lost replica may have created one already.
 """

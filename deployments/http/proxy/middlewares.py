@@ -1,4 +1,4 @@
-"""What Serve's Python proxy wraps its app in: set
+"""What Serve's Python proxy wraps its app in (the package's `proxy_middlewares`): set
 `RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=deployments.http.proxy:proxy_middlewares` in the environment Ray starts
 with (`serve run`'s, or the Ray nodes'). Behind HAProxy (`RAY_SERVE_THROUGHPUT_OPTIMIZED=1`, the KubeRay
 manifests' mode) the client's connection is the ingress replica's own, and the app's middleware
@@ -7,8 +7,8 @@ manifests' mode) the client's connection is the ingress replica's own, and the a
 
 from starlette.middleware import Middleware
 
-from deployments.http.lost_replicas import LostReplicaGuard
-from deployments.http.proxy_admission import ProxyKeyAdmission
+from deployments.http.proxy.admission import ProxyKeyAdmission
+from deployments.http.proxy.lost_replicas import LostReplicaGuard
 from deployments.http.stalled_streams import StalledStreamGuard
 
 
