@@ -32,17 +32,17 @@ class EncoderServer:
 
 
 class EncoderClient:
-    """A replica's way to its model's encoder deployment (a Serve handle), or to none."""
+    """A replica's way to its model's encoder deployment, over a Serve handle."""
 
-    def __init__(self, handle=None):
+    def __init__(self, handle):
         self.handle = handle
 
     async def encode(self, images: tuple, cached_tokens: int = 0) -> tuple:
         """`images` (the prompt's `ImageInput`s) with their encoder outputs in place of their tensors, but for those
-        within the prompt's first `cached_tokens`, which the prefix cache holds; as they were where there is no
-        encoder deployment or it fails (the engine then encodes what it needs)."""
+        within the prompt's first `cached_tokens`, which the prefix cache holds; as they were where the encoder
+        fails (the engine then encodes what it needs)."""
         wanted = [i for i, image in enumerate(images) if image.end > cached_tokens]
-        if self.handle is None or not wanted:
+        if not wanted:
             return images
         try:
             outputs = await self.handle.encode.remote([images[i].tensors for i in wanted])

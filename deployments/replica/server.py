@@ -67,7 +67,8 @@ class LLMServer:
         texts = TokenTexts(self.engine.tokenizer)
         self.adapters = adapters = adapters_of(config)
         self.chat_handler = ChatHandler(self.engine, self.model_id, texts, adapters, config.reasoning_parser,
-                                        config.tool_call_parser, MediaLoader(media), EncoderClient(encoder))
+                                        config.tool_call_parser, MediaLoader(media),
+                                        EncoderClient(encoder) if encoder is not None else None)
         self.completion_handler = CompletionHandler(self.engine, self.model_id, texts, adapters)
         self.generate_handler = GenerateHandler(self.engine, adapters)
         self.embedding_handler = EmbeddingHandler(self.engine, self.model_id)

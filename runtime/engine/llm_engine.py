@@ -111,8 +111,8 @@ class LLMEngine(EngineLifecycle):
 
     def fetch_shared(self, valid: ValidRequest):
         """The blocks of `valid`'s prompt that the shared tier has and this engine lacks (any thread may ask)."""
-        adapter = valid.adapter.name if valid.adapter is not None else None
-        return self.shared_tier.fetch(valid.prompt_token_ids, adapter, valid.images, valid.params.cache_salt)
+        return self.shared_tier.fetch(valid.prompt_token_ids, valid.adapter_name, valid.images,
+                                      valid.params.cache_salt)
 
     def cached_prompt_tokens(self, valid: ValidRequest) -> int:
         """How many of `valid`'s prompt tokens the pool or the offload tier holds now, in whole blocks from the first
@@ -120,8 +120,8 @@ class LLMEngine(EngineLifecycle):
         blocks = self.block_manager
         if not (blocks.enable_prefix_caching and blocks.share_prefixes):
             return 0
-        adapter = valid.adapter.name if valid.adapter is not None else None
-        hashes, tokens = blocks.prompt_hashes(valid.prompt_token_ids, adapter, valid.images, valid.params.cache_salt)
+        hashes, tokens = blocks.prompt_hashes(valid.prompt_token_ids, valid.adapter_name, valid.images,
+                                              valid.params.cache_salt)
         return blocks.held_prefix(hashes, tokens) * blocks.block_size
 
     def import_blocks(self, fetched) -> None:  # blocks from the shared tier, into the offload tier

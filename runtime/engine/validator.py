@@ -41,6 +41,11 @@ class ValidRequest:
     pooling: PoolerConfig | None = None  # an embedding request: how its hidden states are pooled
     images: tuple[ImageInput, ...] = ()  # the prompt's pictures (`RequestValidator.process_images`)
 
+    @property
+    def adapter_name(self) -> str | None:
+        """What its prefix blocks' hash chain starts from beside the weights (`BlockManager.chain_start`)."""
+        return self.adapter.name if self.adapter is not None else None
+
 
 class RequestValidator:
     def __init__(self, config: EngineConfig, isolate_grammars: bool = True):

@@ -61,13 +61,13 @@ class EncoderCache:
         so only the requests whose pictures raise fail."""
         missing = list(dict.fromkeys(missing))  # siblings of one request need its picture once
         for request, i in [(r, i) for r, i in missing if r.images[i].encoded is not None]:
-            missing.remove((request, i))
             try:
                 self._store([(request, i)], [request.images[i].encoded.to(self._device, self._dtype)])
             except ValueError as e:
                 self.failed[request] = f"its image {i} came encoded wrongly: {e}"
             else:
                 self.images_received += 1
+        missing = [(request, i) for request, i in missing if request.images[i].encoded is None]
         if missing:
             with torch.inference_mode():
                 self._fill_each(missing)

@@ -37,7 +37,7 @@ class ChatHandler:
                  media: MediaLoader | None = None, encoder: EncoderClient | None = None):
         self.engine = engine
         self.media = media or MediaLoader(MediaPolicy())  # by default: data: URLs only
-        self.encoder = encoder or EncoderClient()  # by default: the engine encodes pictures itself
+        self.encoder = encoder  # None: the engine encodes pictures itself
         self.adapters = adapters
         self.model_id = model_id
         self.texts = texts
@@ -63,7 +63,7 @@ class ChatHandler:
         """The request prepared off the loop, its pictures encoded by the model's encoder deployment where it has
         one."""
         valid = await off_loop(self._prepare, req, await self.pictures(req.messages), priority=priority)
-        if not valid.images or self.encoder.handle is None:
+        if not valid.images or self.encoder is None:
             return valid
         cached = await off_loop(self.engine.engine.cached_prompt_tokens, valid)  # those pictures need no encoding
         return replace(valid, images=await self.encoder.encode(valid.images, cached))
