@@ -23,6 +23,8 @@ from runtime.worker.rank_workers import placement_strategy
 # event, a request that has returned nothing sent to another replica, batch lines back in their batch's queue.
 DRAIN_TIMEOUT_S = 300.0
 INGRESS_DRAIN_MARGIN_S = 30.0
+# how often Serve asks each replica what its prefix cache holds, for the prefix-aware router (Serve's default: 10 s)
+ROUTING_STATS_PERIOD_S = 1.0
 
 
 def build_openai_app(args: dict) -> Application:
@@ -105,7 +107,8 @@ def _replica(config: LLMConfig, server_class: type, prefix_routing: bool = True,
     options.setdefault("max_ongoing_requests", max_ongoing)
     options.setdefault("graceful_shutdown_timeout_s", DRAIN_TIMEOUT_S)
     if prefix_routing:
-        options.setdefault("request_router_config", {"request_router_class": PrefixAwareRouter})
+        options.setdefault("request_router_config", {"request_router_class": PrefixAwareRouter,
+                                                     "request_routing_stats_period_s": ROUTING_STATS_PERIOD_S})
     actor_options = dict(options.pop("ray_actor_options", {}))
     if "num_gpus" not in actor_options and _wants_gpu(config):
         actor_options["num_gpus"] = 1

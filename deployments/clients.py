@@ -103,10 +103,11 @@ class RemoteModel:
         carry(req)
         return await _reply(lambda: self.handle.completions.remote(req, request_id, priority, owner))
 
-    async def prefill(self, method: str, req: ChatCompletionRequest | CompletionRequest) -> None:
-        """A prefill replica's part of a disaggregated request (deployments/disaggregated.py)."""
+    async def prefill(self, req: ChatCompletionRequest | CompletionRequest, method: str) -> None:
+        """A prefill replica's part of a disaggregated request (deployments/disaggregated.py), routed by its prompt
+        as the decode replica's is."""
         carry(req)
-        await _reply(lambda: self.handle.prefill.remote(method, req))
+        await _reply(lambda: self.handle.prefill.remote(req, method))
 
     async def generate(self, req: GenerateRequest, owner: str | None = None) -> dict | list:
         carry(req)

@@ -40,7 +40,7 @@ class DisaggregatedModel:
         update = {name: fields[name].get_default(call_default_factory=True) for name in _RESET if name in fields}
         one_token = req.model_copy(update={**update, **_ONE_TOKEN})
         try:
-            await self.prefill.prefill(method, one_token)
+            await self.prefill.prefill(one_token, method)
         except Exception as e:  # the decode replica computes the prompt instead
             logger.warning("prefill failed, decoding without it: %r", e)
 

@@ -83,7 +83,7 @@ FLOORS = {
         ("metrics", "tracing", "work_pool", "parsers", "broadcast", "storage"),
         ("media",),
         ("app_config", "api"),
-        ("clients",),
+        ("clients", "route_marks"),
         ("replica", "prefix_router", "disaggregated"),
         ("batch",),
         ("http", "autoscaling"),

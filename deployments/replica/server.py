@@ -112,7 +112,7 @@ class LLMServer:
         with continued(req):
             return await _reply(self.completion_handler.complete(req, request_id or new_id("cmpl-"), priority, owner))
 
-    async def prefill(self, method: str, req: ChatCompletionRequest | CompletionRequest) -> None:
+    async def prefill(self, req: ChatCompletionRequest | CompletionRequest, method: str) -> None:
         """A disaggregated request's prefill (deployments/disaggregated.py): its prompt computed here, returning once
         the shared tier's directory holds the prompt's blocks (or `PUBLISH_TIMEOUT_S` has passed: the decode
         replica then computes what it cannot fetch)."""
@@ -214,6 +214,13 @@ class LLMServer:
     def record_autoscaling_stats(self) -> dict[str, float]:
         """What Serve's autoscaler reads of this replica (deployments/autoscaling.py): its recent TTFT and ITL p90."""
         return self.request_metrics.window.p90s(self.request_metrics.oldest_wait())
+
+    async def record_routing_stats(self) -> dict:
+        """What Serve hands the prefix-aware router of this replica (deployments/prefix_router.py): the route marks
+        (deployments/route_marks.py) whose prefixes its engine holds, and when it said so."""
+        if not self.engine.healthy:
+            return {}
+        return {"prefix_marks": await asyncio.to_thread(self.engine.engine.held_prefix_marks), "at": time.time()}
 
     async def max_model_len(self) -> int:
         return self.engine.max_model_len

@@ -22,6 +22,7 @@ from array import array
 from hashlib import blake2b
 
 from runtime.core.free_blocks import FreeBlocks
+from runtime.core.prefix_marks import PrefixMarks
 from runtime.core.sequence import Sequence
 from runtime.kv_tier.index import KVMove, TierHit, TierIndex
 from runtime.multimodal.inputs import ImageInput, image_hashes_in
@@ -56,6 +57,8 @@ class BlockManager:
         # starts every hash chain: the same in every replica holding the same weights (runtime.models.weights_identity)
         self.weights_version = weights_version
         self.hit_tokens = 0  # prompt tokens served from cache, over the manager's life
+        # recent marked prompts, for a router's view of what is cached (runtime.core.prefix_marks)
+        self.prefix_marks = PrefixMarks(2 * (num_blocks + (tier.num_slots if tier is not None else 0)))
         self.queried_tokens = 0  # prompt tokens looked up
 
     @property
@@ -140,6 +143,19 @@ class BlockManager:
         while held < len(hashes) and self.holds(hashes[held], tokens[held]):
             held += 1
         return held
+
+    def mark(self, prompt: list[int], adapter: str | None, images: tuple[ImageInput, ...], salt: str | None,
+             marks: tuple[int, ...]) -> None:
+        """Keep `marks` for `prompt`'s prefixes (`held_marks` answers which are held)."""
+        if marks and self.enable_prefix_caching and self.share_prefixes:
+            self.prefix_marks.track(self.prompt_hashes(prompt, adapter, images, salt)[0], marks)
+
+    def held_marks(self) -> list[int]:
+        """The marks of kept prompts whose prefixes the pool or the tier holds (a read another thread may make)."""
+        return self.prefix_marks.held(self._holds_hash)
+
+    def _holds_hash(self, block_hash: int) -> bool:
+        return block_hash in self._cached or (self.tier is not None and self.tier.holds_hash(block_hash))
 
     def prefix_hashes(self, seq: Sequence, count: int) -> list[int]:
         """The hashes of `seq`'s first `count` blocks, as its admission computed them."""

@@ -45,9 +45,15 @@ class ReadStats:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadPrefixMarks:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
 class Stop:
     pass
 
 
 Command = AddRequest | AbortRequest | ImportBlocks | RunLifecycle
-Question = RunLifecycle | ReadStats | Stop  # an engine process's control channel: each gets its answer
+# an engine process's control channel: each gets its answer
+Question = RunLifecycle | ReadStats | ReadPrefixMarks | Stop

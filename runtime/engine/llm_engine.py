@@ -124,6 +124,11 @@ class LLMEngine(EngineLifecycle):
                                               valid.params.cache_salt)
         return blocks.held_prefix(hashes, tokens) * blocks.block_size
 
+    def held_prefix_marks(self) -> list[int]:
+        """The prefix marks of recent requests whose prefixes the pool or the offload tier holds (any thread may
+        ask)."""
+        return self.block_manager.held_marks()
+
     def import_blocks(self, fetched) -> None:  # blocks from the shared tier, into the offload tier
         if fetched is not None:
             fetched.place(self.block_manager, self.runner.kv_tier)
@@ -145,6 +150,7 @@ class LLMEngine(EngineLifecycle):
         request.max_num_tokens = min(len(prompt) + valid.max_tokens, self.spec.max_model_len)
         if not params.ignore_eos:
             request.end_token_ids |= self.eos_token_ids
+        self.block_manager.mark(prompt, valid.adapter_name, valid.images, params.cache_salt, valid.prefix_marks)
         self.text.start(request_id, prompt, None if valid.pooling else params, stream)
         self.requests[request_id] = request
         self.scheduler.add(request)

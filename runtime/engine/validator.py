@@ -40,6 +40,8 @@ class ValidRequest:
     adapter: LoRAAdapter | None = None  # the LoRA adapter it runs with, read and checked
     pooling: PoolerConfig | None = None  # an embedding request: how its hidden states are pooled
     images: tuple[ImageInput, ...] = ()  # the prompt's pictures (`RequestValidator.process_images`)
+    # a router's labels for its prompt's prefixes, reported while the engine holds them (runtime.core.prefix_marks)
+    prefix_marks: tuple[int, ...] = ()
 
     @property
     def adapter_name(self) -> str | None:

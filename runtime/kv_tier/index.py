@@ -46,6 +46,9 @@ class TierIndex:
         entry = self._entries.get(block_hash)
         return entry is not None and entry[1] == token_ids
 
+    def holds_hash(self, block_hash: int) -> bool:  # a routing hint's test, unconfirmed by tokens
+        return block_hash in self._entries
+
     def pin(self, hits: list[TierHit]) -> None:
         """Keep `hits` through an admission (the blocks it evicts to the tier must not take their slots)."""
         self._pinned = {hit.hash for hit in hits}

@@ -24,6 +24,7 @@ from deployments.replica.adapters import ModelAdapters
 from deployments.replica.choice_parser import ChoiceParser, HarmonyChoiceParser, tool_call_json
 from deployments.replica.encoder_server import EncoderClient
 from deployments.replica.prompt import ChatPrompt
+from deployments.route_marks import marked
 from deployments.work_pool import off_loop
 from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput, ValidRequest
 from runtime.text.harmony_chat import stop_token_ids
@@ -88,7 +89,7 @@ class ChatHandler:
                                                               add_special_tokens=False)
             else:
                 prompt = self.engine.encode(self.prompt.render(req), add_special_tokens=False)
-        return self.engine.validate(prompt, params, self.adapters.request_for(req.model), pictures)
+        return marked(self.engine.validate(prompt, params, self.adapters.request_for(req.model), pictures), req)
 
     def _render_harmony(self, req: ChatCompletionRequest) -> list[int]:
         """gpt-oss's prompt token ids. A grammar (a forced tool choice, a structured output) would constrain the

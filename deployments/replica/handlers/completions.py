@@ -7,6 +7,7 @@ from deployments.api.format import TokenTexts, chunk_builder, completion_logprob
 from deployments.api.request_model import engine_priority
 from deployments.replica.adapters import ModelAdapters
 from deployments.replica.merge import merge
+from deployments.route_marks import marked
 from deployments.work_pool import off_loop
 from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput, ValidRequest
 
@@ -23,7 +24,9 @@ class CompletionHandler:
         params = req.to_sampling_params()
         prompts = [self.engine.encode(p) if isinstance(p, str) else list(p) for p in req.prompts()]
         lora = self.adapters.request_for(req.model)
-        return params, [self.engine.validate(ids, params, lora) for ids in prompts]  # all checked before any starts
+        valid = [self.engine.validate(ids, params, lora) for ids in prompts]  # all checked before any starts
+        valid[:1] = [marked(v, req) for v in valid[:1]]
+        return params, valid
 
     def _streams(self, valid: list[ValidRequest], request_id, priority, owner, stream: bool):
         return [self.engine.generate(v, f"{request_id}-{i}", priority, owner, stream) for i, v in enumerate(valid)]

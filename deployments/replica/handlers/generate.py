@@ -7,6 +7,7 @@ from deployments.api.generate.protocol import GenerateRequest
 from deployments.api.ids import new_id
 from deployments.replica.adapters import ModelAdapters
 from deployments.replica.merge import merge
+from deployments.route_marks import marked
 from deployments.work_pool import off_loop
 from runtime import AsyncLLMEngine, CompletionOutput, RequestOutput, ValidRequest
 
@@ -23,6 +24,7 @@ class GenerateHandler:
         ids = [self.engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         lora = self.adapters.request_for(req.model)
         valid = [self.engine.validate(prompt, params, lora) for prompt in ids]  # all checked before any starts
+        valid[:1] = [marked(v, req) for v in valid[:1]]
         base = req.rid or new_id("")
         request_ids = [base if len(ids) == 1 else f"{base}-{i}" for i in range(len(ids))]
         return params, valid, batched, request_ids

@@ -9,8 +9,10 @@ import openai
 from ray import serve
 
 from deployments import build_openai_app
+from deployments.api.chat.protocol import ChatCompletionRequest
 from deployments.app_config import replica_name
 from deployments.builder import DRAIN_TIMEOUT_S, INGRESS_DRAIN_MARGIN_S
+from deployments.route_marks import route_marks
 from testing.helpers import wait_until
 from tests.conftest import MODEL_ID, another_app, app_args
 
@@ -49,6 +51,17 @@ def test_prefix_aware_routing_reaches_the_single_replica_hit_rate(server, tmp_pa
     print(f"cached tokens: ideal {ideal}, prefix-aware {fleet['prefix']}, random {fleet['random']}")
     assert fleet["prefix"] >= 0.9 * ideal
     assert fleet["random"] < 0.85 * ideal  # about half: each group's two requests meet by chance
+
+
+def test_a_replica_reports_the_route_marks_of_the_prompts_its_cache_holds(server, client):
+    """What Serve hands the router of a replica (its record_routing_stats) names a chat's prefix once the replica
+    has computed it, in the hashes the router reads off the request."""
+    messages = [{"role": "system", "content": " ".join(WORDS * 5)}, {"role": "user", "content": "the first word?"}]
+    marks = set(route_marks(ChatCompletionRequest(model=MODEL_ID, messages=messages)))
+    replica = serve.get_deployment_handle(replica_name(MODEL_ID), app_name="default")
+    assert len(marks) > 5 and not marks & set(replica.record_routing_stats.remote().result()["prefix_marks"])
+    client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=1)
+    assert marks <= set(replica.record_routing_stats.remote().result()["prefix_marks"])
 
 
 def _running_replicas(app: str) -> int:
