@@ -1,9 +1,9 @@
-"""Coding-agent sessions replayed against three replicas: the share of each turn's prompt served from the prefix
-cache, with the prefix-aware router (deployments/prefix_router.py), the same with a load tolerance that a cached
-prefix does not widen, and Serve's power-of-two-choices router (random for this purpose), one session alone and
-20 interleaved.
+"""Coding-agent sessions replayed against three replicas behind two ingress replicas: the share of each turn's
+prompt served from the prefix cache, with the prefix-aware router (deployments/prefix_router.py) reading what
+the replicas' engines report they hold (KV-aware), the same router on its own sends alone, and Serve's
+power-of-two-choices router (random for this purpose), one session alone and 20 interleaved.
 
-    python -m benchmarks.agent_replay [--sessions 20] [--turns 20]
+    python -m benchmarks.agent_replay [--sessions 20] [--turns 20] [--kv-cache-mb 256]
 
 A session is a system prompt with tool definitions, then turns that each add a user message or a tool result of a
 few hundred tokens and the model's tool call (forced, so every run sends the same prompts): the prompt grows past
@@ -26,10 +26,10 @@ from testing.helpers import free_port
 from testing.model_factory import build_model_dir
 
 MODEL_ID = "agent-model"
-ROUTERS = {"prefix_aware": {},
-           # the same router with a tolerance that a cached prefix does not widen
-           "prefix_aware_flat_tolerance": {"request_router_class": "deployments.prefix_router:PrefixAwareRouter",
-                                           "request_router_kwargs": {"cached_chars_per_extra_request": 1 << 40}},
+ROUTERS = {"kv_aware": {},
+           # the same router on what it sent where alone, each ingress replica's router on its own
+           "prefix_aware_sends_only": {"request_router_class": "deployments.prefix_router:PrefixAwareRouter",
+                                       "request_router_kwargs": {"engine_reports": False}},
            "random": {"request_router_class": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"}}
 WORDS = ("def return import class self value list dict error test file path line read write open close config "
          "model token cache replica request response stream batch engine kernel tensor shape index").split()
@@ -38,10 +38,10 @@ TOOL = {"type": "function", "function": {"name": "run", "description": "Run a sh
                                                         "required": ["cmd"]}}}
 
 
-def app_args(model_dir: Path, router: dict) -> dict:
+def app_args(model_dir: Path, router: dict, kv_cache_mb: int) -> dict:
     return {"llm_configs": [{
         "model_loading_config": {"model_id": MODEL_ID, "model_source": str(model_dir)},
-        "engine_kwargs": {"max_model_len": 16384, "kv_cache_bytes": 256 << 20, "max_num_batched_tokens": 2048},
+        "engine_kwargs": {"max_model_len": 16384, "kv_cache_bytes": kv_cache_mb << 20, "max_num_batched_tokens": 2048},
         "tool_call_parser": "qwen25",
         "deployment_config": {"num_replicas": 3, "ray_actor_options": {"num_cpus": 1},
                               **({"request_router_config": router} if router else {})}}],
@@ -78,7 +78,7 @@ def _forced(call: dict) -> str:
     return "root ::= " + json.dumps(f"<tool_call>\n{json.dumps(call)}\n</tool_call>")
 
 
-def run(model_dir: Path, router: str, sessions: int, turns: int) -> dict:
+def run(model_dir: Path, router: str, sessions: int, turns: int, kv_cache_mb: int) -> dict:
     import ray
     from ray import serve
 
@@ -87,7 +87,7 @@ def run(model_dir: Path, router: str, sessions: int, turns: int) -> dict:
     ray.init(address="local", num_cpus=8, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(build_openai_app(app_args(model_dir, ROUTERS[router])), route_prefix="/")
+    serve.run(build_openai_app(app_args(model_dir, ROUTERS[router], kv_cache_mb)), route_prefix="/")
     try:
         async def main():
             async with openai.AsyncClient(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
@@ -103,7 +103,7 @@ def run(model_dir: Path, router: str, sessions: int, turns: int) -> dict:
     prompt = sum(p for figures in per_session for p, _ in figures)
     cached = sum(c for figures in per_session for _, c in figures)
     later = [(p, c) for figures in per_session for p, c in figures[1:]]  # turns that could reuse a prefix
-    result = {"router": router, "sessions": sessions, "turns": turns,
+    result = {"router": router, "sessions": sessions, "turns": turns, "kv_cache_mb": kv_cache_mb,
               "last_prompt_tokens": max(figures[-1][0] for figures in per_session),
               "cached_share": round(cached / prompt, 3),
               "cached_share_after_first_turn": round(sum(c for _, c in later) / sum(p for p, _ in later), 3),
@@ -116,11 +116,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 20])
     parser.add_argument("--turns", type=int, default=20)
+    parser.add_argument("--kv-cache-mb", type=int, default=256, help="each replica's KV cache (the default holds "
+                        "every session; a smaller one makes the replicas evict)")
+    parser.add_argument("--routers", nargs="+", default=list(ROUTERS), choices=list(ROUTERS))
     args = parser.parse_args()
     model_dir = build_model_dir(Path(tempfile.mkdtemp(prefix="agent-model-")), "qwen2", max_positions=16384)
     for sessions in args.sessions:
-        for router in ROUTERS:
-            run(model_dir, router, sessions, args.turns)
+        for router in args.routers:
+            run(model_dir, router, sessions, args.turns, args.kv_cache_mb)
 
 
 if __name__ == "__main__":
