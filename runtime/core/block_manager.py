@@ -58,7 +58,7 @@ class BlockManager:
         self.weights_version = weights_version
         self.hit_tokens = 0  # prompt tokens served from cache, over the manager's life
         # recent marked prompts, for a router's view of what is cached (runtime.core.prefix_marks)
-        self.prefix_marks = PrefixMarks(2 * (num_blocks + (tier.num_slots if tier is not None else 0)))
+        self.prefix_marks = PrefixMarks(8 * (num_blocks + (tier.num_slots if tier is not None else 0)))
         self.queried_tokens = 0  # prompt tokens looked up
 
     @property
