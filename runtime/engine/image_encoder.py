@@ -17,8 +17,7 @@ class ImageEncoder:
         require(self.spec.takes_images, "model", f"{config.model} takes no images: there is no encoder to serve"
                 f"{' (limit_mm_per_prompt image 0 serves it text-only)' if self.spec.model_class.takes_images else ''}")
         self.device = torch.device(config.device)
-        self.model, _ = build_model(self.spec, config, self.device, self.spec.path)
-        self.model.model = self.model.lm_head = None  # loaded with the checkpoint; the encoder reads neither
+        self.model, _ = build_model(self.spec, config, self.device, self.spec.path, encoder_only=True)
         self.images_encoded = 0
 
     def encode(self, pictures: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:

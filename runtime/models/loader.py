@@ -1,7 +1,7 @@
 """Fill a model from the HF safetensors shards in a directory, one tensor at a time (or from tensors a trainer
 sent: `load_tensors`)."""
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -20,19 +20,21 @@ def tensor_names(model: nn.Module, model_dir: Path) -> set[str]:
     return names
 
 
-def load_weights(model: nn.Module, model_dir: Path) -> None:
-    """Load every checkpoint tensor of `model_dir`'s safetensors shards (`load_tensors`)."""
+def load_weights(model: nn.Module, model_dir: Path, keep: Callable[[str], bool] | None = None) -> None:
+    """Load every checkpoint tensor of `model_dir`'s safetensors shards (`load_tensors`), or those whose names
+    `keep` keeps (the others are not read)."""
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
-    load_tensors(model, _checkpoint_tensors(files))
+    load_tensors(model, _checkpoint_tensors(files, keep))
 
 
-def _checkpoint_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+def _checkpoint_tensors(files: list[Path], keep: Callable[[str], bool] | None) -> Iterator[tuple[str, torch.Tensor]]:
     for file in files:
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                if keep is None or keep(name):
+                    yield name, f.get_tensor(name)
 
 
 def load_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -4,6 +4,7 @@ turns each picture into the rows its placeholder tokens take (`encode_images`, r
 `runtime.worker.encoder_cache`). Served text-only (`limit_mm_per_prompt` image 0: `runtime.models.spec`),
 the config's `vision_language` is None and no tower is built or loaded."""
 
+import copy
 from collections.abc import Callable
 
 import torch
@@ -55,6 +56,22 @@ class VisionLanguage:
         text = language_model_config(config)
         text.vision_language = config  # what the tower is built from
         return text
+
+    @classmethod
+    def encoder_only(cls, config: PretrainedConfig) -> PretrainedConfig:
+        """`config` (the language model's, `text_config`) for a model built for its vision encoder alone
+        (`runtime.engine.image_encoder`): no decoder layers and a one-token vocabulary, so the language model
+        built beside the tower costs next to nothing before it is dropped."""
+        config = copy.copy(config)
+        config.num_hidden_layers, config.vocab_size = 0, 1
+        if getattr(config, "layer_types", None) is not None:
+            config.layer_types = []
+        return config
+
+    def encoder_tensor(self, name: str) -> bool:
+        """Whether a checkpoint tensor belongs to what an encoder-only model holds: its tower and projector."""
+        part = self.renamed(name).split(".", 1)[0]
+        return part not in ("model", "lm_head") and getattr(self, part, None) is not None
 
     @classmethod
     def renamed(cls, name: str) -> str:

@@ -18,11 +18,18 @@ from runtime.models.spec import ModelSpec
 
 
 def build_model(spec: ModelSpec, config: EngineConfig, device: torch.device, path: Path,
-                tensors: list[tuple[str, torch.Tensor]] | None = None) -> tuple[nn.Module, LoRABatch | None]:
+                tensors: list[tuple[str, torch.Tensor]] | None = None, encoder_only: bool = False
+                ) -> tuple[nn.Module, LoRABatch | None]:
     """The model with `path`'s weights (a checkpoint of `spec`'s architecture and shapes), or with `tensors`
-    (every checkpoint tensor, by name: a trainer's), and its LoRA batch map."""
+    (every checkpoint tensor, by name: a trainer's), and its LoRA batch map. `encoder_only`: a vision-language
+    model's vision tower and projector alone, the language model neither built nor read."""
+    model_class = spec.model_class
     with spec.building(device):
-        model = spec.model_class(spec.hf_config, spec.max_model_len)
+        if encoder_only:
+            model = model_class(model_class.encoder_only(spec.hf_config), spec.max_model_len)
+            model.model = model.lm_head = None
+        else:
+            model = model_class(spec.hf_config, spec.max_model_len)
         if spec.quantization is not None:
             quantize_model(model, spec.quantization, tensor_names(model, path))
     chunk = model.attention_chunk_size
@@ -30,7 +37,7 @@ def build_model(spec: ModelSpec, config: EngineConfig, device: torch.device, pat
         raise InvalidInputError("block_size", f"{config.block_size} does not divide the model's attention chunks "
                                 f"({chunk} positions)")
     if tensors is None:
-        load_weights(model, path)
+        load_weights(model, path, model.encoder_tensor if encoder_only else None)
     else:
         load_tensors(model, tensors)
     finish_quantized_linears(model)

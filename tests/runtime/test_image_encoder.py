@@ -1,16 +1,17 @@
 """The image encoder on its own (`runtime.engine.image_encoder`, what an encoder deployment runs): pictures it
 encodes, handed to an engine as `ImageInput.encoded`, answer as the engine's own encoding does, with prefill
 chunks cutting through them and the engine's tower left idle; rows of the wrong shape fail their request only; a
-text-only model has no encoder to serve."""
+text-only model has no encoder to serve; the encoder builds and reads no language model."""
 
 import pytest
+import torch
 
 from runtime import LLM, InvalidInputError, LLMEngine, SamplingParams
 from runtime.config import EngineConfig
 from runtime.engine.image_encoder import ImageEncoder
 from testing.model_factory import build_model_dir
 from testing.vision_checkpoints import build_llava_dir, random_picture
-from tests.runtime.test_vision_models import OPTIONS, conversation, conversation_with
+from tests.runtime.test_vision_models import FAMILIES, OPTIONS, conversation, conversation_with
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
@@ -66,3 +67,19 @@ def test_a_text_only_model_has_no_encoder(llava, tmp_path):
         ImageEncoder(EngineConfig(model=str(build_model_dir(tmp_path / "text", "qwen2")), max_model_len=256))
     with pytest.raises(InvalidInputError, match="image 0 serves it text-only"):
         ImageEncoder(EngineConfig(model=str(llava), **OPTIONS, limit_mm_per_prompt={"image": 0}))
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_the_encoder_builds_and_reads_the_tower_and_projector_alone(name, tmp_path):
+    """For every vision-language family: the encoder's parameters are the full model's tower's and projector's,
+    every one of them, and it encodes a picture as the full model does."""
+    path = FAMILIES[name][0](tmp_path / name)
+    engine = LLMEngine(EngineConfig(model=str(path), **OPTIONS))
+    encoder = ImageEncoder(EngineConfig(model=str(path), **OPTIONS))
+    full = dict(engine.runner.model.named_parameters())
+    tower = {n: p for n, p in full.items() if not n.startswith(("model.", "lm_head."))}
+    assert tower and sorted(dict(encoder.model.named_parameters())) == sorted(tower)
+    _, images = prompt_with(engine, [random_picture(3)])
+    with torch.inference_mode():
+        expected = engine.runner.model.encode_images([images[0].tensors])
+    assert torch.equal(encoder.encode([images[0].tensors])[0], expected[0])
