@@ -50,10 +50,17 @@ class ReadPrefixMarks:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadCachedTokens:
+    """How much of a prompt the engine's cache holds (`LLMEngine.cached_prompt_tokens`)."""
+
+    valid: ValidRequest
+
+
+@dataclass(frozen=True, slots=True)
 class Stop:
     pass
 
 
 Command = AddRequest | AbortRequest | ImportBlocks | RunLifecycle
 # an engine process's control channel: each gets its answer
-Question = RunLifecycle | ReadStats | ReadPrefixMarks | Stop
+Question = RunLifecycle | ReadStats | ReadPrefixMarks | ReadCachedTokens | Stop

@@ -8,7 +8,7 @@ server, whose threads a fork would copy; not multiprocessing's spawn, which reru
 a Ray worker's) builds the `LLMEngine` and steps it. The server validates requests with a `RequestValidator`
 of its own (the model's spec and tokenizer, no weights) and sends them; each step's deltas that are due come
 back as one message (runtime.engine.delivery holds back the rest): a 16-token answer crosses the pipe in three or
-four deltas, not sixteen. Stats, held prefix marks and health are asked on a second pipe, answered between steps.
+four deltas, not sixteen. Stats, what the cache holds and health are asked on a second pipe, answered between steps.
 
 `EngineProcess` is what `AsyncLLMEngine`'s loop thread steps in place of an `LLMEngine`: `enqueue` and
 `abort` are sent at once, from whatever thread calls them (the child applies them between its steps), and
@@ -28,7 +28,16 @@ from multiprocessing.connection import Connection, Pipe, wait
 import torch
 
 from runtime.config import EngineConfig
-from runtime.engine.commands import AbortRequest, AddRequest, Question, ReadPrefixMarks, ReadStats, RunLifecycle, Stop
+from runtime.engine.commands import (
+    AbortRequest,
+    AddRequest,
+    Question,
+    ReadCachedTokens,
+    ReadPrefixMarks,
+    ReadStats,
+    RunLifecycle,
+    Stop,
+)
 from runtime.engine.delivery import DeliverySchedule
 from runtime.engine.startup_heap import freeze_startup_heap
 from runtime.engine.validator import RequestValidator, ValidRequest
@@ -174,9 +183,10 @@ class EngineProcess:
     def stats(self) -> dict:
         return self._ask(ReadStats())
 
-    def cached_prompt_tokens(self, valid) -> int:
-        """None known here: the prefix cache is in the engine's process (`LLMEngine.cached_prompt_tokens`)."""
-        return 0
+    def cached_prompt_tokens(self, valid: ValidRequest) -> int:
+        """Asked of the engine's process, the pictures' tensors left out (their content hashes name them)."""
+        images = tuple(replace(image, tensors={}, encoded=None) for image in valid.images)
+        return self._ask(ReadCachedTokens(replace(valid, grammar=None, images=images)))
 
     def held_prefix_marks(self) -> list[int]:
         return self._ask(ReadPrefixMarks())
@@ -238,6 +248,8 @@ def _serve(engine, schedule: DeliverySchedule, steps: ValueConnection, control: 
                     control.send(engine.stats())
                 case ReadPrefixMarks():
                     control.send(engine.held_prefix_marks())
+                case ReadCachedTokens(valid):
+                    control.send(engine.cached_prompt_tokens(valid))
                 case RunLifecycle(operation, args):
                     control.send(_lifecycle(engine, schedule, operation, args))
                     steps.send(("step", []))  # a server thread waiting for a step may now wait for none

@@ -114,6 +114,27 @@ def test_pictures_and_encoded_rows_cross_to_the_child_by_value(tmp_path):
         engine.shutdown()
 
 
+def test_the_child_says_how_much_of_a_prompt_with_a_picture_its_cache_holds(tmp_path):
+    """What the chat handler asks before it sends pictures to an encoder deployment: nothing before the prompt
+    ran, its whole blocks after, and nothing for the same text with another picture (its content hash differs),
+    as the in-process engine answers."""
+    llava, options = build_llava_dir(tmp_path / "llava"), {"dtype": "float32", "max_model_len": 512}
+    greedy = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    engine = AsyncLLMEngine.from_options(str(llava), engine_process=True, **options)
+    try:
+        text = engine.tokenizer.apply_chat_template(conversation(1), tokenize=False, add_generation_prompt=True)
+        ids, images = engine.validator.process_images(text, [random_picture(3)])
+        _, other = engine.validator.process_images(text, [random_picture(4)])
+        valid, valid_other = engine.validate(ids, greedy, images=images), engine.validate(ids, greedy, images=other)
+        assert engine.engine.cached_prompt_tokens(valid) == 0
+        asyncio.run(_collect(engine.generate(valid)))
+        held = (len(ids) - 1) // 16 * 16
+        assert held > images[0].end and engine.engine.cached_prompt_tokens(valid) == held
+        assert engine.engine.cached_prompt_tokens(valid_other) < images[0].end
+    finally:
+        engine.shutdown()
+
+
 def test_an_adapter_crosses_to_the_child_by_value(qwen2_model, tmp_path):
     """A LoRA request's adapter, read on the server's side, reaches the child whole: its tokens are the in-process
     engine's."""
