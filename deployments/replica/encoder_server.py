@@ -10,6 +10,7 @@ import asyncio
 import logging
 
 import torch
+from ray import serve
 
 from deployments.app_config import LLMConfig
 from runtime import EngineConfig
@@ -17,18 +18,36 @@ from runtime.engine.image_encoder import ImageEncoder
 
 logger = logging.getLogger("ray.serve")
 
+# the most pictures one pass through the tower takes (its activations grow with them); calls that come within
+# BATCH_WAIT_S of each other share passes
+PICTURES_PER_PASS = 16
+BATCH_WAIT_S = 0.005
+
 
 class EncoderServer:
     def __init__(self, config: LLMConfig):
         self.encoder = ImageEncoder(EngineConfig(model=config.model_loading_config.source, **config.engine_options))
-        self._lock = asyncio.Lock()  # one batch through the tower at a time: they would only share its cores
+        self.passes = 0  # through the tower, over its life
 
     async def encode(self, pictures: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
-        async with self._lock:
-            return await asyncio.to_thread(self.encoder.encode, pictures)
+        """Each picture's rows; the pictures of calls from every replica that arrive together are encoded together
+        (Serve's dynamic batching, one batch at a time: batches would only share the tower's device)."""
+        return await self._encode_calls(pictures)
+
+    @serve.batch(max_batch_size=PICTURES_PER_PASS, batch_wait_timeout_s=BATCH_WAIT_S)
+    async def _encode_calls(self, calls: list[list[dict[str, torch.Tensor]]]) -> list[list[torch.Tensor]]:
+        pictures = [picture for call in calls for picture in call]
+        rows = []
+        for start in range(0, len(pictures), PICTURES_PER_PASS):
+            rows += await asyncio.to_thread(self.encoder.encode, pictures[start : start + PICTURES_PER_PASS])
+            self.passes += 1
+        ends = [0]
+        for call in calls:
+            ends.append(ends[-1] + len(call))
+        return [rows[begin:end] for begin, end in zip(ends, ends[1:])]
 
     async def stats(self) -> dict:
-        return {"images_encoded": self.encoder.images_encoded}
+        return {"images_encoded": self.encoder.images_encoded, "encoder_passes": self.passes}
 
 
 class EncoderClient:

@@ -13,14 +13,19 @@ import boto3
 import openai
 import pytest
 import requests
+import torch
 from ray import serve
 
 from deployments.app_config import encoder_name, replica_name
 from runtime import LLM, SamplingParams
+from runtime.config import EngineConfig
+from runtime.engine.image_encoder import ImageEncoder
+from runtime.engine.validator import RequestValidator
 from testing.helpers import wait_until
 from testing.vision_checkpoints import build_llava_dir, data_url, declared_size_png, encoded, random_picture
 from tests.conftest import ENGINE_KWARGS, another_app, app_args
 from tests.deployments.batch.test_batches import jsonl, read_jsonl
+from tests.runtime.test_vision_models import conversation
 
 MODEL = "llava"
 BUCKET = "vision-images"
@@ -139,6 +144,25 @@ def test_the_encoder_deployment_encodes_the_pictures_the_cache_lacks(vision_app,
         reply = client.chat.completions.create(model=MODEL, messages=messages, **GREEDY)
         assert reply.choices[0].message.content == reference
         assert encoder_counts() == (0, before[1] + 1, before[2] + 1)
+
+
+def test_the_encoder_batches_the_calls_that_arrive_together(vision_app, llava):
+    """Six calls sent at once, as six replicas' requests would come: fewer passes through the tower than calls
+    (Serve's dynamic batching), and each call gets its own pictures' rows, as the encoder alone computes them."""
+    handle = serve.get_deployment_handle(encoder_name(MODEL), app_name="vision")
+    config = EngineConfig(model=str(llava), **ENGINE_KWARGS)
+    validator, alone = RequestValidator(config), ImageEncoder(config)
+    text = validator.tokenizer.apply_chat_template(conversation(1), tokenize=False, add_generation_prompt=True)
+    calls = [[validator.process_images(text, [random_picture(40 + i + j)])[1][0].tensors for j in range(1 + i % 2)]
+             for i in range(6)]
+    passes = handle.stats.remote().result()["encoder_passes"]
+    responses = [handle.encode.remote(call) for call in calls]
+    answers = [response.result() for response in responses]
+    assert handle.stats.remote().result()["encoder_passes"] - passes < len(calls)
+    for call, rows in zip(calls, answers, strict=True):
+        assert [r.shape for r in rows] == [r.shape for r in alone.encode(call)]
+        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(rows, alone.encode(call), strict=True))
+    validator.close()
 
 
 def test_pictures_by_allowed_http_and_s3_urls(vision_app, offline, host):
