@@ -5,7 +5,7 @@ prefix of the prompt it holds (`imbalance_tolerance` requests, and one more for 
 `cached_chars_per_extra_request` characters of it, at most three times `imbalance_tolerance` more), since
 recomputing a long prefix elsewhere costs more than waiting behind a few requests where it is cached (an agent's
 session, whose prompt grows turn after turn, stays on its replica). What a replica holds is known two ways, in
-the chunk hashes of deployments/route_marks.py: what its engine reported (its `record_routing_stats`: the marks
+the chunk hashes of deployments/route_marks.py: what its engine reported (its `record_routing_stats`: marks
 whose prefixes its pool or offload tier still holds, every `request_routing_stats_period_s`), and where this
 router sent prompts since that report. The reports tell every router (one per ingress replica, each with its own
 memory) what the others sent where, and what a replica evicted; `engine_reports: false` routes by the memory
@@ -74,7 +74,7 @@ class PrefixAwareRouter(RequestRouter):
         held, reported_at = {}, {}
         for replica in replicas:
             marks, reported_at[replica.replica_id] = self._report(replica)
-            held[replica.replica_id] = _leading(hashes, marks)
+            held[replica.replica_id] = _deepest(hashes, marks)
         for depth in range(len(hashes), 0, -1):
             sent = self._sent.get(hashes[depth - 1])
             if sent is not None and held.get(sent[0], depth) < depth \
@@ -121,13 +121,10 @@ def _rendezvous(key: str, replica_id: ReplicaID) -> bytes:
     return hashlib.blake2b(f"{replica_id.unique_id}|{key}".encode(), digest_size=8).digest()
 
 
-def _leading(hashes: tuple[int, ...], marks: frozenset) -> int:
-    """How many of `hashes`, from the first, are in `marks` (which holds every prefix of what it holds)."""
-    low, high = 0, len(hashes)
-    while low < high:
-        middle = (low + high + 1) // 2
-        if hashes[middle - 1] in marks:
-            low = middle
-        else:
-            high = middle - 1
-    return low
+def _deepest(hashes: tuple[int, ...], marks: frozenset) -> int:
+    """How many of `hashes`, from the first, the deepest of them in `marks` covers (0: none is)."""
+    if marks:
+        for depth in range(len(hashes), 0, -1):
+            if hashes[depth - 1] in marks:
+                return depth
+    return 0

@@ -4,10 +4,12 @@ A request may carry marks (`ValidRequest.prefix_marks`): labels for evenly space
 i of n standing for the prompt's first (i + 1) / n. The block manager keeps the block hashes of recent marked
 prompts (bounded in blocks, the least recently sent dropped first; a prompt that extends a kept one, as an
 agent's next turn extends its last, replaces it) and answers which marks' prefixes the pool or the offload tier
-still holds: a prompt's marks up to the share of its blocks held from its first. That is how a replica tells its
-router what its prefix cache holds in the router's own terms (deployments/route_marks.py), without the router
-tokenizing a prompt. It is a routing hint: the held share is found by bisection, as if a chain's blocks were
-evicted from its end, and a hash is not confirmed by its tokens.
+still holds: of a prompt's marks up to the share of its blocks held from its first, the deepest and those at
+powers of two (the 1st, 2nd, 4th, ...), so that a report stays a few marks a prompt however long it is, and a
+request sharing only the start of a kept prompt still finds a mark near where they part. That is how a replica
+tells its router what its prefix cache holds in the router's own terms (deployments/route_marks.py), without the
+router tokenizing a prompt. It is a routing hint: the held share is found by bisection, as if a chain's blocks
+were evicted from its end, and a hash is not confirmed by its tokens.
 """
 
 from collections import OrderedDict
@@ -48,5 +50,8 @@ class PrefixMarks:
                     low = middle
                 else:
                     high = middle - 1
-            held.update(marks[: len(marks) * low // len(hashes)])
+            depth = len(marks) * low // len(hashes)
+            if depth:
+                held.add(marks[depth - 1])
+                held.update(marks[(1 << i) - 1] for i in range(depth.bit_length()))
         return list(held)

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from deployments.api.chat.protocol import ChatCompletionRequest
 from deployments.prefix_router import SENDS_OUTLIVE_REPORT_S, PrefixAwareRouter
 from deployments.route_marks import CHUNK_CHARS, prefix_hashes, route_marks, route_text
+from runtime.core.prefix_marks import PrefixMarks
 from testing.vision_checkpoints import data_url, random_picture
 
 TEXT = "Describe this picture in the words a careful museum curator would choose for its label. "
@@ -127,3 +128,21 @@ def test_route_marks_start_from_the_adapter_and_the_salt():
     plain, salted, other_salt, adapted = (prefix_hashes(text, *start) for start in
                                           ((None, None), (None, "k1"), (None, "k2"), ("m:fr", None)))
     assert len(plain) == 3 and len({plain[0], salted[0], other_salt[0], adapted[0]}) == 4
+
+
+def test_a_prompt_sharing_the_start_of_a_reported_one_is_credited_up_to_the_last_power_of_two_before_they_part():
+    """A replica reports a long session (as its engine does: the deepest mark and those at powers of two); another
+    session shares its first 40-odd chunks: its credit is 32 chunks' (2,048 characters: 4 + 4 requests)."""
+    a, b = _ReplicaID("a"), _ReplicaID("b")
+    words = [f"word{i}" for i in range(400)]
+    reported, other = _session_turn(400), SimpleNamespace(args=[ChatCompletionRequest(model="m", messages=[
+        {"role": "user", "content": " ".join(words[:300] + ["elsewhere"] * 100)}])])
+    marks, other_marks = route_marks(reported.args[0]), route_marks(other.args[0])
+    shared = next(i for i, (x, y) in enumerate(zip(marks, other_marks)) if x != y)
+    assert 32 < shared < 64
+    kept = PrefixMarks(max_blocks=1000)
+    kept.track(list(range(len(marks))), marks)
+    report = {"prefix_marks": kept.held(lambda h: True), "at": time.time()}
+    for a_load, chosen in ((8, a), (9, b)):
+        replicas = [_Replica(a, report), _Replica(b)]
+        assert _chosen(_router({a: a_load, b: 0}), replicas, other).replica_id == chosen

@@ -1,5 +1,6 @@
 """Prefix marks (runtime.core.prefix_marks): the engine says which marked prefixes of recent prompts its cache
-still holds, in the engine's thread or its own process, and stops saying so once they are evicted."""
+still holds (the deepest and those at powers of two), in the engine's thread or its own process, and stops saying
+so once they are evicted."""
 
 import asyncio
 from dataclasses import replace
@@ -31,9 +32,9 @@ def test_marks_are_reported_while_their_prefix_is_held_and_not_after_eviction(qw
     try:
         assert engine.engine.held_prefix_marks() == []
         _run(engine, PROMPT, (11, 12, 13, 14, 15))
-        assert sorted(engine.engine.held_prefix_marks()) == [11, 12, 13, 14, 15]
+        assert sorted(engine.engine.held_prefix_marks()) == [11, 12, 14, 15]
         assert _run(engine, PROMPT + [9] * 80, (11, 12, 13, 14, 15, 16, 17, 18)) == 160
-        assert sorted(engine.engine.held_prefix_marks()) == [11, 12, 13, 14, 15, 16, 17, 18]
+        assert sorted(engine.engine.held_prefix_marks()) == [11, 12, 14, 18]
         for i in (1, 2):  # unmarked prompts evict the marked one's blocks, oldest first
             _run(engine, [(11 * j + i) % 500 + 3 for j in range(161)])
         assert engine.engine.held_prefix_marks() == []
@@ -53,8 +54,9 @@ def test_without_prefix_caching_no_mark_is_kept(qwen2_model):
 
 def test_a_prompt_held_in_part_reports_the_marks_of_that_part():
     marks = PrefixMarks(max_blocks=100)
-    marks.track([101, 102, 103, 104], (1, 2, 3, 4, 5, 6, 7, 8))
-    assert sorted(marks.held({101, 102}.__contains__)) == [1, 2, 3, 4]  # half the blocks: half the marks
+    marks.track([101, 102, 103, 104, 105, 106], tuple(range(1, 13)))
+    assert sorted(marks.held({101, 102, 103, 104, 105, 106}.__contains__)) == [1, 2, 4, 8, 12]
+    assert sorted(marks.held({101, 102, 103}.__contains__)) == [1, 2, 4, 6]  # half the blocks: half the marks
     assert sorted(marks.held({101}.__contains__)) == [1, 2]
     assert marks.held(set().__contains__) == []
 
