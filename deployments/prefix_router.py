@@ -41,7 +41,8 @@ class PrefixAwareRouter(RequestRouter):
         self.engine_reports = engine_reports
         # prefix hash -> (the replica this router last sent it to, when), least recent first
         self._sent: OrderedDict[int, tuple[ReplicaID, float]] = OrderedDict()
-        self._reports: dict[ReplicaID, tuple[dict, frozenset, float]] = {}  # stats -> (stats, held marks, when)
+        # replica -> (its last routing stats, their marks as a set, when it reported them)
+        self._reports: dict[ReplicaID, tuple[dict, frozenset, float]] = {}
         self._last: tuple[PendingRequest | None, tuple] = (None, ((), ""))  # hashed when chosen, reused when routed
 
     async def choose_replicas(
