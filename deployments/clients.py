@@ -28,7 +28,7 @@ from deployments.api.generate.protocol import GenerateRequest
 from deployments.api.scores.protocol import PoolingCall
 from deployments.api.tokenize.protocol import DetokenizeRequest, TokenizeRequest
 from deployments.broadcast import on_every_replica
-from deployments.errors import OpenAIError, StreamError, remote_errors
+from deployments.errors import ENGINE_DEAD, OpenAIError, StreamError, remote_errors
 from deployments.tracing import carry
 
 logger = logging.getLogger("ray.serve")
@@ -83,10 +83,10 @@ class ModelClient(Protocol):
 class RemoteModel:
     """A model served by its own deployment: every call and streamed chunk crosses to one of its replicas.
 
-    A replica that dies (its node lost, its process killed) before a request has returned anything is
-    retried once on another replica, which Serve picks: generating has no side effect, and the client has
-    seen nothing yet. A stream cut after its first chunk ends with a `StreamError`; the client decides whether
-    to ask again.
+    A replica that dies (its node lost, its process killed), or whose engine dies (a lost tensor- or
+    pipeline-parallel rank), before a request has returned anything is retried once on another replica, which
+    Serve picks: generating has no side effect, and the client has seen nothing yet. A stream cut after its
+    first chunk ends with a `StreamError`; the client decides whether to ask again.
     """
 
     def __init__(self, handle: DeploymentHandle):
@@ -186,12 +186,16 @@ async def _reply(send: Callable[[], Awaitable]):
                 return await send()
         except _REPLICA_LOST as e:
             logger.warning("replica lost (attempt %d): %r", attempt + 1, e)
+        except OpenAIError as e:
+            if e.code != ENGINE_DEAD:
+                raise
+            logger.warning("replica's engine died (attempt %d): %s", attempt + 1, e.message)
     raise OpenAIError(503, _LOST_MESSAGE)
 
 
 async def _stream(send: Callable[[], DeploymentResponseGenerator]) -> AsyncIterator[dict | StreamError]:
-    """A replica's chunks. Lost before the first chunk: asked once more. Lost after: a `StreamError` ends
-    the stream."""
+    """A replica's chunks. Lost (or its engine dead) before the first chunk: asked once more. Lost after: a
+    `StreamError` ends the stream."""
     started = False
     for attempt in (0, 1):
         responses = send()
@@ -210,6 +214,11 @@ async def _stream(send: Callable[[], DeploymentResponseGenerator]) -> AsyncItera
                 yield StreamError(503, _LOST_MESSAGE)
                 return
         except Exception as e:  # any other failure of the hop, once the client has chunks: in-band, in shape
+            if not started and isinstance(e, OpenAIError) and e.code == ENGINE_DEAD:
+                finished = True
+                logger.warning("replica's engine died before the stream started (attempt %d): %s", attempt + 1,
+                               e.message)
+                continue
             if not started:
                 raise
             logger.exception("stream relay failed")

@@ -21,6 +21,11 @@ _TYPES = {
 }
 
 
+# the code of a replica's 503 when its engine died before the request returned anything: to the ingress, that
+# replica is lost, and the request is asked of another (deployments/clients.py)
+ENGINE_DEAD = "engine_dead"
+
+
 class OpenAIError(Exception):
     """`overflow`: (prompt tokens, max_tokens or None, context length) of a request over the model's context,
     for APIs whose clients read the numbers back (Anthropic's)."""

@@ -20,7 +20,7 @@ from deployments.api.scores.protocol import ClassifyRequest, PoolingCall, Rerank
 from deployments.api.tokenize.protocol import DetokenizeRequest, TokenizeRequest
 from deployments.app_config import LLMConfig
 from deployments.broadcast import on_every_replica
-from deployments.errors import OpenAIError, StreamError
+from deployments.errors import ENGINE_DEAD, OpenAIError, StreamError
 from deployments.media import MediaLoader, MediaPolicy
 from deployments.replica.adapters import adapters_of
 from deployments.replica.encoder_server import EncoderClient
@@ -287,7 +287,7 @@ def _to_openai(e: Exception) -> OpenAIError:
     if isinstance(e, InvalidInputError):
         return OpenAIError(400, str(e), param=e.param)
     if isinstance(e, EngineDeadError):
-        return OpenAIError(503, str(e))
+        return OpenAIError(503, str(e), code=ENGINE_DEAD)
     if isinstance(e, RequestFailedError):  # this request alone; the engine serves on
         return OpenAIError(500, f"the engine failed this request: {e}")
     logger.exception("request failed")
