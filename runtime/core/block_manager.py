@@ -120,6 +120,7 @@ class BlockManager:
             hits = [self._load(hit) if isinstance(hit, TierHit) else hit for hit in hits]
             self.tier.unpin()
         seq.block_table = list(hits)
+        self._mark(seq)
         self.queried_tokens += seq.num_prompt_tokens
         self.hit_tokens += len(hits) * self.block_size
         self.grow(seq, num_tokens)
@@ -144,11 +145,13 @@ class BlockManager:
             held += 1
         return held
 
-    def mark(self, prompt: list[int], adapter: str | None, images: tuple[ImageInput, ...], salt: str | None,
-             marks: tuple[int, ...]) -> None:
-        """Keep `marks` for `prompt`'s prefixes (`held_marks` answers which are held)."""
+    def _mark(self, seq: Sequence) -> None:
+        """Keep the request's prefix marks with its prompt's block hashes, as admission chains them (and memoises
+        them on the sequence for its lookups and commits): `held_marks` answers which are held."""
+        marks = seq.request.prefix_marks
         if marks and self.enable_prefix_caching and self.share_prefixes:
-            self.prefix_marks.track(self.prompt_hashes(prompt, adapter, images, salt)[0], marks)
+            full = (seq.request.num_prompt_tokens - 1) // self.block_size
+            self.prefix_marks.track(self.prefix_hashes(seq, full), marks)
 
     def held_marks(self) -> list[int]:
         """The marks of kept prompts whose prefixes the pool or the tier holds (a read another thread may make)."""

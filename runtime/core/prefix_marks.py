@@ -1,15 +1,15 @@
 """Which prefixes of recent prompts the engine still holds, named by marks its caller chose.
 
-A request may carry marks (`ValidRequest.prefix_marks`): labels for evenly spaced prefixes of its prompt, mark
-i of n standing for the prompt's first (i + 1) / n. The block manager keeps the block hashes of recent marked
-prompts (bounded in blocks, the least recently sent dropped first; a prompt that extends a kept one, as an
-agent's next turn extends its last, replaces it) and answers which marks' prefixes the pool or the offload tier
-still holds: of a prompt's marks up to the share of its blocks held from its first, the deepest and those at
-powers of two (the 1st, 2nd, 4th, ...), so that a report stays a few marks a prompt however long it is, and a
-request sharing only the start of a kept prompt still finds a mark near where they part. That is how a replica
-tells its router what its prefix cache holds in the router's own terms (deployments/route_marks.py), without the
-router tokenizing a prompt. It is a routing hint: the held share is found by bisection, as if a chain's blocks
-were evicted from its end, and a hash is not confirmed by its tokens.
+A request may carry marks (`ValidRequest.prefix_marks`): labels for evenly spaced prefixes of its prompt, mark i of
+n standing for the prompt's first (i + 1) / n. The block manager keeps the block hashes of recent marked prompts, as
+it chains them when it admits them (bounded in blocks, the least recently admitted dropped first; a prompt that
+extends a kept one, as an agent's next turn extends its last, replaces it) and answers which marks' prefixes the
+pool or the offload tier still holds: of a prompt's marks up to the share of its blocks held from its first, the
+deepest and those at powers of two (the 1st, 2nd, 4th, ...), so that a report stays a few marks a prompt however
+long it is, and a request sharing only the start of a kept prompt still finds a mark near where they part. That is
+how a replica tells its router what its prefix cache holds in the router's own terms (deployments/route_marks.py),
+without the router tokenizing a prompt. It is a routing hint: the held share is found by bisection, as if a chain's
+blocks were evicted from its end, and a hash is not confirmed by its tokens.
 """
 
 from collections import OrderedDict

@@ -48,6 +48,7 @@ class Request:
         self.prompt_token_ids = prompt_token_ids
         self.images = images  # the prompt's pictures, in order: their tokens' inputs come from the vision encoder
         self.rope_layout = None  # M-RoPE's positions of its pictures, once the model runner has read them
+        self.prefix_marks: tuple[int, ...] = ()  # a router's labels for its prompt's prefixes (core.prefix_marks)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
         self.max_tokens = params.max_tokens  # resolved against the context by the engine

@@ -147,10 +147,10 @@ class LLMEngine(EngineLifecycle):
         request = Request(request_id, prompt, params, priority, grammar, valid.adapter, owner, valid.pooling, stream,
                           valid.images)
         request.max_tokens = valid.max_tokens
+        request.prefix_marks = valid.prefix_marks
         request.max_num_tokens = min(len(prompt) + valid.max_tokens, self.spec.max_model_len)
         if not params.ignore_eos:
             request.end_token_ids |= self.eos_token_ids
-        self.block_manager.mark(prompt, valid.adapter_name, valid.images, params.cache_salt, valid.prefix_marks)
         self.text.start(request_id, prompt, None if valid.pooling else params, stream)
         self.requests[request_id] = request
         self.scheduler.add(request)
