@@ -8,6 +8,7 @@ answer (its replicas lost or failing), a replica's engine encodes the pictures i
 
 import asyncio
 import logging
+from itertools import islice
 
 import torch
 from ray import serve
@@ -41,10 +42,8 @@ class EncoderServer:
         for start in range(0, len(pictures), PICTURES_PER_PASS):
             rows += await asyncio.to_thread(self.encoder.encode, pictures[start : start + PICTURES_PER_PASS])
             self.passes += 1
-        ends = [0]
-        for call in calls:
-            ends.append(ends[-1] + len(call))
-        return [rows[begin:end] for begin, end in zip(ends, ends[1:])]
+        each = iter(rows)
+        return [list(islice(each, len(call))) for call in calls]
 
     async def stats(self) -> dict:
         return {"images_encoded": self.encoder.images_encoded, "encoder_passes": self.passes}
