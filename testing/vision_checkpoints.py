@@ -21,6 +21,8 @@ from transformers import (
     Gemma3ForConditionalGeneration,
     Gemma3Processor,
     GenerationConfig,
+    Llama4Config,
+    Llama4ForConditionalGeneration,
     LlavaConfig,
     LlavaForConditionalGeneration,
     LlavaProcessor,
@@ -41,7 +43,7 @@ from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImagePr
 from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from testing.model_factory import build_tokenizer
+from testing.model_factory import FAMILY_FIELDS, build_tokenizer
 
 # ChatML over content that is a string or a list of parts ({"type": "text", "text": ...} / {"type": "image"})
 VISION_CHATML = (
@@ -148,6 +150,42 @@ def build_mistral3_dir(path: Path, seed: int = 0) -> Path:
     (path / "processor_config.json").write_text(json.dumps({
         "processor_class": "PixtralProcessor", "patch_size": 4, "spatial_merge_size": 2, "image_token": "[IMG]",
         "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}))
+    eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    GenerationConfig(eos_token_id=eos, bos_token_id=None).save_pretrained(path)
+    return path
+
+
+LLAMA4_TOKENS = ["<|image_start|>", "<|image_end|>", "<|image|>", "<|patch|>", "<|tile_x_separator|>",
+                 "<|tile_y_separator|>"]
+
+
+def build_llama4_dir(path: Path, seed: int = 0) -> Path:
+    """Llama 4's shape at a tiny size: pictures cut into tiles of 28 pixels (at most 4, and a global tile beside
+    several), a 2-layer tower over 7-pixel patches whose 4 x 4 grid a pixel shuffle folds into 4 rows a tile, and
+    Llama 4's language model (chunks of 32 positions on three layers of four, experts on every second). Saved as
+    Meta publishes it: preprocessor_config.json and processor_config.json beside the weights and tokenizer."""
+    torch.manual_seed(seed)
+    tokenizer = build_tokenizer(512)
+    tokenizer.add_special_tokens({"additional_special_tokens": LLAMA4_TOKENS})
+    tokenizer.chat_template = VISION_CHATML.replace("{{ image_token }}", "<|image|>")
+    text = dict(FAMILY_FIELDS["llama4"], hidden_size=64, intermediate_size=64, num_hidden_layers=4,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=576,
+                max_position_embeddings=2048, initializer_range=0.2)
+    vision = dict(hidden_size=32, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, image_size=28,
+                  patch_size=7, vision_output_dim=64, projector_input_dim=64, projector_output_dim=64,
+                  initializer_range=0.2)
+    config = Llama4Config(text_config=text, vision_config=vision,
+                          image_token_index=tokenizer.convert_tokens_to_ids("<|patch|>"))
+    Llama4ForConditionalGeneration(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    (path / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "Llama4ImageProcessorFast", "processor_class": "Llama4Processor",
+        "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "max_patches": 4, "resample": 2,
+        "rescale_factor": 1 / 255, "resize_to_max_canvas": False, "size": {"height": 28, "width": 28}}))
+    (path / "processor_config.json").write_text(json.dumps({
+        "processor_class": "Llama4Processor", "fake_image_token": "<|image|>", "image_token": "<|image|>",
+        "patch_size": 7}))
     eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
     GenerationConfig(eos_token_id=eos, bos_token_id=None).save_pretrained(path)
     return path

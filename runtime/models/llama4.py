@@ -3,10 +3,7 @@
 fourth attends to everything without RoPE, its queries scaled up with the position (`attn_temperature_tuning`).
 Every `interleave_moe_layer_step`-th layer is a mixture of experts: a top-k router whose sigmoid score scales the
 expert's input (not its output), beside an ungated shared expert; the others are dense MLPs of
-`intermediate_size_mlp`.
-
-The checkpoints as published hold a vision tower beside the language model (`Llama4ForConditionalGeneration`):
-they are served as text models, the vision tower left unloaded."""
+`intermediate_size_mlp`. The checkpoints as published hold a vision tower beside it (`llama4_vl`)."""
 
 import torch
 from torch import nn
@@ -18,7 +15,7 @@ from runtime.layers.attention import Attention
 from runtime.layers.linear import ReplicatedLinear
 from runtime.layers.mlp import MLP
 from runtime.layers.moe import FusedExperts
-from runtime.models.decoder import DecoderModel, MoeCausalLM, language_model_config
+from runtime.models.decoder import DecoderModel, MoeCausalLM
 
 
 class L2Norm(nn.Module):
@@ -131,15 +128,3 @@ class Llama4ForCausalLM(MoeCausalLM):
     def param_for(self, name: str) -> tuple[str | None, tuple]:
         return super().param_for(name.replace(".feed_forward.", ".mlp."))
 
-
-class Llama4ForConditionalGeneration(Llama4ForCausalLM):
-    """Llama 4 as published, served as its language model."""
-
-    @classmethod
-    def text_config(cls, config: PretrainedConfig) -> PretrainedConfig:
-        return language_model_config(config)
-
-    def param_for(self, name: str) -> tuple[str | None, tuple]:
-        if not name.startswith("language_model."):  # the vision tower and its projector
-            return None, ()
-        return super().param_for(name.removeprefix("language_model."))

@@ -17,7 +17,8 @@ from runtime.models.glm4_moe import Glm4MoeForCausalLM
 from runtime.models.gpt_oss import GptOssForCausalLM
 from runtime.models.granite import GraniteForCausalLM
 from runtime.models.llama import LlamaForCausalLM
-from runtime.models.llama4 import Llama4ForCausalLM, Llama4ForConditionalGeneration
+from runtime.models.llama4 import Llama4ForCausalLM
+from runtime.models.llama4_vl import Llama4ForConditionalGeneration
 from runtime.models.llava import LLAVA_FAMILIES
 from runtime.models.minimax_m2 import MiniMaxM2ForCausalLM
 from runtime.models.mistral import MistralForCausalLM

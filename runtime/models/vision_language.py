@@ -40,6 +40,11 @@ class VisionLanguage:
     checkpoint_layout: tuple[tuple[str, str], ...] = LLAVA_LAYOUT  # checkpoint prefix -> ours, the first that matches
     supports_lora = False  # adapters attach to the language model's layers only: not built for the tower
     split_image_tensors = staticmethod(split_by_image)  # the processor's tensors, one dict per picture
+    # what spelling a picture needs that transformers' processor leaves out of its output (Llama 4's tile grid):
+    # where a family names any, its image processor and tokenizer are called apart (`runtime.multimodal.processor`)
+    kept_image_inputs: tuple[str, ...] = ()
+    text_placeholder: str | None = None  # what a prompt's text writes where a picture goes, where not its image token
+    image_processor_steps = None  # the family's own image processor, where transformers' cannot be loaded
 
     def __init__(self, config: PretrainedConfig, max_positions: int):
         super().__init__(config, max_positions)

@@ -4,8 +4,9 @@ as its family counts from its tensors, checked against the processor's ids), and
 its encoder reads (an image may become several pictures: Gemma 3's pan-and-scan crops).
 
 A processor that cannot be loaded (Qwen's load a video processor, which needs torchvision: not every torch build
-has it) is replaced by its parts: the checkpoint's image processor and tokenizer, each placeholder repeated as many
-times as the family counts the picture's tokens, as the processor's `replace_image_token` does."""
+has it), or whose output leaves out what a picture's spelling needs (Llama 4's), is replaced by its parts: the
+checkpoint's image processor (or the family's own steps, where it too needs torchvision) and tokenizer, each
+placeholder spelled out as the family spells the picture, as the processor's `replace_image_token` does."""
 
 import logging
 from pathlib import Path
@@ -25,23 +26,27 @@ class ImageProcessing:
         config; `options`: what the processor is called with beside the pictures (`mm_processor_kwargs`)."""
         self._options = options or {}
         # imported here: transformers' processors pull in its modeling stack, which a text model never needs
-        from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
+        from transformers import AutoProcessor, AutoTokenizer
 
         self._split = family.split_image_tensors
         self._spelled = lambda tensors: family.picture_tokens_of(tensors, checkpoint, self.image_token)
-        try:
-            self.processor = AutoProcessor.from_pretrained(path)
+        self.processor = None
+        if not family.kept_image_inputs:
+            try:
+                self.processor = AutoProcessor.from_pretrained(path)
+            except Exception as e:
+                logger.warning("the checkpoint's processor did not load (%s); its image processor and tokenizer do", e)
+        if self.processor is not None:
             self.tokenizer, self.image_processor = self.processor.tokenizer, self.processor.image_processor
             self.placeholder = self.processor.image_token  # what a prompt's text writes where a picture goes
-        except Exception as e:
-            logger.warning("the checkpoint's processor did not load (%s); its image processor and tokenizer do", e)
-            self.processor = None
+        else:
             self.tokenizer = AutoTokenizer.from_pretrained(path)
-            self.image_processor = AutoImageProcessor.from_pretrained(path)
-            self.placeholder = self.tokenizer.convert_ids_to_tokens(image_token_id(checkpoint))
+            self.image_processor = load_image_processor(path, family)
+            self.placeholder = (family.text_placeholder
+                                or self.tokenizer.convert_ids_to_tokens(image_token_id(checkpoint)))
         self.image_token_id = image_token_id(checkpoint)  # a picture's rows (Gemma 3 writes another placeholder)
         self.image_token = self.tokenizer.convert_ids_to_tokens(self.image_token_id)
-        self._input_names = self.image_processor.model_input_names
+        self._input_names = [*self.image_processor.model_input_names, *family.kept_image_inputs]
 
     def process(self, text: str, images: list[Image.Image], add_special_tokens: bool = True
                 ) -> tuple[list[int], tuple[ImageInput, ...]]:
@@ -69,6 +74,23 @@ class ImageProcessing:
                           for (offset, length, gaps), t in zip(spans, tensors))
 
 
+def load_image_processor(path: Path | str, family):
+    """The checkpoint's image processor; where transformers' cannot be loaded (Llama 4's needs torchvision), the
+    family's own steps. An OSError (no processor files) is the caller's."""
+    from transformers import AutoImageProcessor
+
+    try:
+        return AutoImageProcessor.from_pretrained(path)
+    except OSError:
+        raise
+    except Exception as e:
+        if family.image_processor_steps is None:
+            raise
+        logger.warning("the checkpoint's image processor did not load (%s); %s takes its steps",
+                       str(e).strip().splitlines()[0], family.image_processor_steps.__name__)
+        return family.image_processor_steps.from_pretrained(path)
+
+
 def image_token_id(checkpoint: PretrainedConfig) -> int:
     """The token whose runs are the pictures' rows, as the checkpoint's config names it."""
     token_id = getattr(checkpoint, "image_token_id", None)
@@ -77,13 +99,14 @@ def image_token_id(checkpoint: PretrainedConfig) -> int:
 
 def placeholder_spans(ids: list[int], token_id: int, pictures: list[list[int]]
                       ) -> list[tuple[int, int, tuple[int, ...]]]:
-    """(first position, length, gaps) of each picture's tokens in `ids`: `pictures[i]` spelled out from the next
-    `token_id` on (two pictures with nothing between them make one run of both); gaps: where its tokens are not
-    `token_id`."""
+    """(first position, length, gaps) of each picture's tokens in `ids`: `pictures[i]` spelled out around the next
+    `token_id` (two pictures with nothing between them make one run of both; a picture may open with other tokens,
+    Llama 4's <|image_start|>); gaps: where its tokens are not `token_id`."""
     spans, position = [], 0
     for spelled in pictures:
+        lead = spelled.index(token_id)
         try:
-            start = ids.index(token_id, position)
+            start = ids.index(token_id, position + lead) - lead
         except ValueError:
             raise ValueError(f"the processor wrote image tokens for {len(spans)} of {len(pictures)} images") from None
         if ids[start : start + len(spelled)] != spelled:

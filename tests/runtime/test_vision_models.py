@@ -1,11 +1,11 @@
 """Vision-language models against transformers' own classes: tiny random LLaVA (CLIP tower, projector, Qwen2),
 Gemma 3 (SigLIP, pictures' tokens attending both ways), Mistral 3 (Pixtral's tower, pictures spelled out row by
-row with breaks), Qwen2-VL, Qwen2.5-VL (windowed tower, M-RoPE by sections), Qwen3-VL (resized learned positions,
-interleaved M-RoPE, deep-stack taps) and Qwen3.5 (Qwen3-VL's tower without taps, linear attention) checkpoints
-saved with their processors, prompted with one and two pictures; greedy tokens equal transformers' `generate` on
-the same pictures and text, with prefill chunks cutting through (or, for Gemma 3, stopping before) a picture's
-tokens, from the prefix cache on a repeated picture (where the model has one), and at TP=2; and they differ when
-the picture does."""
+row with breaks), Llama 4 (pictures in tiles, chunked attention, experts), Qwen2-VL, Qwen2.5-VL (windowed tower,
+M-RoPE by sections), Qwen3-VL (resized learned positions, interleaved M-RoPE, deep-stack taps) and Qwen3.5
+(Qwen3-VL's tower without taps, linear attention) checkpoints saved with their processors, prompted with one and
+two pictures; greedy tokens equal transformers' `generate` on the same pictures and text, with prefill chunks
+cutting through (or, for Gemma 3, stopping before) a picture's tokens, from the prefix cache on a repeated picture
+(where the model has one), and at TP=2; and they differ when the picture does."""
 
 import pytest
 import torch
@@ -18,10 +18,12 @@ from transformers import (
 
 from runtime import LLM, InvalidInputError, LLMEngine, SamplingParams
 from runtime.config import EngineConfig
+from runtime.engine.validator import RequestValidator
 from runtime.models.gemma3_vl import Gemma3ForConditionalGeneration
 from testing.model_factory import build_model_dir
 from testing.vision_checkpoints import (
     build_gemma3_dir,
+    build_llama4_dir,
     build_llava_dir,
     build_mistral3_dir,
     build_qwen2_5_vl_dir,
@@ -110,12 +112,40 @@ def pixtral_reference(path):
     return generate
 
 
+def llama4_reference(path):
+    """Llama 4's processor by our validator's steps (equal to transformers' own: test_llama4_tiles), and
+    transformers' model by its parts: its `forward` on pictures fails in transformers 5.24 (it reads `image_outputs`
+    off the language model's output), so the pictures' rows are scattered into the prompt's embeddings as that
+    `forward` does it, and its language model generates from them."""
+    validator = RequestValidator(EngineConfig(model=str(path), **OPTIONS))
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    without_eos(model.language_model)
+
+    def generate(pictures: list) -> list[int]:
+        text = validator.tokenizer.apply_chat_template(conversation(len(pictures)), tokenize=False,
+                                                       add_generation_prompt=True)
+        ids, images = validator.process_images(text, pictures)
+        ids = torch.tensor([ids])
+        with torch.no_grad():
+            tiles = torch.cat([image.tensors["pixel_values"] for image in images]).float()
+            rows = model.multi_modal_projector(model.get_image_features(pixel_values=tiles).last_hidden_state)
+            embeds = model.get_input_embeddings()(ids)
+            embeds = embeds.masked_scatter((ids == model.config.image_token_id)[..., None].expand_as(embeds),
+                                           rows.flatten(0, 1))
+            out = model.language_model.generate(inputs_embeds=embeds, attention_mask=torch.ones_like(ids),
+                                                max_new_tokens=GREEDY.max_tokens, do_sample=False)
+        return out[0].tolist()
+
+    return generate
+
+
 FAMILIES = {"llava": (build_llava_dir, processor_reference), "gemma3": (build_gemma3_dir, processor_reference),
-            "mistral3": (build_mistral3_dir, pixtral_reference), "qwen2_vl": (build_qwen2_vl_dir, qwen_reference),
+            "mistral3": (build_mistral3_dir, pixtral_reference), "llama4": (build_llama4_dir, llama4_reference),
+            "qwen2_vl": (build_qwen2_vl_dir, qwen_reference),
             "qwen2_5_vl": (build_qwen2_5_vl_dir, qwen_reference), "qwen3_vl": (build_qwen3_vl_dir, qwen_reference),
             "qwen3_5": (build_qwen3_5_dir, qwen_reference)}
 # Qwen3.5's linear-attention layers keep a state per sequence: no prefix cache
-CACHED = ["llava", "gemma3", "mistral3", "qwen2_5_vl"]
+CACHED = ["llava", "gemma3", "mistral3", "llama4", "qwen2_5_vl"]
 
 
 def _family(request, tmp_path_factory):
