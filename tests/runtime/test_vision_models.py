@@ -1,9 +1,9 @@
 """Vision-language models against transformers' own classes: tiny random LLaVA (CLIP tower, projector, Qwen2),
 Gemma 3 (SigLIP, pictures' tokens attending both ways), Mistral 3 (Pixtral's tower, pictures spelled out row by
 row with breaks), Llama 4 (pictures in tiles, chunked attention, experts), Qwen2-VL, Qwen2.5-VL (windowed tower,
-M-RoPE by sections), Qwen3-VL (resized learned positions, interleaved M-RoPE, deep-stack taps) and Qwen3.5
-(Qwen3-VL's tower without taps, linear attention) checkpoints saved with their processors, prompted with one and
-two pictures; greedy tokens equal transformers' `generate` on the same pictures and text, with prefill chunks
+M-RoPE by sections), Qwen3-VL (resized learned positions, interleaved M-RoPE, deep-stack taps), Qwen3.5 (Qwen3-VL's
+tower without taps, linear attention) and Qwen3.5-MoE checkpoints saved with their processors, prompted with one
+and two pictures; greedy tokens equal transformers' `generate` on the same pictures and text, with prefill chunks
 cutting through (or, for Gemma 3, stopping before) a picture's tokens, from the prefix cache on a repeated picture
 (where the model has one), and at TP=2; and they differ when the picture does."""
 
@@ -29,6 +29,7 @@ from testing.vision_checkpoints import (
     build_qwen2_5_vl_dir,
     build_qwen2_vl_dir,
     build_qwen3_5_dir,
+    build_qwen3_5_moe_dir,
     build_qwen3_vl_dir,
     random_picture,
 )
@@ -143,7 +144,7 @@ FAMILIES = {"llava": (build_llava_dir, processor_reference), "gemma3": (build_ge
             "mistral3": (build_mistral3_dir, pixtral_reference), "llama4": (build_llama4_dir, llama4_reference),
             "qwen2_vl": (build_qwen2_vl_dir, qwen_reference),
             "qwen2_5_vl": (build_qwen2_5_vl_dir, qwen_reference), "qwen3_vl": (build_qwen3_vl_dir, qwen_reference),
-            "qwen3_5": (build_qwen3_5_dir, qwen_reference)}
+            "qwen3_5": (build_qwen3_5_dir, qwen_reference), "qwen3_5_moe": (build_qwen3_5_moe_dir, qwen_reference)}
 # Qwen3.5's linear-attention layers keep a state per sequence: no prefix cache
 CACHED = ["llava", "gemma3", "mistral3", "llama4", "qwen2_5_vl"]
 
