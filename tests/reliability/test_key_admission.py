@@ -115,7 +115,9 @@ def test_slow_senders_with_a_valid_key_are_cut_at_the_minimum_rate_and_do_not_ho
     counts = {status: list(statuses.values()).count(status) for status in sorted(set(statuses.values()))}
     print(json.dumps({"reliability": "slow_senders", "small_chat_s": round(small_s, 3), "statuses": counts,
                       "last_closed_s": round(last_closed_s, 1), "still_open": len(open_)}))
-    assert small.status_code == 200 and small_s <= NORMAL_BOUND_S, small_s
+    # under the grace, which a chat queued behind A's admitted connections could not beat (they hold their slots
+    # until they are cut after it); the chat meets the wave of A's 1,500 connection opens, so not NORMAL_BOUND_S
+    assert small.status_code == 200 and small_s <= 0.75 * grace, small_s
     assert open_ == set() and counts == {408: 128 + 256, 429: 1500 - 128 - 256}
     assert last_closed_s <= 20
 
