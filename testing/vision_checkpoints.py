@@ -221,8 +221,7 @@ def build_qwen2_vl_dir(path: Path, seed: int = 0) -> Path:
                        vision=dict(depth=2, embed_dim=32, hidden_size=64, mlp_ratio=2))
 
 
-_QWEN3_5_TEXT = dict(head_dim=32, full_attention_interval=2, linear_num_key_heads=2, linear_num_value_heads=4,
-                     linear_key_head_dim=16, linear_value_head_dim=16,
+_QWEN3_5_TEXT = dict(FAMILY_FIELDS["qwen3_5"], head_dim=32,
                      rope_parameters={**_ROPE, "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1],
                                       "mrope_interleaved": True})
 _QWEN3_5_VISION = dict(depth=2, hidden_size=32, intermediate_size=64, out_hidden_size=64, num_position_embeddings=16)
@@ -241,8 +240,7 @@ def build_qwen3_5_moe_dir(path: Path, seed: int = 0) -> Path:
     """Qwen3.5-MoE's shape at a tiny size: Qwen3.5's (`build_qwen3_5_dir`) with 4 experts (top 2) and a gated
     shared expert on both layers."""
     return _build_qwen(path, seed, Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration,
-                       text=dict(_QWEN3_5_TEXT, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                 shared_expert_intermediate_size=64),
+                       text=dict(_QWEN3_5_TEXT, **FAMILY_FIELDS["qwen3_5_moe"]),
                        vision=_QWEN3_5_VISION)
 
 
