@@ -197,6 +197,8 @@ def app_args(model_dir, storage_uri: str) -> dict:
             "tool_call_parser": "qwen25",
         }],
         "storage_uri": storage_uri,
+        # one ingress replica (the product's default is two): every app a test starts costs a process less
+        "ingress_deployment_config": {"num_replicas": 1},
         "start_batch_manager": False,  # most test apps run no batch: their manager starts on a first call
         "max_file_lines": 6000,
         "max_batch_line_bytes": 4096,

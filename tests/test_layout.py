@@ -3,6 +3,8 @@ and inside runtime/ and deployments/ down their floors; the engine knows nothing
 or benchmarked imports the tests, no two modules import each other round a circle, and no file outgrows a read."""
 
 import ast
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -158,3 +160,12 @@ def test_runtime_top_level_is_small():
     """The engine's own rooms are its subpackages; beside them only the few modules every room shares."""
     top = sorted(p.name for p in (ROOT / "runtime").glob("*.py") if p.name != "__init__.py")
     assert len(top) <= 8, top
+
+
+def test_the_server_starts_without_transformers_model_code():
+    """Every Serve replica, engine process and parallel worker imports `deployments` or `runtime` as it starts:
+    transformers' model code (modeling_utils, with torch._dynamo and accelerate behind it) would add seconds to
+    each. The engine builds its own models; configs, tokenizers and processors need none of it."""
+    check = "import sys, deployments; print('transformers.modeling_utils' in sys.modules)"
+    loaded = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "False"

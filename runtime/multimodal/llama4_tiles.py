@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from transformers.image_processing_utils import ImageProcessingMixin
+from transformers.image_processing_base import ImageProcessingMixin
 from transformers.image_transforms import convert_to_rgb
 
 
