@@ -1,6 +1,7 @@
 """The layout's rules, read from the source: imports point down the layers (kernels <- runtime <- deployments),
 and inside runtime/ and deployments/ down their floors; the engine knows nothing of Serve or HTTP, nothing shipped
-or benchmarked imports the tests, no two modules import each other round a circle, and no file outgrows a read."""
+or benchmarked imports the tests, no two modules import each other round a circle, and no file outgrows a read;
+and, run in a fresh interpreter, importing the server loads none of transformers' model code."""
 
 import ast
 import subprocess
